@@ -1,0 +1,1 @@
+"""depsnap: reserved; built in its own issue."""

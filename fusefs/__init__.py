@@ -1,0 +1,1 @@
+"""fusefs: reserved; built in its own issue."""

@@ -1,0 +1,1 @@
+"""hdfs_stripe: reserved; built in its own issue."""

@@ -1,0 +1,1 @@
+"""simulations: discrete-event simulator that drives the real swarm policies."""
