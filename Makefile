@@ -1,0 +1,47 @@
+# One command from a clean clone: `make test` or `make demo` (as root on Debian bookworm).
+#
+# `setup` installs the Debian packages that building and mounting need, creates .venv
+# and installs the project into it. A stamp file makes it a no-op until pyproject.toml
+# or this Makefile changes.
+
+PYTHON ?= python3
+VENV := .venv
+STAMP := $(VENV)/.setup-done
+BIN := $(VENV)/bin
+
+# fuse3 and libfuse3-dev: the FUSE mounts, and building pyfuse3 (which ships no wheels);
+# pkg-config, gcc and python3-dev: the compiler side of that build; python3-venv: .venv.
+DEB_PACKAGES := fuse3 libfuse3-dev pkg-config gcc python3-dev python3-venv
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+
+.PHONY: setup test lint demo clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	@missing=$$(for p in $(DEB_PACKAGES); do \
+	    dpkg -s $$p 2>/dev/null | grep -q '^Status: install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	    echo "Installing Debian packages:" $$missing; \
+	    $(SUDO) apt-get update -qq && \
+	    $(SUDO) env DEBIAN_FRONTEND=noninteractive \
+	        apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+	@[ -x $(BIN)/python ] || $(PYTHON) -m venv $(VENV)
+	@echo "Installing bootseer and its Python dependencies into $(VENV)"
+	$(BIN)/pip install -q -e '.[test,sim,fuse]'
+	@touch $@
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/mypy p2p tracker simulations
+
+test: lint
+	$(BIN)/pytest -q
+
+demo: setup
+	$(BIN)/bootseer demo
+
+clean:
+	rm -rf $(VENV) *.egg-info build .pytest_cache .mypy_cache .ruff_cache
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +
