@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 MIN_SECRET_BYTES = 16
@@ -79,10 +80,9 @@ def sign_request(secret: bytes, method: str, path: str, body: bytes, now: float)
 
 
 def check_request(secret: bytes, method: str, path: str, body: bytes,
-                  headers: dict[str, str] | object, now: float) -> None:
+                  headers: Mapping[str, str], now: float) -> None:
     """Raise AuthError unless the request carries a fresh, valid signature."""
-    get = getattr(headers, "get")
-    mac_hex, stamp = get(AUTH_HEADER), get(TIME_HEADER)
+    mac_hex, stamp = headers.get(AUTH_HEADER), headers.get(TIME_HEADER)
     if not mac_hex or not stamp:
         raise AuthError(f"missing {AUTH_HEADER}/{TIME_HEADER} headers")
     try:

@@ -1,0 +1,9 @@
+"""The no-I/O swarm core: events in, actions out, `now` and a seeded rng passed in.
+
+May import only the standard library and `p2p.content`. The agent (asyncio)
+and the simulator (virtual time) both drive these objects unchanged.
+"""
+
+from p2p.swarm.swarm import Swarm, SwarmConfig
+
+__all__ = ["Swarm", "SwarmConfig"]

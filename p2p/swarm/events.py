@@ -1,0 +1,177 @@
+"""Events into the swarm core and actions out of it.
+
+Events are facts in the past tense, reported by whoever drives the core (the
+asyncio agent or the simulator). Actions are requests in the imperative that
+the driver must carry out; their results come back later as events. All are
+small frozen values, so a run can be logged and replayed.
+
+`source=None` on a chunk event means the origin, not a peer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from p2p.content import PeerId
+
+
+@dataclass(frozen=True, slots=True)
+class PeerHint:
+    """A swarm member the tracker told us about."""
+
+    peer: PeerId
+    rack: str
+
+
+# ---- events -----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PeersFound:
+    """The tracker answered an announce.
+
+    `origin_slot` is our index among the swarm's origin fetchers (None if we are
+    not one); `origin_slots` is how many there are. Fetcher `i` owns the chunks
+    `c` with `c % origin_slots == i` that no peer holds or is fetching.
+    """
+
+    peers: tuple[PeerHint, ...]
+    origin_slot: int | None = None
+    origin_slots: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class PeerJoined:
+    """A connection to `peer` is up and it told us what it holds for this content."""
+
+    peer: PeerId
+    rack: str
+    have: tuple[bool, ...]
+    pending: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PeerHas:
+    peer: PeerId
+    chunk: int
+
+
+@dataclass(frozen=True, slots=True)
+class PeerPending:
+    """`peer` started fetching `chunk` from the origin."""
+
+    peer: PeerId
+    chunk: int
+
+
+@dataclass(frozen=True, slots=True)
+class PeerLost:
+    """The connection to `peer` closed, or could not be opened."""
+
+    peer: PeerId
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkArrived:
+    """A chunk's bytes arrived; `ok` tells whether they matched the manifest."""
+
+    chunk: int
+    source: PeerId | None
+    ok: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkFailed:
+    """A request ended without bytes: rejected, connection error, origin error."""
+
+    chunk: int
+    source: PeerId | None
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReaderWants:
+    """A local reader is blocked on these chunks: they go before everything else."""
+
+    chunks: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PrefetchGiven:
+    """An ordered list (e.g. recorded hot blocks) to fetch before rarest-first."""
+
+    chunks: tuple[int, ...]
+
+
+Event = (
+    PeersFound | PeerJoined | PeerHas | PeerPending | PeerLost | ChunkArrived | ChunkFailed
+    | ReaderWants | PrefetchGiven
+)
+
+
+# ---- actions ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Connect:
+    peer: PeerId
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    peer: PeerId
+    chunk: int
+
+
+@dataclass(frozen=True, slots=True)
+class FetchFromOrigin:
+    chunk: int
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    """Drop the request for `chunk` at `peer`: another copy already arrived."""
+
+    peer: PeerId
+    chunk: int
+
+
+@dataclass(frozen=True, slots=True)
+class Disconnect:
+    peer: PeerId
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """Tell the tracker that `peer` misbehaved."""
+
+    peer: PeerId
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Advertise:
+    """Tell connected peers we now hold `chunk` (or, if `pending`, are fetching it)."""
+
+    chunk: int
+    pending: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Complete:
+    """Every chunk is held and verified."""
+
+
+@dataclass(frozen=True, slots=True)
+class Abort:
+    """The content cannot be completed (e.g. the origin keeps serving bad bytes)."""
+
+    reason: str
+
+
+Action = (
+    Connect | Request | FetchFromOrigin | Cancel | Disconnect | Report | Advertise | Complete
+    | Abort
+)

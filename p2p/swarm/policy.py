@@ -1,0 +1,113 @@
+"""Named policies: which chunk next, and which peer to ask for it.
+
+A policy is a small pure object chosen by name from a registry, so a
+simulation sweep is a loop over names rather than a fork of the code. Each
+takes the seeded `random.Random` that its `Swarm` owns; none reads a clock.
+
+Chunk pickers order *candidates* (chunks we lack, that some connected peer
+holds, and that are not already requested); the swarm then walks that order
+and gives each chunk to the first peer with a free request slot. Reader demand
+and prefetch lists are placed before the picker's order by the swarm itself,
+so a picker only decides the background order.
+
+Peer choosers rank the holders of one chunk that still have a free slot.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from p2p.content import PeerId
+
+
+class ChunkPicker(Protocol):
+    def order(self, candidates: Sequence[int], availability: Sequence[int], limit: int,
+              rng: random.Random) -> list[int]:
+        """Up to `limit` candidates, best first."""
+        ...
+
+
+class RarestFirst:
+    """Chunks held by the fewest peers first; ties broken by the rng.
+
+    Rare chunks are the ones a departing peer could take with it, and spreading
+    them early gives every peer something the others want.
+    """
+
+    def order(self, candidates: Sequence[int], availability: Sequence[int], limit: int,
+              rng: random.Random) -> list[int]:
+        return heapq.nsmallest(limit, candidates, key=lambda c: (availability[c], rng.random()))
+
+
+class InOrder:
+    """Lowest index first: for streaming readers and for the origin-only baseline."""
+
+    def order(self, candidates: Sequence[int], availability: Sequence[int], limit: int,
+              rng: random.Random) -> list[int]:
+        return sorted(candidates)[:limit]
+
+
+class RandomOrder:
+    """Uniformly random order (the BitTorrent-like baseline without rarity)."""
+
+    def order(self, candidates: Sequence[int], availability: Sequence[int], limit: int,
+              rng: random.Random) -> list[int]:
+        return rng.sample(list(candidates), min(limit, len(candidates)))
+
+
+CHUNK_PICKERS: dict[str, type[ChunkPicker]] = {
+    "rarest_first": RarestFirst,
+    "in_order": InOrder,
+    "random": RandomOrder,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class PeerLoad:
+    """What a peer chooser may know about one holder of a chunk."""
+
+    peer: PeerId
+    same_rack: bool
+    inflight: int
+    failures: int
+    rate: float  # smoothed bytes per second seen from this peer, 0 if unknown
+
+
+class PeerChooser(Protocol):
+    def choose(self, holders: Sequence[PeerLoad], rng: random.Random) -> PeerId:
+        """One of the (non-empty) holders."""
+        ...
+
+
+class RackAware:
+    """Same rack first, then fewest requests in flight, fewest failures, fastest."""
+
+    def choose(self, holders: Sequence[PeerLoad], rng: random.Random) -> PeerId:
+        best = min(holders, key=lambda h: (not h.same_rack, h.inflight, h.failures, -h.rate,
+                                           rng.random()))
+        return best.peer
+
+
+class LeastLoaded:
+    """Fewest requests in flight, ignoring racks."""
+
+    def choose(self, holders: Sequence[PeerLoad], rng: random.Random) -> PeerId:
+        return min(holders, key=lambda h: (h.inflight, h.failures, rng.random())).peer
+
+
+class RandomPeer:
+    """Any holder, uniformly (the BitTorrent-like baseline)."""
+
+    def choose(self, holders: Sequence[PeerLoad], rng: random.Random) -> PeerId:
+        return holders[rng.randrange(len(holders))].peer
+
+
+PEER_CHOOSERS: dict[str, type[PeerChooser]] = {
+    "rack_aware": RackAware,
+    "least_loaded": LeastLoaded,
+    "random": RandomPeer,
+}

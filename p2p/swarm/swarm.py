@@ -1,0 +1,527 @@
+"""One content, as seen by one node: the swarm state machine.
+
+Theory of operation
+-------------------
+The swarm tracks which chunks this node holds, which connected peers hold or
+are fetching which chunks, and which requests are in flight. After every
+event it fills free request slots:
+
+1. Peers. Candidates are chunks we lack that no one is fetching for us and
+   that a peer with a free slot holds. Reader demand goes first, then the
+   prefetch order, then the named chunk picker (rarest first by default).
+   Each chunk goes to the holder the named peer chooser ranks best (same rack,
+   least loaded, fewest failures). When every missing chunk is already
+   requested (the end game), idle slots duplicate the tail requests; the first
+   copy to arrive cancels the others.
+2. The origin, for chunks that no connected peer holds or is fetching. The
+   tracker appoints a few *origin fetchers* per swarm; fetcher `i` of `k`
+   owns chunks `c % k == i` and fetches them at once, announcing each as
+   pending so that peers wait for it instead of fetching it too. Any other
+   node goes to the origin only when it has been starved for
+   `origin_patience_s` (the owner died, or no one in its view covers a chunk).
+   That is how each byte leaves the origin about once, whatever the swarm size.
+
+Failures: a request that times out or is rejected counts against the peer,
+which then backs off exponentially; a peer that sends bytes failing
+verification is banned, disconnected and reported. An origin that fails is
+retried with backoff; one that keeps serving bad bytes aborts the content.
+
+It never reads a clock, touches a socket or a file, or uses the global random
+module: `now` comes with every call and the rng is passed in. That is why the
+agent and the simulator run it unchanged.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from p2p.content import PeerId
+from p2p.swarm import bits
+from p2p.swarm.events import (
+    Abort,
+    Action,
+    Advertise,
+    Cancel,
+    ChunkArrived,
+    ChunkFailed,
+    Complete,
+    Connect,
+    Disconnect,
+    Event,
+    FetchFromOrigin,
+    PeerHas,
+    PeerJoined,
+    PeerLost,
+    PeerPending,
+    PeersFound,
+    PrefetchGiven,
+    ReaderWants,
+    Report,
+    Request,
+)
+from p2p.swarm.policy import CHUNK_PICKERS, PEER_CHOOSERS, PeerLoad
+
+
+@dataclass(frozen=True, slots=True)
+class SwarmConfig:
+    """Knobs of one swarm; every duration is in seconds."""
+
+    max_peers: int = 30  # connections we open ourselves
+    per_peer_inflight: int = 4  # requests pipelined to one peer
+    max_inflight: int = 16  # requests to peers, all together
+    max_origin_inflight: int = 4  # concurrent origin fetches by this node
+    request_timeout_s: float = 15.0
+    origin_timeout_s: float = 60.0
+    origin_patience_s: float = 3.0  # starved this long -> go to the origin anyway
+    pending_ttl_s: float = 30.0  # how long a peer's "fetching from origin" counts
+    backoff_base_s: float = 0.5
+    backoff_max_s: float = 30.0
+    max_peer_failures: int = 4  # consecutive; then disconnect
+    endgame_duplicates: int = 1  # extra copies of a tail request
+    max_origin_corrupt: int = 3  # bad chunks from the origin before aborting
+    use_peers: bool = True  # False: the origin-only baseline
+    chunk_picker: str = "rarest_first"
+    peer_chooser: str = "rack_aware"
+
+    def __post_init__(self) -> None:
+        if self.chunk_picker not in CHUNK_PICKERS:
+            raise ValueError(f"unknown chunk picker {self.chunk_picker!r}; "
+                             f"choose from {sorted(CHUNK_PICKERS)}")
+        if self.peer_chooser not in PEER_CHOOSERS:
+            raise ValueError(f"unknown peer chooser {self.peer_chooser!r}; "
+                             f"choose from {sorted(PEER_CHOOSERS)}")
+        if min(self.max_peers, self.per_peer_inflight, self.max_inflight,
+               self.max_origin_inflight) < 1:
+            raise ValueError("peer and in-flight limits must be at least 1")
+
+
+class _Peer:
+    """What we know of one connected peer."""
+
+    __slots__ = ("backoff_until", "failures", "have", "inflight", "pending", "rack", "rate")
+
+    def __init__(self, rack: str, have: int) -> None:
+        self.rack = rack
+        self.have = have
+        self.pending: dict[int, float] = {}  # chunk -> when the mark expires
+        self.inflight: dict[int, tuple[float, float]] = {}  # chunk -> (sent, deadline)
+        self.failures = 0
+        self.backoff_until = 0.0
+        self.rate = 0.0
+
+
+class Swarm:
+    """One content, as seen by one node.
+
+    Driven by events (`handle`) and by time (`handle_timer`, due at
+    `next_timer`). Both take `now` in seconds on the caller's clock and return
+    the actions the caller must carry out.
+    """
+
+    def __init__(self, me: PeerId, rack: str, chunks: int, have: Sequence[bool],
+                 chunk_bytes: int, config: SwarmConfig, rng: random.Random, now: float) -> None:
+        if len(have) != chunks:
+            raise ValueError(f"have has {len(have)} entries for {chunks} chunks")
+        self.me, self.rack, self.chunks, self.config = me, rack, chunks, config
+        self._chunk_bytes = chunk_bytes
+        self._rng = rng
+        self._picker = CHUNK_PICKERS[config.chunk_picker]()
+        self._chooser = PEER_CHOOSERS[config.peer_chooser]()
+        self._all = (1 << chunks) - 1
+        self._have = bits.from_bools(have)
+        self._avail = [0] * chunks  # connected peers holding each chunk
+        self._avail_mask = 0
+        self._pending_mask = 0  # chunks some peer is fetching from the origin
+        self._requested = 0  # chunks with at least one peer request in flight
+        self._requesters: dict[int, list[PeerId]] = {}
+        self._origin: dict[int, float] = {}  # chunk -> deadline
+        self._origin_failures = 0
+        self._origin_corrupt = 0
+        self._origin_backoff_until = 0.0
+        self._owned = self._all  # alone until the tracker says otherwise
+        self._peers: dict[PeerId, _Peer] = {}
+        self._known: dict[PeerId, str] = {}  # tracker hints: peer -> rack
+        self._connecting: set[PeerId] = set()
+        self._retry_at: dict[PeerId, float] = {}
+        self._banned: set[PeerId] = set()
+        self._demand: list[int] = []
+        self._prefetch: list[int] = []
+        self._last_progress = now
+        self._now = now
+        self._finished = False
+        self.stats = {"origin_chunks": 0, "peer_chunks": 0, "corrupt": 0, "timeouts": 0}
+
+    # ---- queries --------------------------------------------------------------
+
+    @property
+    def complete(self) -> bool:
+        return self._have == self._all
+
+    @property
+    def have(self) -> int:
+        """Held chunks as a bit mask (see `p2p.swarm.bits`)."""
+        return self._have
+
+    def held(self, chunk: int) -> bool:
+        return bool(self._have >> chunk & 1)
+
+    @property
+    def peers(self) -> list[PeerId]:
+        return sorted(self._peers)
+
+    def start(self, now: float) -> list[Action]:
+        """The first actions: connect to known peers, fetch owned chunks."""
+        if self.complete:
+            self._finished = True
+            return [Complete()]
+        return self._schedule(now)
+
+    # ---- events ---------------------------------------------------------------
+
+    def handle(self, event: Event, now: float) -> list[Action]:
+        self._now = now
+        if self._finished:
+            return []
+        actions: list[Action] = []
+        match event:
+            case PeersFound():
+                self._on_peers_found(event)
+            case PeerJoined():
+                actions += self._on_peer_joined(event, now)
+            case PeerHas(peer, chunk):
+                actions += self._on_peer_has(peer, chunk)
+            case PeerPending(peer, chunk):
+                actions += self._on_peer_pending(peer, chunk, now)
+            case PeerLost(peer, _):
+                self._drop_peer(peer, now)
+            case ChunkArrived():
+                actions += self._on_chunk_arrived(event, now)
+            case ChunkFailed():
+                actions += self._on_chunk_failed(event, now)
+            case ReaderWants(chunks):
+                self._demand = [c for c in chunks if 0 <= c < self.chunks] + self._demand
+            case PrefetchGiven(chunks):
+                self._prefetch = [c for c in chunks if 0 <= c < self.chunks]
+        if self._finished:
+            return actions
+        return actions + self._schedule(now)
+
+    def _on_peers_found(self, event: PeersFound) -> None:
+        for hint in event.peers:
+            if hint.peer != self.me:
+                self._known[hint.peer] = hint.rack
+        slot, slots = event.origin_slot, max(1, event.origin_slots)
+        self._owned = 0 if slot is None else bits.every_kth(self.chunks, slots, slot % slots)
+
+    def _on_peer_joined(self, event: PeerJoined, now: float) -> list[Action]:
+        peer = event.peer
+        self._connecting.discard(peer)
+        if peer in self._banned:
+            return [Disconnect(peer, "banned for sending corrupt data")]
+        if len(event.have) != self.chunks or any(not 0 <= c < self.chunks for c in event.pending):
+            return self._misbehaved(peer, "bad join message", now)
+        if peer in self._peers:
+            self._drop_peer(peer, now)
+        state = _Peer(event.rack, bits.from_bools(event.have))
+        self._peers[peer] = state
+        self._known.setdefault(peer, event.rack)
+        for c in bits.indices(state.have):
+            self._add_avail(c)
+        for c in event.pending:
+            state.pending[c] = now + self.config.pending_ttl_s
+        self._refresh_pending()
+        return []
+
+    def _on_peer_has(self, peer: PeerId, chunk: int) -> list[Action]:
+        state = self._peers.get(peer)
+        if state is None:
+            return []
+        if not 0 <= chunk < self.chunks:
+            return [Disconnect(peer, f"announced chunk {chunk} out of range")]
+        if not state.have >> chunk & 1:
+            state.have |= 1 << chunk
+            self._add_avail(chunk)
+        if state.pending.pop(chunk, None) is not None:
+            self._refresh_pending()
+        return []
+
+    def _on_peer_pending(self, peer: PeerId, chunk: int, now: float) -> list[Action]:
+        state = self._peers.get(peer)
+        if state is None:
+            return []
+        if not 0 <= chunk < self.chunks:
+            return [Disconnect(peer, f"pending chunk {chunk} out of range")]
+        state.pending[chunk] = now + self.config.pending_ttl_s
+        self._pending_mask |= 1 << chunk
+        return []
+
+    def _on_chunk_arrived(self, event: ChunkArrived, now: float) -> list[Action]:
+        chunk, source = event.chunk, event.source
+        if not 0 <= chunk < self.chunks:
+            return []
+        if not event.ok:
+            return self._on_corrupt(chunk, source, now)
+        actions: list[Action] = []
+        sent = self._clear_request(chunk, source)
+        if source is None:
+            self._origin.pop(chunk, None)
+            self._origin_failures = 0
+        elif (state := self._peers.get(source)) is not None:
+            state.failures = 0
+            if sent is not None and now > sent:
+                rate = self._chunk_bytes / (now - sent)
+                state.rate = rate if state.rate == 0 else 0.7 * state.rate + 0.3 * rate
+        for other in self._requesters.pop(chunk, []):
+            self._peers[other].inflight.pop(chunk, None)
+            actions.append(Cancel(other, chunk))
+        self._requested &= ~(1 << chunk)
+        if self.held(chunk):
+            return actions
+        self._have |= 1 << chunk
+        self._last_progress = now
+        self.stats["origin_chunks" if source is None else "peer_chunks"] += 1
+        actions.append(Advertise(chunk))
+        if self.complete:
+            self._finished = True
+            actions.append(Complete())
+        return actions
+
+    def _on_corrupt(self, chunk: int, source: PeerId | None, now: float) -> list[Action]:
+        self.stats["corrupt"] += 1
+        if source is None:
+            self._origin.pop(chunk, None)
+            self._origin_corrupt += 1
+            if self._origin_corrupt >= self.config.max_origin_corrupt:
+                self._finished = True
+                return [Abort(f"the origin served {self._origin_corrupt} chunks that do not "
+                              "match the manifest")]
+            self._origin_backoff(now)
+            return []
+        self._clear_request(chunk, source)
+        self._banned.add(source)
+        self._drop_peer(source, now)
+        return [Disconnect(source, f"sent corrupt chunk {chunk}"),
+                Report(source, f"corrupt chunk {chunk}")]
+
+    def _on_chunk_failed(self, event: ChunkFailed, now: float) -> list[Action]:
+        if event.source is None:
+            if self._origin.pop(event.chunk, None) is not None:
+                self._origin_backoff(now)
+            return []
+        if self._clear_request(event.chunk, event.source) is None:
+            return []
+        return self._peer_failed(event.source, now)
+
+    def _misbehaved(self, peer: PeerId, reason: str, now: float) -> list[Action]:
+        self._drop_peer(peer, now)
+        self._retry_at[peer] = now + self.config.backoff_max_s
+        return [Disconnect(peer, reason)]
+
+    # ---- time -----------------------------------------------------------------
+
+    def next_timer(self) -> float | None:
+        """When `handle_timer` must next run, on the caller's clock."""
+        if self._finished:
+            return None
+        times = list(self._origin.values())
+        for state in self._peers.values():
+            times.extend(deadline for _, deadline in state.inflight.values())
+            times.extend(state.pending.values())
+            times.append(state.backoff_until)
+        times.extend(self._retry_at.values())
+        times.append(self._origin_backoff_until)
+        times.append(self._last_progress + self.config.origin_patience_s)
+        future = [t for t in times if t > self._now]
+        return min(future) if future else None
+
+    def handle_timer(self, now: float) -> list[Action]:
+        self._now = now
+        if self._finished:
+            return []
+        actions: list[Action] = []
+        for peer, state in list(self._peers.items()):
+            late = [c for c, (_, deadline) in state.inflight.items() if deadline <= now]
+            for chunk in late:
+                self.stats["timeouts"] += 1
+                self._clear_request(chunk, peer)
+            if late and peer in self._peers:
+                actions += self._peer_failed(peer, now)
+            expired = [c for c, until in state.pending.items() if until <= now]
+            for chunk in expired:
+                del state.pending[chunk]
+        for chunk in [c for c, deadline in self._origin.items() if deadline <= now]:
+            del self._origin[chunk]
+            self._origin_backoff(now)
+        self._refresh_pending()
+        return actions + self._schedule(now)
+
+    # ---- bookkeeping ----------------------------------------------------------
+
+    def _add_avail(self, chunk: int) -> None:
+        self._avail[chunk] += 1
+        self._avail_mask |= 1 << chunk
+
+    def _refresh_pending(self) -> None:
+        mask = 0
+        for state in self._peers.values():
+            for chunk in state.pending:
+                mask |= 1 << chunk
+        self._pending_mask = mask
+
+    def _clear_request(self, chunk: int, peer: PeerId | None) -> float | None:
+        """Forget `peer`'s request for `chunk`; returns when it was sent, if it was."""
+        if peer is None:
+            return None
+        state = self._peers.get(peer)
+        entry = state.inflight.pop(chunk, None) if state else None
+        askers = self._requesters.get(chunk)
+        if askers and peer in askers:
+            askers.remove(peer)
+            if not askers:
+                del self._requesters[chunk]
+                self._requested &= ~(1 << chunk)
+        return entry[0] if entry else None
+
+    def _drop_peer(self, peer: PeerId, now: float) -> None:
+        self._connecting.discard(peer)
+        state = self._peers.pop(peer, None)
+        self._retry_at.setdefault(peer, now + self.config.backoff_base_s)
+        if state is None:
+            return
+        for chunk in list(state.inflight):
+            self._clear_request(chunk, peer)
+        for chunk in bits.indices(state.have):
+            self._avail[chunk] -= 1
+            if self._avail[chunk] == 0:
+                self._avail_mask &= ~(1 << chunk)
+        if state.pending:
+            self._refresh_pending()
+
+    def _peer_failed(self, peer: PeerId, now: float) -> list[Action]:
+        state = self._peers[peer]
+        state.failures += 1
+        if state.failures >= self.config.max_peer_failures:
+            return self._misbehaved(peer, f"{state.failures} failed requests in a row", now)
+        state.backoff_until = now + self._backoff(state.failures)
+        return []
+
+    def _origin_backoff(self, now: float) -> None:
+        self._origin_failures += 1
+        self._origin_backoff_until = now + self._backoff(self._origin_failures)
+
+    def _backoff(self, failures: int) -> float:
+        base = self.config.backoff_base_s * float(2 ** min(failures - 1, 16))
+        return min(self.config.backoff_max_s, base) * (0.5 + self._rng.random() / 2)
+
+    # ---- scheduling -----------------------------------------------------------
+
+    def _schedule(self, now: float) -> list[Action]:
+        actions = self._connect_more(now)
+        if self.config.use_peers:
+            actions += self._request_from_peers(now)
+        actions += self._fetch_from_origin(now)
+        return actions
+
+    def _connect_more(self, now: float) -> list[Action]:
+        if not self.config.use_peers:
+            return []
+        room = self.config.max_peers - len(self._peers) - len(self._connecting)
+        if room <= 0:
+            return []
+        busy = self._peers.keys() | self._connecting | self._banned
+        candidates = [p for p in sorted(self._known)
+                      if p not in busy and self._retry_at.get(p, 0.0) <= now]
+        candidates.sort(key=lambda p: (self._known[p] != self.rack, self._rng.random()))
+        chosen = candidates[:room]
+        self._connecting.update(chosen)
+        for peer in chosen:
+            self._retry_at.pop(peer, None)
+        return [Connect(peer) for peer in chosen]
+
+    def _ordered(self, mask: int, limit: int) -> list[int]:
+        """Chunks of `mask`: demand first, then prefetch order, then the picker."""
+        head: list[int] = []
+        for chunk in self._demand + self._prefetch:
+            if mask >> chunk & 1:
+                head.append(chunk)
+                mask &= ~(1 << chunk)
+        self._demand = [c for c in self._demand if not self._have >> c & 1]
+        if len(head) >= limit or not mask:
+            return head[:limit]
+        rest = self._picker.order(list(bits.indices(mask)), self._avail, limit - len(head),
+                                  self._rng)
+        return head + rest
+
+    def _request_from_peers(self, now: float) -> list[Action]:
+        budget = self.config.max_inflight - sum(len(s.inflight) for s in self._peers.values())
+        free = {p: s for p, s in self._peers.items()
+                if len(s.inflight) < self.config.per_peer_inflight and s.backoff_until <= now}
+        if budget <= 0 or not free:
+            return []
+        offered = 0
+        for state in free.values():
+            offered |= state.have
+        wanted = offered & ~self._have & ~self._requested
+        actions: list[Action] = []
+        for chunk in self._ordered(wanted, limit=budget * 4):
+            if budget == 0 or not free:
+                break
+            if (peer := self._ask(chunk, free, now)) is not None:
+                actions.append(Request(peer, chunk))
+                budget -= 1
+        if budget and free and not wanted & ~self._requested & ~self._have:
+            actions += self._endgame(free, budget, now)
+        return actions
+
+    def _ask(self, chunk: int, free: dict[PeerId, _Peer], now: float,
+             exclude: Sequence[PeerId] = ()) -> PeerId | None:
+        holders = [PeerLoad(p, s.rack == self.rack, len(s.inflight), s.failures, s.rate)
+                   for p, s in free.items() if s.have >> chunk & 1 and p not in exclude]
+        if not holders:
+            return None
+        peer = self._chooser.choose(holders, self._rng)
+        state = free[peer]
+        state.inflight[chunk] = (now, now + self.config.request_timeout_s)
+        self._requesters.setdefault(chunk, []).append(peer)
+        self._requested |= 1 << chunk
+        if len(state.inflight) >= self.config.per_peer_inflight:
+            del free[peer]
+        return peer
+
+    def _endgame(self, free: dict[PeerId, _Peer], budget: int, now: float) -> list[Action]:
+        """Every missing chunk is requested: duplicate the tail into idle slots."""
+        actions: list[Action] = []
+        for chunk, askers in sorted(self._requesters.items()):
+            if budget == 0 or not free:
+                break
+            if len(askers) > self.config.endgame_duplicates:
+                continue
+            if (peer := self._ask(chunk, free, now, exclude=tuple(askers))) is not None:
+                actions.append(Request(peer, chunk))
+                budget -= 1
+        return actions
+
+    def _fetch_from_origin(self, now: float) -> list[Action]:
+        room = self.config.max_origin_inflight - len(self._origin)
+        if room <= 0 or now < self._origin_backoff_until:
+            return []
+        todo = self._all & ~self._have & ~self._origin_mask()
+        if self.config.use_peers:
+            todo &= ~self._requested & ~self._avail_mask & ~self._pending_mask
+            starved = now - self._last_progress >= self.config.origin_patience_s
+            if not starved:
+                todo &= self._owned
+        if not todo:
+            return []
+        actions: list[Action] = []
+        for chunk in self._ordered(todo, limit=room):
+            self._origin[chunk] = now + self.config.origin_timeout_s
+            actions.append(FetchFromOrigin(chunk))
+            if self.config.use_peers:
+                actions.append(Advertise(chunk, pending=True))
+        return actions
+
+    def _origin_mask(self) -> int:
+        return bits.from_indices(self._origin)

@@ -1,0 +1,241 @@
+"""The swarm core, driven by hand: no sockets, no event loop, explicit `now`."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from p2p.content import PeerId
+from p2p.swarm import Swarm, SwarmConfig
+from p2p.swarm.events import (
+    Abort,
+    Advertise,
+    Cancel,
+    ChunkArrived,
+    ChunkFailed,
+    Complete,
+    Connect,
+    Disconnect,
+    FetchFromOrigin,
+    PeerHas,
+    PeerHint,
+    PeerJoined,
+    PeerLost,
+    PeerPending,
+    PeersFound,
+    PrefetchGiven,
+    ReaderWants,
+    Report,
+    Request,
+)
+
+A, B, C = PeerId("a"), PeerId("b"), PeerId("c")
+
+
+def have(pattern: str) -> tuple[bool, ...]:
+    return tuple(ch == "1" for ch in pattern)
+
+
+def swarm(mine: str, *, seed: int = 1, **config: object) -> Swarm:
+    """A swarm that is not an origin fetcher, unless a test says so."""
+    s = Swarm(PeerId("me"), "r1", len(mine), have(mine), 100, SwarmConfig(**config),  # type: ignore[arg-type]
+              random.Random(seed), now=0.0)
+    s.handle(PeersFound((), origin_slot=None, origin_slots=1), 0.0)
+    return s
+
+
+def requests(actions: list[object]) -> list[tuple[str, int]]:
+    return [(a.peer, a.chunk) for a in actions if isinstance(a, Request)]
+
+
+def origin_fetches(actions: list[object]) -> list[int]:
+    return [a.chunk for a in actions if isinstance(a, FetchFromOrigin)]
+
+
+def join(s: Swarm, peer: PeerId, pattern: str, rack: str = "r1", now: float = 0.0) -> list[object]:
+    return list(s.handle(PeerJoined(peer, rack, have(pattern)), now))
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_rarest_chunk_is_requested_next(seed: int) -> None:
+    s = swarm("0000", seed=seed, max_inflight=1, endgame_duplicates=0)
+    [(_, first)] = requests(join(s, C, "1111", rack="far"))
+    join(s, B, "1100")  # no free slot yet
+    [(_, second)] = requests(s.handle(ChunkArrived(first, C, ok=True), 1.0))
+    assert second in {2, 3} - {first}  # held by C alone, while 0 and 1 are held by both
+
+
+def test_demand_goes_before_rarest() -> None:
+    s = swarm("0000", max_inflight=1, per_peer_inflight=1)
+    s.handle(ReaderWants((3,)), 0.0)
+    acts = join(s, A, "1111")
+    assert requests(acts) == [(A, 3)]
+
+
+def test_prefetch_order_is_followed() -> None:
+    s = swarm("00000", max_inflight=2, per_peer_inflight=2)
+    s.handle(PrefetchGiven((4, 2)), 0.0)
+    acts = join(s, A, "11111")
+    assert requests(acts) == [(A, 4), (A, 2)]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_same_rack_peer_is_preferred(seed: int) -> None:
+    s = swarm("000", seed=seed, max_inflight=1, endgame_duplicates=0)
+    [(_, first)] = requests(join(s, C, "111", rack="far"))
+    join(s, B, "111", rack="r1")
+    assert [p for p, _ in requests(s.handle(ChunkArrived(first, C, ok=True), 1.0))] == [B]
+
+
+def test_rack_and_load_decide_between_holders() -> None:
+    # Both peers hold everything; the same-rack peer gets requests until its pipe is full.
+    s = swarm("0000", max_inflight=3, per_peer_inflight=2)
+    s.handle(PeerJoined(A, "far", have("0000")), 0.0)
+    s.handle(PeerJoined(B, "r1", have("0000")), 0.0)
+    s.handle(PeerHas(A, 0), 0.0)  # A gets chunk 0 (only holder)
+    for c in (1, 2, 3):
+        s.handle(PeerHas(A, c), 0.0)
+    # A's pipe (2) is full after chunk 1; chunk 2 waits. Now B announces all:
+    acts = []
+    for c in (0, 1, 2, 3):
+        acts += s.handle(PeerHas(B, c), 0.0)
+    assert [p for p, _ in requests(acts)] == [B]
+
+
+def test_timeout_reissues_to_another_peer() -> None:
+    s = swarm("0", max_inflight=2, per_peer_inflight=1, request_timeout_s=5.0,
+              endgame_duplicates=0)
+    assert requests(join(s, A, "1")) == [(A, 0)]
+    assert requests(join(s, B, "1")) == []  # only one missing chunk, already requested...
+    t = s.next_timer()
+    assert t is not None and t <= 5.0
+    acts = s.handle_timer(5.0)
+    assert (B, 0) in requests(acts)
+    assert s.stats["timeouts"] == 1
+
+
+def test_endgame_duplicates_tail_and_cancels_loser() -> None:
+    s = swarm("0", max_inflight=2, per_peer_inflight=1, endgame_duplicates=1)
+    join(s, A, "1")
+    acts = join(s, B, "1")
+    assert requests(acts) == [(B, 0)]  # end game: duplicate into B's idle slot
+    done = s.handle(ChunkArrived(0, A, ok=True), 1.0)
+    assert Cancel(B, 0) in done and Complete() in done and Advertise(0) in done
+
+
+def test_owner_fetches_uncovered_chunks_from_origin() -> None:
+    s = Swarm(PeerId("me"), "r1", 4, have("0000"), 100, SwarmConfig(), random.Random(1), 0.0)
+    acts = s.handle(PeersFound((PeerHint(A, "r1"),), origin_slot=1, origin_slots=2), 0.0)
+    assert sorted(origin_fetches(acts)) == [1, 3]
+    assert Advertise(1, pending=True) in acts
+    assert Connect(A) in acts
+
+
+def test_non_owner_waits_for_peers_then_falls_back_to_origin() -> None:
+    s = swarm("00", origin_patience_s=3.0)
+    assert origin_fetches(s.handle(PeersFound((), origin_slot=None, origin_slots=1), 0.0)) == []
+    t = s.next_timer()
+    assert t == 3.0
+    assert sorted(origin_fetches(s.handle_timer(3.0))) == [0, 1]
+
+
+def test_pending_peer_keeps_origin_owner_away() -> None:
+    s = Swarm(PeerId("me"), "r1", 2, have("00"), 100, SwarmConfig(max_origin_inflight=1),
+              random.Random(1), 0.0)
+    acts = s.handle(PeerJoined(A, "r1", have("00"), pending=(0,)), 0.0)
+    assert origin_fetches(acts) == [1]
+
+
+def test_corrupt_peer_is_banned_and_chunk_refetched() -> None:
+    s = swarm("0", max_inflight=2, per_peer_inflight=1, endgame_duplicates=0)
+    assert requests(join(s, A, "1")) == [(A, 0)]
+    join(s, B, "1")
+    acts = s.handle(ChunkArrived(0, A, ok=False), 1.0)
+    assert Disconnect(A, "sent corrupt chunk 0") in acts
+    assert any(isinstance(a, Report) and a.peer == A for a in acts)
+    assert requests(acts) == [(B, 0)]
+    # A reconnecting is refused
+    again = s.handle(PeerJoined(A, "r1", have("1")), 2.0)
+    assert any(isinstance(a, Disconnect) and a.peer == A for a in again)
+    assert not s.complete
+
+
+def test_origin_serving_bad_bytes_aborts() -> None:
+    s = Swarm(PeerId("me"), "r1", 1, have("0"), 100, SwarmConfig(max_origin_corrupt=2,
+              backoff_base_s=1.0), random.Random(1), 0.0)
+    assert origin_fetches(s.start(0.0)) == [0]
+    s.handle(ChunkArrived(0, None, ok=False), 1.0)
+    acts = s.handle_timer(10.0)
+    assert origin_fetches(acts) == [0]
+    final = s.handle(ChunkArrived(0, None, ok=False), 11.0)
+    assert any(isinstance(a, Abort) for a in final)
+    assert s.handle_timer(100.0) == [] and s.next_timer() is None
+
+
+def test_origin_failure_backs_off_then_retries() -> None:
+    s = Swarm(PeerId("me"), "r1", 1, have("0"), 100, SwarmConfig(backoff_base_s=2.0),
+              random.Random(1), 0.0)
+    s.start(0.0)
+    assert s.handle(ChunkFailed(0, None, "503"), 0.5) == []
+    t = s.next_timer()
+    assert t is not None and 0.5 < t <= 2.5
+    assert origin_fetches(s.handle_timer(t)) == [0]
+
+
+def test_origin_only_never_connects() -> None:
+    s = Swarm(PeerId("me"), "r1", 3, have("000"), 100,
+              SwarmConfig(use_peers=False, chunk_picker="in_order", max_origin_inflight=2),
+              random.Random(1), 0.0)
+    acts = s.handle(PeersFound((PeerHint(A, "r1"),), origin_slot=None, origin_slots=1), 0.0)
+    assert not any(isinstance(a, Connect) for a in acts)
+    assert origin_fetches(acts) == [0, 1]
+
+
+def test_lost_peer_releases_its_requests() -> None:
+    s = swarm("0", max_inflight=1)
+    join(s, A, "1")
+    acts = s.handle(PeerLost(A, "reset"), 1.0)
+    assert requests(acts) == []
+    assert requests(join(s, B, "1", now=1.0)) == [(B, 0)]
+
+
+def test_repeated_failures_disconnect_peer() -> None:
+    s = swarm("0", max_inflight=1, max_peer_failures=2, backoff_base_s=0.1)
+    join(s, A, "1")
+    s.handle(ChunkFailed(0, A, "rejected"), 1.0)
+    acts = s.handle_timer(2.0)
+    assert requests(acts) == [(A, 0)]
+    acts = s.handle(ChunkFailed(0, A, "rejected"), 3.0)
+    assert any(isinstance(a, Disconnect) and a.peer == A for a in acts)
+
+
+def test_pending_from_unknown_peer_or_bad_index() -> None:
+    s = swarm("00")
+    assert s.handle(PeerPending(A, 0), 0.0) == []
+    join(s, A, "00")
+    assert any(isinstance(a, Disconnect) for a in s.handle(PeerPending(A, 7), 0.0))
+
+
+def test_bad_bitfield_length_disconnects() -> None:
+    s = swarm("00")
+    acts = s.handle(PeerJoined(A, "r1", have("000")), 0.0)
+    assert any(isinstance(a, Disconnect) for a in acts)
+
+
+def test_complete_content_finishes_at_start() -> None:
+    s = Swarm(PeerId("me"), "r1", 2, have("11"), 100, SwarmConfig(), random.Random(1), 0.0)
+    assert s.start(0.0) == [Complete()]
+
+
+def test_same_seed_same_actions() -> None:
+    def run(seed: int) -> list[object]:
+        s = swarm("0" * 16, seed=seed, max_inflight=4)
+        return join(s, A, "1" * 16) + join(s, B, "1" * 16)
+    assert run(7) == run(7)
+
+
+@pytest.mark.parametrize("name", ["nope"])
+def test_unknown_policy_is_rejected(name: str) -> None:
+    with pytest.raises(ValueError, match="unknown chunk picker"):
+        SwarmConfig(chunk_picker=name)
