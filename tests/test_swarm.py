@@ -239,3 +239,9 @@ def test_same_seed_same_actions() -> None:
 def test_unknown_policy_is_rejected(name: str) -> None:
     with pytest.raises(ValueError, match="unknown chunk picker"):
         SwarmConfig(chunk_picker=name)
+
+
+def test_negative_chunk_index_from_peer_disconnects() -> None:
+    s = swarm("00")
+    join(s, A, "00")
+    assert any(isinstance(a, Disconnect) for a in s.handle(PeerHas(A, -1), 0.0))

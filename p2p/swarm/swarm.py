@@ -167,6 +167,9 @@ class Swarm:
     def held(self, chunk: int) -> bool:
         return bool(self._have >> chunk & 1)
 
+    def _holds_index(self, chunk: int) -> bool:
+        return 0 <= chunk < self.chunks and self.held(chunk)
+
     @property
     def peers(self) -> list[PeerId]:
         return sorted(self._peers)
@@ -184,6 +187,9 @@ class Swarm:
         self._now = now
         if self._finished:
             return []
+        if isinstance(event, PeerHas | PeerPending) and self._holds_index(event.chunk):
+            # Nothing to schedule: only availability changes, for chunks we hold.
+            return self._on_peer_has(event.peer, event.chunk) if isinstance(event, PeerHas) else []
         actions: list[Action] = []
         match event:
             case PeersFound():
