@@ -1,9 +1,213 @@
-"""Subcommands owned by p2p: agent, demo, bench (filled in by the agent work)."""
+"""Subcommands owned by p2p: agent, origin, publish, get, status, demo, bench."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import uvloop
+
+from p2p.cli import UserError
+from p2p.content import CHUNK_SIZE, MiB
+
+SUPPRESS = argparse.SUPPRESS
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    pass
+    _agent_parser(sub)
+    p = sub.add_parser("origin", help="serve a directory as an HTTP origin (Range, rate cap)")
+    p.add_argument("root", type=Path)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--rate-mbps", type=float, default=None, help="cap on total egress, MB/s")
+    p.set_defaults(run=_run_origin)
+
+    p = sub.add_parser("publish", help="register a file's manifest with the tracker")
+    p.add_argument("path", type=Path)
+    p.add_argument("--origin", required=True, help="URL of the origin copy (http://, file://)")
+    p.add_argument("--tracker", default=os.environ.get("BOOTSEER_TRACKER",
+                                                       "http://127.0.0.1:7070"))
+    p.add_argument("--chunk-size-mb", type=int, default=CHUNK_SIZE // MiB)
+    p.set_defaults(run=_run_publish)
+
+    p = sub.add_parser("get", help="have the local agent fetch a content (and copy it out)")
+    p.add_argument("content")
+    p.add_argument("--out", type=Path, help="write the verified bytes to this file")
+    _api_socket_flag(p)
+    p.set_defaults(run=_run_get)
+
+    p = sub.add_parser("status", help="what the local agent holds and fetches")
+    _api_socket_flag(p)
+    p.set_defaults(run=_run_status)
+
+    from p2p.bench import add_parser as add_bench
+    from p2p.demo import add_parser as add_demo
+
+    add_demo(sub)
+    add_bench(sub)
+
+
+def _api_socket_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--api-socket", default=os.environ.get("BOOTSEER_API_SOCKET",
+                                                          "/run/bootseer/agent.sock"))
+
+
+def _agent_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("agent", help="run the peer agent of this node",
+                       argument_default=SUPPRESS)
+    p.add_argument("--config", dest="config_file", help="TOML file (see p2p/config.py)")
+    p.add_argument("--tracker", help="tracker URL")
+    p.add_argument("--host", help="address peers connect to")
+    p.add_argument("--port", type=int, help="peer port (0 = any free port)")
+    p.add_argument("--rack")
+    p.add_argument("--peer-id", dest="peer_id")
+    p.add_argument("--store-dir", dest="store_dir")
+    p.add_argument("--store-budget-gb", dest="store_budget_gb", type=float)
+    p.add_argument("--api-socket", dest="api_socket")
+    p.add_argument("--secret-file", dest="secret_file")
+    p.add_argument("--upload-mbps", dest="upload_mbps", type=float)
+    p.add_argument("--download-mbps", dest="download_mbps", type=float)
+    p.add_argument("--origin-concurrency", dest="origin_concurrency", type=int)
+    p.add_argument("--log-level", dest="log_level", default="WARNING")
+    p.set_defaults(run=_run_agent)
+
+
+def _run_agent(args: argparse.Namespace) -> int:
+    from p2p.auth import SecretError, load_secret
+    from p2p.config import ConfigError, load_agent_config
+
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    flags = {k: v for k, v in vars(args).items()
+             if k not in {"config_file", "log_level", "run", "command"}}
+    try:
+        config = load_agent_config(getattr(args, "config_file", None), overrides=flags)
+        secret = load_secret(config.secret_file)
+    except (ConfigError, SecretError) as exc:
+        raise UserError(str(exc)) from exc
+    return uvloop.run(_serve_agent(config, secret))
+
+
+async def _serve_agent(config: Any, secret: bytes) -> int:
+    from aiohttp import web
+
+    from p2p.agent import Agent
+    from p2p.localapi import make_app
+
+    try:
+        agent = Agent(config, secret)
+    except OSError as exc:
+        raise UserError(f"cannot listen on {config.host}:{config.port}: {exc.strerror}") from exc
+    await agent.start()
+    runner = web.AppRunner(make_app(agent), access_log=None)
+    await runner.setup()
+    sock_path = Path(config.api_socket)
+    try:
+        sock_path.parent.mkdir(parents=True, exist_ok=True)
+        sock_path.unlink(missing_ok=True)
+        await web.UnixSite(runner, str(sock_path)).start()
+    except OSError as exc:
+        await agent.stop()
+        raise UserError(f"cannot open the local API socket {sock_path}: {exc.strerror}") from exc
+    assert agent.me is not None
+    print(json.dumps({"event": "listening", "peer": agent.me.peer, "addr": agent.me.addr,
+                      "api_socket": str(sock_path), "pid": os.getpid()}), flush=True)
+    await _until_signalled()
+    await runner.cleanup()
+    await agent.stop()
+    sock_path.unlink(missing_ok=True)
+    return 0
+
+
+async def _until_signalled() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
+def _run_origin(args: argparse.Namespace) -> int:
+    from p2p.origin.server import serve_forever
+
+    if not args.root.is_dir():
+        raise UserError(f"{args.root} is not a directory")
+
+    async def main() -> None:
+        task = asyncio.ensure_future(serve_forever(args.root, args.host, args.port,
+                                                   args.rate_mbps))
+        await _until_signalled()
+        task.cancel()
+
+    try:
+        uvloop.run(main())
+    except OSError as exc:
+        raise UserError(f"cannot listen on {args.host}:{args.port}: {exc.strerror}") from exc
+    return 0
+
+
+def _run_publish(args: argparse.Namespace) -> int:
+    from p2p.auth import SecretError, load_secret
+    from p2p.localcluster import manifest_of_file
+    from p2p.tracker_client import TrackerClient, TrackerError, TrackerUnavailable
+
+    if not args.path.is_file():
+        raise UserError(f"{args.path} is not a file")
+    try:
+        secret = load_secret()
+    except SecretError as exc:
+        raise UserError(str(exc)) from exc
+    manifest = manifest_of_file(args.path, args.chunk_size_mb * MiB, args.origin)
+
+    async def put() -> None:
+        async with TrackerClient(args.tracker, secret) as tracker:
+            await tracker.put_manifest(manifest)
+
+    try:
+        asyncio.run(put())
+    except (TrackerUnavailable, TrackerError) as exc:
+        raise UserError(str(exc)) from exc
+    print(manifest.content_id)
+    return 0
+
+
+def _run_get(args: argparse.Namespace) -> int:
+    from p2p.localapi import AgentClient, AgentError
+
+    async def get() -> dict[str, Any]:
+        async with AgentClient(args.api_socket) as client:
+            info = await client.ensure(args.content)
+            if args.out:
+                with open(args.out, "wb") as out:
+                    for offset in range(0, info["size"], 64 * MiB):
+                        n = min(64 * MiB, info["size"] - offset)
+                        out.write(await client.read(args.content, offset, n))
+            return info
+
+    try:
+        info = asyncio.run(get())
+    except AgentError as exc:
+        raise UserError(str(exc)) from exc
+    print(json.dumps({"content": args.content, **info}))
+    return 0
+
+
+def _run_status(args: argparse.Namespace) -> int:
+    from p2p.localapi import AgentClient, AgentError
+
+    async def status() -> dict[str, Any]:
+        async with AgentClient(args.api_socket, timeout_s=10) as client:
+            return await client.status()
+
+    try:
+        print(json.dumps(asyncio.run(status()), indent=2))
+    except AgentError as exc:
+        raise UserError(str(exc)) from exc
+    return 0

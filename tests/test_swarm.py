@@ -45,6 +45,13 @@ def swarm(mine: str, *, seed: int = 1, **config: object) -> Swarm:
     return s
 
 
+def alone(mine: str, **config: object) -> tuple[Swarm, list[object]]:
+    """A swarm the tracker made the only origin fetcher, and its first actions."""
+    s = Swarm(PeerId("me"), "r1", len(mine), have(mine), 100, SwarmConfig(**config),  # type: ignore[arg-type]
+              random.Random(1), now=0.0)
+    return s, list(s.handle(PeersFound((), origin_slot=0, origin_slots=1), 0.0))
+
+
 def requests(actions: list[object]) -> list[tuple[str, int]]:
     return [(a.peer, a.chunk) for a in actions if isinstance(a, Request)]
 
@@ -143,7 +150,8 @@ def test_non_owner_waits_for_peers_then_falls_back_to_origin() -> None:
 def test_pending_peer_keeps_origin_owner_away() -> None:
     s = Swarm(PeerId("me"), "r1", 2, have("00"), 100, SwarmConfig(max_origin_inflight=1),
               random.Random(1), 0.0)
-    acts = s.handle(PeerJoined(A, "r1", have("00"), pending=(0,)), 0.0)
+    s.handle(PeerJoined(A, "r1", have("00"), pending=(0,)), 0.0)
+    acts = s.handle(PeersFound((PeerHint(A, "r1"),), origin_slot=0, origin_slots=1), 0.0)
     assert origin_fetches(acts) == [1]
 
 
@@ -162,9 +170,8 @@ def test_corrupt_peer_is_banned_and_chunk_refetched() -> None:
 
 
 def test_origin_serving_bad_bytes_aborts() -> None:
-    s = Swarm(PeerId("me"), "r1", 1, have("0"), 100, SwarmConfig(max_origin_corrupt=2,
-              backoff_base_s=1.0), random.Random(1), 0.0)
-    assert origin_fetches(s.start(0.0)) == [0]
+    s, first = alone("0", max_origin_corrupt=2, backoff_base_s=1.0)
+    assert origin_fetches(first) == [0]
     s.handle(ChunkArrived(0, None, ok=False), 1.0)
     acts = s.handle_timer(10.0)
     assert origin_fetches(acts) == [0]
@@ -174,9 +181,8 @@ def test_origin_serving_bad_bytes_aborts() -> None:
 
 
 def test_origin_failure_backs_off_then_retries() -> None:
-    s = Swarm(PeerId("me"), "r1", 1, have("0"), 100, SwarmConfig(backoff_base_s=2.0),
-              random.Random(1), 0.0)
-    s.start(0.0)
+    s, first = alone("0", backoff_base_s=2.0)
+    assert origin_fetches(first) == [0]
     assert s.handle(ChunkFailed(0, None, "503"), 0.5) == []
     t = s.next_timer()
     assert t is not None and 0.5 < t <= 2.5
@@ -245,3 +251,11 @@ def test_negative_chunk_index_from_peer_disconnects() -> None:
     s = swarm("00")
     join(s, A, "00")
     assert any(isinstance(a, Disconnect) for a in s.handle(PeerHas(A, -1), 0.0))
+
+
+def test_no_origin_fetch_before_the_tracker_appoints_us() -> None:
+    s = Swarm(PeerId("me"), "r1", 2, have("00"), 100, SwarmConfig(origin_patience_s=3.0),
+              random.Random(1), now=0.0)
+    assert origin_fetches(s.start(0.0)) == []
+    assert s.next_timer() == 3.0  # the tracker stays silent: patience sends us anyway
+    assert sorted(origin_fetches(s.handle_timer(3.0))) == [0, 1]

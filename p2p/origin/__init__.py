@@ -1,0 +1,64 @@
+"""Origin adapters: where a content's bytes come from when no peer has them.
+
+An origin reads a byte range of the origin copy into a caller's buffer. The
+manifest's `origin` URL picks the adapter by scheme (`http`, `https`, `file`);
+registry and HDFS adapters join through `register` in their own packages.
+Each origin is limited to a number of concurrent reads per node, so a
+thousand-node launch cannot open a thousand connections per node to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from urllib.parse import urlsplit
+
+from p2p.origin.base import Origin, OriginError
+from p2p.origin.file import FileOrigin
+from p2p.origin.http import HttpOrigin
+
+__all__ = ["LimitedOrigin", "Origin", "OriginError", "OriginPool", "register"]
+
+_FACTORIES: dict[str, Callable[[str], Origin]] = {
+    "http": HttpOrigin,
+    "https": HttpOrigin,
+    "file": FileOrigin,
+}
+
+
+def register(scheme: str, factory: Callable[[str], Origin]) -> None:
+    _FACTORIES[scheme] = factory
+
+
+class LimitedOrigin:
+    """An origin behind a semaphore: at most `limit` reads at once."""
+
+    def __init__(self, origin: Origin, limit: int) -> None:
+        self.origin = origin
+        self._slots = asyncio.Semaphore(limit)
+
+    async def read_into(self, url: str, offset: int, view: memoryview) -> None:
+        async with self._slots:
+            await self.origin.read_into(url, offset, view)
+
+
+class OriginPool:
+    """One limited adapter per origin endpoint (scheme + host), made on first use."""
+
+    def __init__(self, concurrency: int) -> None:
+        self._concurrency = concurrency
+        self._origins: dict[str, LimitedOrigin] = {}
+
+    def for_url(self, url: str) -> LimitedOrigin:
+        parts = urlsplit(url)
+        key = f"{parts.scheme}://{parts.netloc}"
+        if key not in self._origins:
+            factory = _FACTORIES.get(parts.scheme)
+            if factory is None:
+                raise OriginError(f"no origin adapter for {parts.scheme!r} URLs ({url})")
+            self._origins[key] = LimitedOrigin(factory(key), self._concurrency)
+        return self._origins[key]
+
+    async def close(self) -> None:
+        for limited in self._origins.values():
+            await limited.origin.close()

@@ -140,7 +140,10 @@ class Swarm:
         self._origin_failures = 0
         self._origin_corrupt = 0
         self._origin_backoff_until = 0.0
-        self._owned = self._all  # alone until the tracker says otherwise
+        # Own nothing until the tracker appoints us: starting nodes would otherwise
+        # all fetch the same first chunks. If the tracker never answers, the
+        # patience rule still sends us to the origin.
+        self._owned = 0
         self._peers: dict[PeerId, _Peer] = {}
         self._known: dict[PeerId, str] = {}  # tracker hints: peer -> rack
         self._connecting: set[PeerId] = set()

@@ -1,0 +1,545 @@
+"""The peer agent: one per node, thin asyncio glue around the swarm core.
+
+For each content it serves or fetches, the agent keeps a `Session`: the
+trusted manifest, the chunk store's view of it, and a `Swarm` that makes every
+decision. The agent feeds the swarm events (a peer joined, a chunk arrived, a
+timer fired) with `now = loop.time()` and carries out the actions it returns
+in `_execute`; it re-arms one timer per session after each call. Peer
+connections (`Link`) are shared by all sessions; origins are read through a
+per-origin concurrency limit; every byte in and out passes the node's rate
+limits.
+
+A chunk's bytes are verified by the store before they are stored, served or
+read, whatever their source. Peers that send bad bytes are dropped and
+reported by the swarm's decision; the agent only carries that out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import socket
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, assert_never
+
+from p2p.config import AgentConfig
+from p2p.content import ContentId, Manifest, PeerId
+from p2p.link import Link
+from p2p.metrics import AgentMetrics
+from p2p.origin import OriginError, OriginPool
+from p2p.peer import (
+    PeerConnection,
+    PeerInfo,
+    RateLimiter,
+    Timeouts,
+    accept,
+    connect,
+    listen_socket,
+)
+from p2p.store import ChunkStore, CorruptChunk, StoreFullError
+from p2p.swarm import Swarm, bits
+from p2p.swarm.events import (
+    Abort,
+    Action,
+    Advertise,
+    Cancel,
+    ChunkArrived,
+    ChunkFailed,
+    Complete,
+    Connect,
+    Disconnect,
+    Event,
+    FetchFromOrigin,
+    PeerHas,
+    PeerHint,
+    PeerJoined,
+    PeerLost,
+    PeerPending,
+    PeersFound,
+    ReaderWants,
+    Report,
+    Request,
+)
+from p2p.tracker_client import TrackerClient, TrackerError, TrackerUnavailable
+from p2p.wire import Have, Join, Pending, Piece, pack_bits, unpack_bits
+
+log = logging.getLogger(__name__)
+BURST_BYTES = 1 << 20
+JOIN_TIMEOUT_S = 10.0
+EARLY_ANNOUNCE_GAP_S = 0.2  # announces prompted by new peers come no faster
+
+
+class ContentFailed(Exception):
+    """A content cannot be completed; the message says why."""
+
+
+@dataclass(eq=False)
+class Session:
+    manifest: Manifest
+    swarm: Swarm
+    done: asyncio.Future[None]
+    links: dict[PeerId, Link] = field(default_factory=dict)
+    waiters: dict[int, list[asyncio.Future[None]]] = field(default_factory=dict)
+    origin_tasks: dict[int, asyncio.Task[None]] = field(default_factory=dict)
+    timer: asyncio.TimerHandle | None = None
+    wake_announcer: asyncio.Event = field(default_factory=asyncio.Event)
+    announcer: asyncio.Task[None] | None = None
+    origin_bytes: int = 0
+    peer_bytes: int = 0
+    started: float = 0.0
+    finished: float | None = None
+
+    @property
+    def content(self) -> ContentId:
+        return self.manifest.content_id
+
+
+class Agent:
+    def __init__(self, config: AgentConfig, secret: bytes) -> None:
+        self.config = config
+        self._secret = secret
+        self.metrics = AgentMetrics()
+        self.store = ChunkStore(Path(config.store_dir), config.store_budget_bytes)
+        self.sessions: dict[ContentId, Session] = {}
+        self._links: dict[PeerId, Link] = {}
+        self._addrs: dict[PeerId, str] = {}
+        self._addrs_known_by_tracker: set[PeerId] = set()
+        self._dialing: dict[PeerId, asyncio.Task[None]] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._upload = RateLimiter(_bps(config.upload_mbps), BURST_BYTES)
+        self._download = RateLimiter(_bps(config.download_mbps), BURST_BYTES)
+        self._origins = OriginPool(config.origin_concurrency)
+        self._timeouts = Timeouts()
+        self._rng = random.Random()
+        self.tracker = TrackerClient(config.tracker, secret)
+        self.me: PeerInfo | None = None
+        self._server_sock = listen_socket(config.host, config.port)
+        self.port = self._server_sock.getsockname()[1]
+
+    # ---- lifecycle ------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        peer = PeerId(self.config.resolved_peer_id(self.port))
+        self.me = PeerInfo(peer, f"{self.config.host}:{self.port}", self.config.rack)
+        self._spawn(self._accept_loop())
+        for manifest in self.store.known():
+            self._open_session(manifest)  # resume or seed what survived a restart
+
+    async def stop(self) -> None:
+        for session in list(self.sessions.values()):
+            self._close_session(session)
+        with contextlib.suppress(TrackerUnavailable, TrackerError):
+            await asyncio.wait_for(self._say_goodbye(), timeout=2.0)
+        for link in list(self._links.values()):
+            link.close("agent stopping")
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._server_sock.close()
+        await self._origins.close()
+        await self.tracker.close()
+
+    async def _say_goodbye(self) -> None:
+        for content in list(self.sessions):
+            await self._announce_once(content, event="stopped")
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    # ---- the local API's verbs ------------------------------------------------
+
+    async def ensure(self, content: ContentId) -> Session:
+        """The session for `content`, fetching its manifest from the tracker if new."""
+        if content in self.sessions:
+            return self.sessions[content]
+        manifest = await self.tracker.get_manifest(content)
+        return self.sessions.get(content) or self._open_session(manifest)
+
+    async def wait_complete(self, content: ContentId) -> Session:
+        session = await self.ensure(content)
+        await asyncio.shield(session.done)
+        return session
+
+    async def read(self, content: ContentId, offset: int, length: int) -> bytes:
+        session = await self.ensure(content)
+        chunks = session.manifest.chunks_for_range(offset, length)
+        missing = [c for c in chunks if not session.swarm.held(c)]
+        if missing:
+            waits = [self._waiter(session, c) for c in missing]
+            self._feed(session, ReaderWants(tuple(missing)))
+            await asyncio.gather(*waits)
+        return self.store.read(content, offset, length)
+
+    def prefetch(self, session: Session, chunks: tuple[int, ...]) -> None:
+        from p2p.swarm.events import PrefetchGiven
+
+        self._feed(session, PrefetchGiven(chunks))
+
+    def _waiter(self, session: Session, chunk: int) -> asyncio.Future[None]:
+        fut: asyncio.Future[None] = self._loop.create_future()
+        if session.done.done() and session.done.exception() is not None:
+            fut.set_exception(session.done.exception())  # type: ignore[arg-type]
+        else:
+            session.waiters.setdefault(chunk, []).append(fut)
+        return fut
+
+    # ---- sessions -------------------------------------------------------------
+
+    def _open_session(self, manifest: Manifest) -> Session:
+        present = self.store.attach(manifest)
+        assert self.me is not None
+        swarm = Swarm(self.me.peer, self.config.rack, manifest.chunks, present,
+                      manifest.chunk_size, self.config.swarm, random.Random(self._rng.random()),
+                      self._loop.time())
+        session = Session(manifest, swarm, self._loop.create_future(), started=self._loop.time())
+        session.done.add_done_callback(lambda f: f.exception() if not f.cancelled() else None)
+        self.sessions[manifest.content_id] = session
+        self.metrics.contents.set(len(self.sessions))
+        self._execute(session, swarm.start(self._loop.time()))
+        session.announcer = self._spawn(self._announce_loop(session))
+        return session
+
+    def _close_session(self, session: Session) -> None:
+        if session.timer:
+            session.timer.cancel()
+        for task in session.origin_tasks.values():
+            task.cancel()
+        if session.announcer:
+            session.announcer.cancel()
+        if not session.done.done():
+            session.done.set_exception(ContentFailed("the agent is stopping"))
+
+    def _feed(self, session: Session, event: Event) -> None:
+        self._execute(session, session.swarm.handle(event, self._loop.time()))
+
+    def _on_timer(self, session: Session) -> None:
+        session.timer = None
+        self._execute(session, session.swarm.handle_timer(self._loop.time()))
+
+    def _execute(self, session: Session, actions: list[Action]) -> None:
+        content = session.content
+        for action in actions:
+            match action:
+                case Connect(peer):
+                    self._connect(session, peer)
+                case Request(peer, chunk):
+                    self._request(session, peer, chunk)
+                case FetchFromOrigin(chunk):
+                    session.origin_tasks[chunk] = self._spawn(self._fetch_origin(session, chunk))
+                case Cancel(peer, chunk):
+                    if (link := session.links.get(peer)) is not None:
+                        link.cancel(content, chunk)
+                case Disconnect(peer, reason):
+                    self._disconnect(session, peer, reason)
+                case Report(peer, reason):
+                    self._spawn(self._report(content, peer, reason))
+                case Advertise(chunk, pending):
+                    self._advertise(session, chunk, pending)
+                case Complete():
+                    self._completed(session)
+                case Abort(reason):
+                    self._failed(session, reason)
+                case _:
+                    assert_never(action)
+        self._rearm(session)
+
+    def _rearm(self, session: Session) -> None:
+        if session.timer:
+            session.timer.cancel()
+            session.timer = None
+        when = session.swarm.next_timer()
+        if when is not None:
+            session.timer = self._loop.call_at(when, self._on_timer, session)
+
+    def _completed(self, session: Session) -> None:
+        session.finished = self._loop.time()
+        if not session.done.done():
+            session.done.set_result(None)
+        self._wake(session, range(session.manifest.chunks))
+        self._spawn(self._announce_once(session.content))
+        log.info("content %s complete", session.content)
+
+    def _failed(self, session: Session, reason: str) -> None:
+        error = ContentFailed(f"content {session.content} cannot be completed: {reason}")
+        log.error("%s", error)
+        if not session.done.done():
+            session.done.set_exception(error)
+        for futs in session.waiters.values():
+            for fut in futs:
+                if not fut.done():
+                    fut.set_exception(error)
+        session.waiters.clear()
+
+    def _wake(self, session: Session, chunks: range | list[int]) -> None:
+        for chunk in chunks:
+            for fut in session.waiters.pop(chunk, []):
+                if not fut.done():
+                    fut.set_result(None)
+
+    # ---- peers ----------------------------------------------------------------
+
+    def _join_msg(self, session: Session) -> Join:
+        have = [session.swarm.held(c) for c in range(session.manifest.chunks)]
+        return Join(content=session.content, have=pack_bits(have),
+                    pending=tuple(sorted(session.origin_tasks)))
+
+    def _connect(self, session: Session, peer: PeerId) -> None:
+        link = self._links.get(peer)
+        if link is not None and not link.closed:
+            self._send_join(session, link)
+            return
+        if peer not in self._dialing:
+            self._dialing[peer] = self._spawn(self._dial(peer))
+
+    def _send_join(self, session: Session, link: Link) -> None:
+        if session.content not in link.joined_out:
+            link.joined_out.add(session.content)
+            link.send_soon(self._join_msg(session))
+            self._loop.call_later(JOIN_TIMEOUT_S, self._join_timeout, session, link)
+
+    def _join_timeout(self, session: Session, link: Link) -> None:
+        if session.links.get(link.peer) is not link and self.sessions.get(session.content):
+            self._feed(session, PeerLost(link.peer, "no join reply"))
+
+    async def _dial(self, peer: PeerId) -> None:
+        try:
+            addr = self._addrs.get(peer)
+            if addr is None:
+                raise OSError(f"no address known for {peer}")
+            assert self.me is not None
+            conn = await connect(addr, self.me, self._secret, self._timeouts)
+        except Exception as exc:
+            log.debug("cannot connect to %s: %s", peer, exc)
+            for session in list(self.sessions.values()):
+                if peer not in session.links:
+                    self._feed(session, PeerLost(peer, f"connect failed: {exc}"))
+            return
+        finally:
+            self._dialing.pop(peer, None)
+        link = self._adopt(conn)
+        for session in list(self.sessions.values()):
+            if peer in session.swarm._connecting:
+                self._send_join(session, link)
+
+    async def _accept_loop(self) -> None:
+        while True:
+            sock, _ = await self._loop.sock_accept(self._server_sock)
+            self._spawn(self._accept_one(sock))
+
+    async def _accept_one(self, sock: socket.socket) -> None:
+        assert self.me is not None
+        try:
+            conn = await accept(sock, self.me, self._secret, self._timeouts)
+        except Exception as exc:
+            log.info("refused a peer connection: %s", exc)
+            return
+        self._adopt(conn)
+
+    def _adopt(self, conn: PeerConnection) -> Link:
+        link = Link(conn, self, self.store, self._upload)
+        old = self._links.get(link.peer)
+        self._links[link.peer] = link
+        self._addrs.setdefault(link.peer, conn.remote.addr)
+        self.metrics.peers_connected.set(len(self._links))
+        link.start()
+        if old is not None and old.closed:
+            self._links[link.peer] = link
+        return link
+
+    def _request(self, session: Session, peer: PeerId, chunk: int) -> None:
+        link = session.links.get(peer)
+        if link is None or link.closed:
+            self._loop.call_soon(self._feed, session, ChunkFailed(chunk, peer, "no link"))
+            return
+        link.request(session.content, chunk)
+
+    def _disconnect(self, session: Session, peer: PeerId, reason: str) -> None:
+        link = session.links.pop(peer, None) or self._links.get(peer)
+        if link is not None and "corrupt" in reason:
+            self.metrics.peers_dropped.inc()
+            link.close(reason)
+
+    def _advertise(self, session: Session, chunk: int, pending: bool) -> None:
+        msg = (Pending(content=session.content, chunk=chunk) if pending
+               else Have(content=session.content, chunk=chunk))
+        for link in session.links.values():
+            link.send_soon(msg)
+        if not pending:
+            self._wake(session, [chunk])
+
+    # ---- LinkOwner ------------------------------------------------------------
+
+    def on_join(self, link: Link, msg: Join) -> None:
+        content = ContentId(msg.content)
+        session = self.sessions.get(content)
+        if session is None:
+            self._answer_join_from_store(link, content)
+            return
+        try:
+            have = unpack_bits(msg.have, session.manifest.chunks)
+        except ValueError:
+            have = []  # wrong length: the swarm treats it as a bad join
+        if link.peer in session.links and session.links[link.peer] is not link:
+            session.links[link.peer] = link
+        elif link.peer in session.links:
+            return
+        session.links[link.peer] = link
+        self._send_join(session, link)
+        if link.peer not in self._addrs_known_by_tracker:
+            self._announce_soon(session)  # the swarm grew: learn our origin slot now
+        self._feed(session, PeerJoined(link.peer, link.conn.remote.rack, tuple(have),
+                                       tuple(msg.pending)))
+
+    def _answer_join_from_store(self, link: Link, content: ContentId) -> None:
+        """A peer asks about a content we hold but are not swarming on: seed it."""
+        manifests = {m.content_id: m for m in self.store.known()}
+        if content in manifests:
+            session = self._open_session(manifests[content])
+            self._send_join(session, link)
+
+    def on_have(self, link: Link, msg: Have | Pending) -> None:
+        session = self.sessions.get(ContentId(msg.content))
+        if session is None or session.links.get(link.peer) is not link:
+            return
+        event = PeerHas if isinstance(msg, Have) else PeerPending
+        self._feed(session, event(link.peer, msg.chunk))
+
+    async def on_piece(self, link: Link, msg: Piece, asked: tuple[ContentId, int] | None) -> None:
+        session = self.sessions.get(ContentId(msg.content))
+        if asked is None or session is None or session.swarm.held(msg.chunk):
+            await link.conn.discard_payload(msg.len)
+            return
+        buf = bytearray(msg.len)
+        await link.conn.recv_payload_into(memoryview(buf), self._download)
+        session.peer_bytes += msg.len
+        self.metrics.peer_bytes.inc(msg.len)
+        self._store_chunk(session, msg.chunk, buf, link.peer)
+
+    def on_reject(self, link: Link, content: ContentId, chunk: int, reason: str) -> None:
+        session = self.sessions.get(content)
+        if session is not None:
+            self._feed(session, ChunkFailed(chunk, link.peer, f"rejected: {reason}"))
+
+    def on_served(self, nbytes: int) -> None:
+        self.metrics.served_bytes.inc(nbytes)
+
+    def link_closed(self, link: Link, reason: str) -> None:
+        if self._links.get(link.peer) is link:
+            del self._links[link.peer]
+        self.metrics.peers_connected.set(len(self._links))
+        for session in list(self.sessions.values()):
+            if session.links.get(link.peer) is link:
+                del session.links[link.peer]
+                self._feed(session, PeerLost(link.peer, reason))
+
+    # ---- chunks ---------------------------------------------------------------
+
+    def _store_chunk(self, session: Session, chunk: int, data: bytearray,
+                     source: PeerId | None) -> None:
+        try:
+            self.store.put(session.content, chunk, memoryview(data))
+        except CorruptChunk:
+            self.metrics.chunks_rejected.labels("origin" if source is None else "peer").inc()
+            log.warning("chunk %s/%d from %s failed verification", session.content, chunk,
+                        source or "the origin")
+            self._feed(session, ChunkArrived(chunk, source, ok=False))
+            return
+        except StoreFullError as exc:
+            self._failed(session, str(exc))
+            return
+        self.metrics.chunks_verified.inc()
+        self._feed(session, ChunkArrived(chunk, source, ok=True))
+
+    async def _fetch_origin(self, session: Session, chunk: int) -> None:
+        manifest = session.manifest
+        length = manifest.chunk_length(chunk)
+        buf = bytearray(length)
+        try:
+            await self._download.acquire(length)
+            origin = self._origins.for_url(manifest.origin)
+            await origin.read_into(manifest.origin, manifest.chunk_offset(chunk), memoryview(buf))
+        except OriginError as exc:
+            log.warning("origin read of %s/%d failed: %s", session.content, chunk, exc)
+            session.origin_tasks.pop(chunk, None)
+            self._feed(session, ChunkFailed(chunk, None, str(exc)))
+            return
+        session.origin_tasks.pop(chunk, None)
+        session.origin_bytes += length
+        self.metrics.origin_bytes.inc(length)
+        self._store_chunk(session, chunk, buf, None)
+
+    # ---- tracker --------------------------------------------------------------
+
+    async def _announce_loop(self, session: Session) -> None:
+        interval = self.config.announce_interval_s
+        while True:
+            session.wake_announcer.clear()
+            interval = await self._announce_once(session.content) or interval
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(session.wake_announcer.wait(), interval)
+            await asyncio.sleep(EARLY_ANNOUNCE_GAP_S)
+
+    def _announce_soon(self, session: Session) -> None:
+        session.wake_announcer.set()
+
+    async def _announce_once(self, content: ContentId, event: str | None = None) -> float | None:
+        session = self.sessions.get(content)
+        if session is None or self.me is None:
+            return None
+        try:
+            reply = await self.tracker.announce(
+                content, self.me.peer, self.me.addr, self.me.rack,
+                bits.count(session.swarm.have), session.swarm.complete, event=event)
+        except (TrackerUnavailable, TrackerError) as exc:
+            log.warning("announce for %s failed: %s", content, exc)
+            return None
+        if event is not None:
+            return None
+        hints = []
+        for info in reply.peers:
+            self._addrs[info.peer] = info.addr
+            self._addrs_known_by_tracker.add(info.peer)
+            hints.append(PeerHint(info.peer, info.rack))
+        self._feed(session, PeersFound(tuple(hints), reply.origin_slot, reply.origin_slots))
+        return reply.interval
+
+    async def _report(self, content: ContentId, peer: PeerId, reason: str) -> None:
+        assert self.me is not None
+        try:
+            await self.tracker.report(self.me.peer, peer, content, reason)
+        except (TrackerUnavailable, TrackerError) as exc:
+            log.warning("could not report %s: %s", peer, exc)
+
+    # ---- status ---------------------------------------------------------------
+
+    def status(self) -> dict[str, object]:
+        now = self._loop.time()
+        contents = {}
+        for content, s in self.sessions.items():
+            contents[content] = {
+                "size": s.manifest.size,
+                "chunks": s.manifest.chunks,
+                "have": bits.count(s.swarm.have),
+                "complete": s.swarm.complete,
+                "failed": bool(s.done.done() and not s.done.cancelled()
+                               and s.done.exception() is not None),
+                "origin_bytes": s.origin_bytes,
+                "peer_bytes": s.peer_bytes,
+                "peers": len(s.links),
+                "seconds": round((s.finished or now) - s.started, 3),
+            }
+        return {"peer": self.me.peer if self.me else None, "port": self.port,
+                "rack": self.config.rack, "peers_connected": len(self._links),
+                "contents": contents}
+
+
+def _bps(mbps: float | None) -> float | None:
+    return mbps * 1e6 if mbps else None

@@ -1,0 +1,116 @@
+"""`bootseer bench swarm`: the swarm against the origin-only baseline, in one run.
+
+Both rounds use the same processes' code, caps and content: first every node
+fetches the content through the swarm, then a fresh set of agents with
+`use_peers = false` fetches it straight from the origin. One JSON line gives
+the swarm's time, the baseline's, the lower bound
+
+    T* = max(S / origin_cap, S / node_cap, N * S / (origin_cap + N * node_cap))
+
+(every byte must leave the origin once, every node must download S, and the
+whole swarm's upload capacity must carry N * S), the origin egress ratio and
+the agents' peak RSS. Caps are in MB/s (10^6 bytes); `node_cap` applies to
+each node's upload and download alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import uvloop
+
+from p2p.content import CHUNK_SIZE, MiB
+from p2p.demo import distribute, parse_size, positive_int
+from p2p.localcluster import AgentHandle, LocalCluster, write_random_file
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("bench", help="benchmarks that print one JSON line")
+    kinds = p.add_subparsers(dest="bench", required=True, metavar="BENCH")
+    s = kinds.add_parser("swarm", help="N agents fetch one content: swarm vs origin-only")
+    s.add_argument("--nodes", type=positive_int, default=8)
+    s.add_argument("--size", type=parse_size, default=256 * MiB)
+    s.add_argument("--racks", type=positive_int, default=2)
+    s.add_argument("--node-cap", type=float, default=None, help="MB/s per node, each way")
+    s.add_argument("--origin-cap", type=float, default=None, help="MB/s out of the origin")
+    s.add_argument("--chunk-size-mb", type=positive_int, default=CHUNK_SIZE // MiB)
+    s.add_argument("--no-baseline", action="store_true", help="skip the origin-only round")
+    s.add_argument("--json", action="store_true", help="print only the JSON line")
+    s.set_defaults(run=_run)
+
+
+def bound_seconds(nodes: int, size: int, node_cap: float | None,
+                  origin_cap: float | None) -> float | None:
+    if node_cap is None or origin_cap is None:
+        return None
+    node_bps, origin_bps = node_cap * 1e6, origin_cap * 1e6
+    return max(size / origin_bps, size / node_bps, nodes * size / (origin_bps + nodes * node_bps))
+
+
+def _run(args: argparse.Namespace) -> int:
+    result = uvloop.run(_bench(args))
+    print(json.dumps(result))
+    return 0 if result["verified"] else 1
+
+
+async def _bench(args: argparse.Namespace) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="bootseer-bench-") as tmp:
+        cluster = LocalCluster(Path(tmp))
+        try:
+            return await _rounds(cluster, args)
+        finally:
+            await cluster.stop()
+
+
+async def _rounds(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, Any]:
+    source = cluster.workdir / "origin" / "content.bin"
+    await asyncio.to_thread(write_random_file, source, args.size)
+    await cluster.start_tracker()
+    await cluster.start_origin(source.parent, args.origin_cap)
+    manifest = await cluster.publish(source, args.chunk_size_mb * MiB)
+    caps = {"upload_mbps": args.node_cap, "download_mbps": args.node_cap}
+
+    swarm_agents = await _agents(cluster, args, "swarm", caps)
+    swarm = await distribute(cluster, swarm_agents, source, manifest.content_id, args.size,
+                             progress=not args.json and sys.stderr.isatty())
+    rss = max(a.child.peak_rss_mb() for a in swarm_agents)
+    await asyncio.gather(*(a.child.stop() for a in swarm_agents))
+
+    baseline_seconds = None
+    if not args.no_baseline:
+        solo = {**caps, "swarm": {"use_peers": False, "chunk_picker": "in_order"}}
+        base_agents = await _agents(cluster, args, "base", solo)
+        baseline = await distribute(cluster, base_agents, source, manifest.content_id,
+                                    args.size, progress=False, verify=False)
+        baseline_seconds = round(baseline.seconds, 3)
+        await asyncio.gather(*(a.child.stop() for a in base_agents))
+
+    bound = bound_seconds(args.nodes, args.size, args.node_cap, args.origin_cap)
+    return {
+        "bench": "swarm", "nodes": args.nodes, "bytes": args.size,
+        "chunk_bytes": args.chunk_size_mb * MiB,
+        "node_cap_mbps": args.node_cap, "origin_cap_mbps": args.origin_cap,
+        "seconds": round(swarm.seconds, 3),
+        "baseline_seconds": baseline_seconds,
+        "speedup": round(baseline_seconds / swarm.seconds, 2) if baseline_seconds else None,
+        "bound_seconds": round(bound, 3) if bound else None,
+        "seconds_over_bound": round(swarm.seconds / bound, 3) if bound else None,
+        "origin_egress_ratio": round(swarm.origin_bytes / args.size, 4),
+        "max_agent_rss_mb": round(rss, 1),
+        "aggregate_mbps": round(args.nodes * args.size / swarm.seconds / 1e6, 1),
+        "verified": swarm.verified,
+        "failures": swarm.failures,
+    }
+
+
+async def _agents(cluster: LocalCluster, args: argparse.Namespace, prefix: str,
+                  config: dict[str, Any]) -> list[AgentHandle]:
+    return list(await asyncio.gather(*(
+        cluster.start_agent(i, f"rack{i % args.racks}", config, name=f"{prefix}{i}")
+        for i in range(args.nodes))))

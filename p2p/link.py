@@ -1,0 +1,168 @@
+"""One authenticated connection to a peer, shared by every content we swarm on.
+
+A link runs two tasks: a reader that turns frames into calls on its owner
+(the agent), and an uploader that serves the peer's requests one at a time
+from the chunk store with zero-copy sendfile under the node's upload limit.
+Requests we send are numbered per link, so a piece is matched to exactly the
+request that asked for it; a piece nobody asked for (a cancelled end-game
+duplicate) is read and dropped.
+
+Every failure of the peer (bad frame, slow drip, closed socket) ends the
+link; the owner hears about it once, through `link_closed`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from typing import Protocol
+
+from p2p.content import ContentId, PeerId
+from p2p.peer import ConnectionClosed, PeerConnection, RateLimiter
+from p2p.store import ChunkStore, MissingChunk
+from p2p.wire import Bye, Have, Join, Message, Pending, Piece, Reject, RemoteProtocolError, Request
+
+log = logging.getLogger(__name__)
+MAX_QUEUED_UPLOADS = 64  # requests a peer may have waiting at our side
+
+
+class LinkOwner(Protocol):
+    def on_join(self, link: Link, msg: Join) -> None: ...
+    def on_have(self, link: Link, msg: Have | Pending) -> None: ...
+    async def on_piece(self, link: Link, msg: Piece,
+                       asked: tuple[ContentId, int] | None) -> None: ...
+    def on_reject(self, link: Link, content: ContentId, chunk: int, reason: str) -> None: ...
+    def on_served(self, nbytes: int) -> None: ...
+    def link_closed(self, link: Link, reason: str) -> None: ...
+
+
+class Link:
+    def __init__(self, conn: PeerConnection, owner: LinkOwner, store: ChunkStore,
+                 upload: RateLimiter) -> None:
+        self.conn = conn
+        self.peer: PeerId = conn.remote.peer
+        self.joined_out: set[ContentId] = set()  # contents we sent Join for
+        self._owner = owner
+        self._store = store
+        self._upload = upload
+        self._next_req = 1
+        self._asked: dict[int, tuple[ContentId, int]] = {}
+        self._by_chunk: dict[tuple[ContentId, int], int] = {}
+        self._uploads: asyncio.Queue[Request] = asyncio.Queue()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._closed = False
+
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._read_loop(), name=f"read {self.peer}"),
+                       asyncio.create_task(self._upload_loop(), name=f"upload {self.peer}")]
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # ---- sending --------------------------------------------------------------
+
+    def send_soon(self, msg: Message) -> None:
+        """Queue a header-only message; failures close the link."""
+        if not self._closed:
+            asyncio.get_running_loop().create_task(self._send(msg))
+
+    async def _send(self, msg: Message) -> None:
+        try:
+            await self.conn.send(msg)
+        except (OSError, ConnectionClosed) as exc:
+            self.close(f"send failed: {exc}")
+
+    def request(self, content: ContentId, chunk: int) -> None:
+        req = self._next_req
+        self._next_req += 1
+        self._asked[req] = (content, chunk)
+        self._by_chunk[(content, chunk)] = req
+        self.send_soon(Request(content=content, chunk=chunk, req=req))
+
+    def cancel(self, content: ContentId, chunk: int) -> None:
+        """Forget a request: its piece, if it still comes, is dropped unread."""
+        req = self._by_chunk.pop((content, chunk), None)
+        if req is not None:
+            self._asked.pop(req, None)
+
+    def outstanding(self, content: ContentId) -> list[int]:
+        return [chunk for c, chunk in self._asked.values() if c == content]
+
+    # ---- loops ----------------------------------------------------------------
+
+    async def _read_loop(self) -> None:
+        reason = "closed"
+        try:
+            while True:
+                msg = await self.conn.recv()
+                await self._dispatch(msg)
+        except ConnectionClosed:
+            reason = "peer closed the connection"
+        except RemoteProtocolError as exc:
+            reason = f"protocol error: {exc}"
+            log.warning("dropping peer %s: %s", self.peer, exc)
+        except OSError as exc:
+            reason = f"connection error: {exc.strerror or exc}"
+        self.close(reason)
+
+    async def _dispatch(self, msg: Message) -> None:
+        match msg:
+            case Join():
+                self._owner.on_join(self, msg)
+            case Have() | Pending():
+                self._owner.on_have(self, msg)
+            case Request():
+                if self._uploads.qsize() >= MAX_QUEUED_UPLOADS:
+                    raise RemoteProtocolError(f"more than {MAX_QUEUED_UPLOADS} queued requests")
+                self._uploads.put_nowait(msg)
+            case Piece():
+                asked = self._asked.pop(msg.req, None)
+                if asked is not None:
+                    self._by_chunk.pop(asked, None)
+                    if asked != (msg.content, msg.chunk):
+                        raise RemoteProtocolError(f"piece for request {msg.req} names "
+                                                  f"{msg.content}/{msg.chunk}, not {asked}")
+                await self._owner.on_piece(self, msg, asked)
+            case Reject():
+                self._asked.pop(msg.req, None)
+                self._by_chunk.pop((ContentId(msg.content), msg.chunk), None)
+                self._owner.on_reject(self, ContentId(msg.content), msg.chunk, msg.reason)
+            case Bye():
+                raise ConnectionClosed(f"peer said bye: {msg.reason}")
+            case _:
+                raise RemoteProtocolError(f"unexpected {type(msg).__name__} after handshake")
+
+    async def _upload_loop(self) -> None:
+        while True:
+            req = await self._uploads.get()
+            content = ContentId(req.content)
+            try:
+                fd, length = self._store.open_chunk(content, req.chunk)
+            except (MissingChunk, KeyError):
+                await self._send(Reject(content=content, chunk=req.chunk, req=req.req,
+                                        reason="not held"))
+                continue
+            try:
+                await self.conn.send_piece(content, req.chunk, req.req, fd, 0, length,
+                                           self._upload)
+                self._owner.on_served(length)
+            except (OSError, ConnectionClosed) as exc:
+                self.close(f"upload failed: {exc}")
+                return
+            finally:
+                os.close(fd)
+
+    def close(self, reason: str) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        current = asyncio.current_task()
+        for task in self._tasks:
+            if task is not current:
+                task.cancel()
+        with contextlib.suppress(Exception):
+            self.conn.close()
+        self._owner.link_closed(self, reason)

@@ -1,0 +1,215 @@
+"""A tracker, an origin and N agents as separate processes on loopback.
+
+Used by `bootseer demo`, `bootseer bench swarm` and the end-to-end tests, so
+all three exercise the real command-line entry points and the real processes.
+Every child prints one JSON line when it is ready; we read it with a bounded
+wait, and a child that dies first is reported with the tail of its stderr.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import secrets
+import signal
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from p2p.cli import UserError
+from p2p.content import CHUNK_SIZE, ContentId, Manifest, ManifestBuilder
+from p2p.localapi import AgentClient
+from p2p.tracker_client import TrackerClient
+
+READY_TIMEOUT_S = 30.0
+
+
+def bootseer_command() -> list[str]:
+    exe = Path(sys.executable).parent / "bootseer"
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "p2p"]
+
+
+@dataclass
+class Child:
+    name: str
+    proc: asyncio.subprocess.Process
+    ready: dict[str, Any]
+    stderr_path: Path
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def peak_rss_mb(self) -> float:
+        """VmHWM of the live process, in MB."""
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+        return 0.0
+
+    async def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int:
+        if self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(sig)
+            try:
+                await asyncio.wait_for(self.proc.wait(), timeout)
+            except TimeoutError:
+                self.proc.kill()
+                await self.proc.wait()
+        return self.proc.returncode if self.proc.returncode is not None else -1
+
+
+@dataclass
+class AgentHandle:
+    index: int
+    child: Child
+    api_socket: str
+    store_dir: Path
+    config_path: Path
+
+    @property
+    def peer(self) -> str:
+        return str(self.child.ready["peer"])
+
+    def client(self, timeout_s: float | None = None) -> AgentClient:
+        return AgentClient(self.api_socket, timeout_s)
+
+
+@dataclass
+class LocalCluster:
+    workdir: Path
+    secret: bytes = field(default_factory=lambda: secrets.token_hex(32).encode())
+    children: list[Child] = field(default_factory=list)
+    tracker_url: str = ""
+    origin_url: str = ""
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "BOOTSEER_SECRET": self.secret.decode()}
+
+    async def spawn(self, name: str, args: Sequence[str],
+                    env: dict[str, str] | None = None) -> Child:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        stderr_path = self.workdir / f"{name}.log"
+        with open(stderr_path, "ab") as err:
+            proc = await asyncio.create_subprocess_exec(
+                *bootseer_command(), *args, stdout=asyncio.subprocess.PIPE, stderr=err,
+                env=env or self.env, start_new_session=True)
+        assert proc.stdout is not None
+        try:
+            line = await asyncio.wait_for(proc.stdout.readline(), READY_TIMEOUT_S)
+            ready = json.loads(line)
+        except (TimeoutError, json.JSONDecodeError) as exc:
+            proc.kill()
+            await proc.wait()
+            tail = stderr_path.read_text(errors="replace")[-2000:]
+            raise UserError(f"{name} did not start ({type(exc).__name__}); its log:\n{tail}") \
+                from exc
+        child = Child(name, proc, ready, stderr_path)
+        self.children.append(child)
+        return child
+
+    async def start_tracker(self, *extra: str) -> Child:
+        child = await self.spawn("tracker", ["tracker", "--port", "0",
+                                             "--state-dir", str(self.workdir / "tracker"),
+                                             *extra])
+        self.tracker_url = child.ready["url"]
+        return child
+
+    async def start_origin(self, root: Path, rate_mbps: float | None = None) -> Child:
+        args = ["origin", str(root), "--port", "0"]
+        if rate_mbps:
+            args += ["--rate-mbps", str(rate_mbps)]
+        child = await self.spawn("origin", args)
+        self.origin_url = child.ready["url"]
+        return child
+
+    async def start_agent(self, index: int, rack: str, config: dict[str, Any] | None = None,
+                          store_dir: Path | None = None, name: str | None = None) -> AgentHandle:
+        name = name or f"agent{index}"
+        store = store_dir or self.workdir / name / "store"
+        sock = str(self.workdir / name / "api.sock")
+        (self.workdir / name).mkdir(parents=True, exist_ok=True)
+        cfg = self.workdir / name / "agent.toml"
+        cfg.write_text(to_toml({"tracker": self.tracker_url, "host": "127.0.0.1", "port": 0,
+                                "rack": rack, "peer_id": name, "store_dir": str(store),
+                                "api_socket": sock, **(config or {})}))
+        child = await self.spawn(name, ["agent", "--config", str(cfg)])
+        return AgentHandle(index, child, sock, store, cfg)
+
+    async def publish(self, path: Path, chunk_size: int = CHUNK_SIZE,
+                      origin: str | None = None) -> Manifest:
+        manifest = await asyncio.to_thread(manifest_of_file, path, chunk_size,
+                                           origin or f"{self.origin_url}/{path.name}")
+        async with TrackerClient(self.tracker_url, self.secret) as tracker:
+            await tracker.put_manifest(manifest)
+        return manifest
+
+    async def origin_bytes(self) -> int:
+        import aiohttp
+
+        async with aiohttp.ClientSession() as http, http.get(f"{self.origin_url}/stats") as resp:
+            return int((await resp.json())["bytes_sent"])
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(c.stop() for c in reversed(self.children)),
+                             return_exceptions=True)
+        self.children.clear()
+
+
+def manifest_of_file(path: Path, chunk_size: int, origin: str) -> Manifest:
+    builder = ManifestBuilder(chunk_size)
+    with open(path, "rb") as f:
+        while block := f.read(16 * chunk_size):
+            builder.feed(block)
+    return builder.finish(None, "blob", origin)
+
+
+def write_random_file(path: Path, size: int, seed: int = 0) -> None:
+    import random
+
+    rng = random.Random(seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        left = size
+        while left:
+            n = min(left, 8 << 20)
+            f.write(rng.randbytes(n))
+            left -= n
+
+
+def to_toml(values: dict[str, Any]) -> str:
+    """Flat keys and one level of tables: all the agent configs we write need."""
+    lines, tables = [], []
+    for key, value in values.items():
+        if isinstance(value, dict):
+            tables.append(f"\n[{key}]\n" + "".join(f"{k} = {_toml(v)}\n" for k, v in value.items()))
+        elif value is not None:
+            lines.append(f"{key} = {_toml(value)}\n")
+    return "".join(lines) + "".join(tables)
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    return json.dumps(str(value))
+
+
+async def wait_all_complete(agents: Sequence[AgentHandle], content: ContentId,
+                            timeout_s: float) -> dict[int, dict[str, Any]]:
+    """Ask every agent to fetch `content`; results by agent index, errors included."""
+
+    async def one(agent: AgentHandle) -> dict[str, Any]:
+        async with agent.client(timeout_s) as client:
+            return await client.ensure(content)
+
+    results = await asyncio.gather(*(one(a) for a in agents), return_exceptions=True)
+    return {a.index: (r if isinstance(r, dict) else {"error": str(r) or type(r).__name__})
+            for a, r in zip(agents, results, strict=True)}

@@ -1,0 +1,28 @@
+"""The agent's Prometheus metrics, on a registry of its own (one per agent)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+
+
+class AgentMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.origin_bytes = Counter("bootseer_origin_bytes", "Bytes fetched from origins",
+                                    registry=r)
+        self.peer_bytes = Counter("bootseer_peer_bytes", "Bytes fetched from peers", registry=r)
+        self.served_bytes = Counter("bootseer_served_bytes", "Bytes served to peers", registry=r)
+        self.chunks_verified = Counter("bootseer_chunks_verified",
+                                       "Chunks that matched the manifest", registry=r)
+        self.chunks_rejected = Counter("bootseer_chunks_rejected",
+                                       "Chunks that failed verification", ["source"], registry=r)
+        self.peers_connected = Gauge("bootseer_peers_connected", "Open peer connections",
+                                     registry=r)
+        self.peers_dropped = Counter("bootseer_peers_dropped",
+                                     "Peer connections closed for misbehaviour", registry=r)
+        self.contents = Gauge("bootseer_contents", "Contents being fetched or served",
+                              registry=r)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
