@@ -370,10 +370,19 @@ class Agent:
     def _advertise(self, session: Session, chunk: int, pending: bool) -> None:
         msg = (Pending(content=session.content, chunk=chunk) if pending
                else Have(content=session.content, chunk=chunk))
-        for link in session.links.values():
+        # Every link we sent our Join on, even before the peer's Join came back:
+        # otherwise a chunk finished in that window would never be announced.
+        for link in self._links_joined(session.content):
             link.send_soon(msg)
         if not pending:
             self._wake(session, [chunk])
+
+    def _links_joined(self, content: ContentId) -> list[Link]:
+        links = {id(link): link for link in self._links.values()}
+        for session_link in self.sessions[content].links.values():
+            links.setdefault(id(session_link), session_link)
+        return [link for link in links.values()
+                if content in link.joined_out and not link.closed]
 
     # ---- LinkOwner ------------------------------------------------------------
 
@@ -387,9 +396,11 @@ class Agent:
             have = unpack_bits(msg.have, session.manifest.chunks)
         except ValueError:
             have = []  # wrong length: the swarm treats it as a bad join
-        if link.peer in session.links and session.links[link.peer] is not link:
-            session.links[link.peer] = link
-        elif link.peer in session.links:
+        current = session.links.get(link.peer)
+        if current is not None and not current.closed:
+            # A second link to the same peer (both sides dialled at once): answer on
+            # it, keep requesting on the first, and do not restart the peer's state.
+            self._send_join(session, link)
             return
         session.links[link.peer] = link
         self._send_join(session, link)
@@ -407,7 +418,7 @@ class Agent:
 
     def on_have(self, link: Link, msg: Have | Pending) -> None:
         session = self.sessions.get(ContentId(msg.content))
-        if session is None or session.links.get(link.peer) is not link:
+        if session is None or link.peer not in session.links:
             return
         event = PeerHas if isinstance(msg, Have) else PeerPending
         self._feed(session, event(link.peer, msg.chunk))

@@ -11,8 +11,10 @@ event it fills free request slots:
    prefetch order, then the named chunk picker (rarest first by default).
    Each chunk goes to the holder the named peer chooser ranks best (same rack,
    least loaded, fewest failures). When every missing chunk is already
-   requested (the end game), idle slots duplicate the tail requests; the first
-   copy to arrive cancels the others.
+   requested and only `endgame_tail` are left (the end game), idle slots
+   duplicate those requests; the first copy to arrive cancels the others.
+   Chunks are megabytes, not BitTorrent's 16 KiB blocks, so duplicates are
+   kept to the very tail.
 2. The origin, for chunks that no connected peer holds or is fetching. The
    tracker appoints a few *origin fetchers* per swarm; fetcher `i` of `k`
    owns chunks `c % k == i` and fetches them at once, announcing each as
@@ -80,6 +82,7 @@ class SwarmConfig:
     backoff_max_s: float = 30.0
     max_peer_failures: int = 4  # consecutive; then disconnect
     endgame_duplicates: int = 1  # extra copies of a tail request
+    endgame_tail: int = 2  # duplicate only when this few chunks are missing
     max_origin_corrupt: int = 3  # bad chunks from the origin before aborting
     use_peers: bool = True  # False: the origin-only baseline
     chunk_picker: str = "rarest_first"
@@ -480,7 +483,9 @@ class Swarm:
             if (peer := self._ask(chunk, free, now)) is not None:
                 actions.append(Request(peer, chunk))
                 budget -= 1
-        if budget and free and not wanted & ~self._requested & ~self._have:
+        missing = bits.count(self._all & ~self._have)
+        if (budget and free and missing <= self.config.endgame_tail
+                and not wanted & ~self._requested & ~self._have):
             actions += self._endgame(free, budget, now)
         return actions
 
