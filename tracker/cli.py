@@ -1,9 +1,121 @@
-"""Subcommands of this package (placeholder until its issue lands)."""
+"""`bootseer tracker`: run the tracker service until SIGTERM or SIGINT.
+
+Once the socket is listening the command prints exactly one JSON line on
+stdout, `{"event": "listening", "url": "http://HOST:PORT"}`, so a supervisor
+or a test can start it with `--port 0` and learn the port it got. Logs go to
+stderr. Expected failures (bad config, no secret, port in use, unusable state
+dir) are one-line UserErrors, never tracebacks.
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import errno
+import json
+import logging
+import signal
+import sys
+from typing import Any
+
+import uvloop
+from aiohttp import web
+
+from p2p.auth import SecretError, load_secret
+from p2p.cli import UserError
+from tracker.config import ConfigError, TrackerConfig, config_keys, load_config
+from tracker.handout import HANDOUT_POLICIES
+
+log = logging.getLogger("bootseer.tracker")
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    pass
+    """Register `bootseer tracker`."""
+    p = sub.add_parser("tracker", help="run the tracker (control plane)",
+                       description=__doc__.splitlines()[0])
+    s = argparse.SUPPRESS  # only flags actually passed override the config file
+    p.add_argument("--config", metavar="FILE", help="TOML file with TrackerConfig keys")
+    p.add_argument("--host", default=s, help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=s, help="TCP port; 0 picks a free one "
+                   "(default 7070)")
+    p.add_argument("--state-dir", dest="state_dir", default=s, metavar="DIR",
+                   help="directory where published manifests persist across restarts")
+    p.add_argument("--secret-file", dest="secret_file", default=s, metavar="FILE",
+                   help="cluster secret (default: $BOOTSEER_SECRET_FILE or $BOOTSEER_SECRET)")
+    p.add_argument("--handout-policy", dest="handout_policy", default=s,
+                   choices=sorted(HANDOUT_POLICIES), help="peer handout policy "
+                   "(default rack_aware)")
+    p.add_argument("--handout-limit", dest="handout_limit", type=int, default=s,
+                   metavar="N", help="most peers per announce reply (default 30)")
+    p.add_argument("--announce-interval", dest="announce_interval_seconds", type=float,
+                   default=s, metavar="SECONDS", help="announce period told to agents "
+                   "(default 2.0)")
+    p.add_argument("--peer-ttl", dest="peer_ttl_seconds", type=float, default=s,
+                   metavar="SECONDS", help="silence before a peer is dropped (default 10.0)")
+    p.add_argument("--origin-fetchers", dest="origin_fetchers", type=int, default=s,
+                   metavar="N", help="members per content that fetch from the origin "
+                   "(default 4)")
+    p.add_argument("--seed", type=int, default=s, help="handout rng seed (default random)")
+    p.add_argument("--log-level", dest="log_level", default=s,
+                   choices=["DEBUG", "INFO", "WARNING", "ERROR"], type=str.upper,
+                   help="stderr log level (default INFO)")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    overrides = {k: getattr(args, k) for k in config_keys() if hasattr(args, k)}
+    try:
+        config = load_config(args.config, overrides)
+    except ConfigError as exc:
+        raise UserError(str(exc)) from None
+    logging.basicConfig(level=config.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        secret = load_secret(config.secret_file)
+    except SecretError as exc:
+        raise UserError(str(exc)) from None
+    return uvloop.run(serve(config, secret))
+
+
+async def serve(config: TrackerConfig, secret: bytes) -> int:
+    """Listen, announce the URL on stdout, and serve until SIGTERM or SIGINT."""
+    from tracker.app import make_app  # after logging is set up; keeps `--help` fast
+
+    try:
+        app = make_app(config, secret)
+    except OSError as exc:
+        raise UserError(f"cannot use state dir {config.state_dir}: "
+                        f"{exc.strerror or exc}") from None
+    access_log: Any = logging.getLogger("aiohttp.access") if config.log_level == "DEBUG" else None
+    runner = web.AppRunner(app, handle_signals=False, access_log=access_log)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):  # before the listening line: no race
+        loop.add_signal_handler(sig, stop.set)
+    await runner.setup()
+    try:
+        await _listen(runner, config)
+        await stop.wait()
+        log.info("shutting down")
+    finally:
+        await runner.cleanup()
+    return 0
+
+
+async def _listen(runner: web.AppRunner, config: TrackerConfig) -> None:
+    site = web.TCPSite(runner, config.host, config.port)
+    try:
+        await site.start()
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise UserError(f"port {config.port} on {config.host} is in use; stop the other "
+                            "process, or pick another port with --port (0 = any free port)"
+                            ) from None
+        raise UserError(f"cannot listen on {config.host}:{config.port}: "
+                        f"{exc.strerror or exc}") from None
+    port = runner.addresses[0][1]
+    host = f"[{config.host}]" if ":" in config.host else config.host
+    url = f"http://{host}:{port}"
+    print(json.dumps({"event": "listening", "url": url}), flush=True)
+    log.info("tracker listening on %s (handout policy %s, state dir %s)",
+             url, config.handout_policy, config.state_dir or "none: memory only")

@@ -1,0 +1,286 @@
+"""The tracker's no-I/O core: registry and handout policies, with no sockets and no loop."""
+
+from __future__ import annotations
+
+import ast
+import random
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from p2p.content import ContentId, PeerId
+from tracker.config import ConfigError, TrackerConfig, load_config
+from tracker.handout import HANDOUT_POLICIES, get_policy, rack_aware, uniform
+from tracker.registry import Member, OriginSlot, Registry
+
+C = ContentId("c1")
+D = ContentId("c2")
+
+
+def member(peer: str, rack: str = "r0", have: int = 0, complete: bool = False) -> Member:
+    return Member(PeerId(peer), f"10.0.0.1:{7000 + len(peer)}", rack, have, complete, 0.0)
+
+
+def racks(spec: str) -> list[Member]:
+    """`racks("r0:3 r1:2")`: 3 members in r0 (r0-0..r0-2), 2 in r1; sorted by peer id."""
+    out = []
+    for part in spec.split():
+        rack, n = part.split(":")
+        out += [member(f"{rack}-{i:03d}", rack) for i in range(int(n))]
+    return sorted(out, key=lambda m: m.peer)
+
+
+# -- registry -------------------------------------------------------------------------
+
+
+def test_members_are_sorted_by_peer_id_whatever_the_announce_order() -> None:
+    reg = Registry()
+    for p in ["m", "b", "z", "a"]:
+        assert reg.announce(C, member(p), now=1.0)
+    assert [m.peer for m in reg.members(C)] == ["a", "b", "m", "z"]
+    assert reg.members(D) == []
+
+
+def test_announce_refreshes_a_member_and_stamps_now() -> None:
+    reg = Registry()
+    assert reg.announce(C, member("a", have=1), now=1.0)
+    assert not reg.announce(C, member("a", have=5, complete=True), now=2.0)
+    (a,) = reg.members(C)
+    assert (a.have, a.complete, a.last_seen) == (5, True, 2.0)
+
+
+def test_counts_distinct_peers_and_contents() -> None:
+    reg = Registry()
+    reg.announce(C, member("a"), 1.0)
+    reg.announce(D, member("a"), 1.0)
+    reg.announce(D, member("b"), 1.0)
+    assert (reg.peer_count(), reg.member_count(), reg.contents()) == (2, 3, [C, D])
+    assert reg.leave(D, PeerId("a"))
+    assert not reg.leave(D, PeerId("a"))
+    assert (reg.peer_count(), reg.member_count()) == (2, 2)
+    reg.leave(D, PeerId("b"))
+    assert (reg.peer_count(), reg.contents()) == (1, [C])
+
+
+def test_expire_drops_only_silent_members_stalest_first() -> None:
+    reg = Registry()
+    reg.announce(C, member("a"), 0.0)
+    reg.announce(C, member("b"), 1.0)
+    reg.announce(D, member("c"), 2.0)
+    reg.announce(C, member("a"), 3.0)  # a refreshed: now the freshest
+    assert reg.expire(now=11.5, ttl=10.0) == [(C, "b")]
+    assert reg.expire(now=12.5, ttl=10.0) == [(D, "c")]
+    assert [m.peer for m in reg.members(C)] == ["a"]
+    assert reg.contents() == [C]
+    assert reg.expire(now=13.5, ttl=10.0) == [(C, "a")]
+    assert (reg.peer_count(), reg.content_count()) == (0, 0)
+
+
+def test_one_reporter_does_not_ban_two_distinct_reporters_do() -> None:
+    reg = Registry(ban_seconds=100.0)
+    for p in ["bad", "x", "y"]:
+        reg.announce(C, member(p), 0.0)
+    assert not reg.report(PeerId("bad"), PeerId("x"), "bad chunk 3", 1.0)
+    assert not reg.report(PeerId("bad"), PeerId("x"), "bad chunk 4", 2.0)  # same reporter
+    assert not reg.report(PeerId("bad"), PeerId("bad"), "self", 2.0)  # ignored
+    assert [m.peer for m in reg.candidates(C, 2.0)] == ["bad", "x", "y"]
+    assert reg.report(PeerId("bad"), PeerId("y"), "bad chunk 3", 3.0)
+    assert reg.banned(3.0) == ["bad"]
+    assert [m.peer for m in reg.candidates(C, 3.0)] == ["x", "y"]
+    assert [m.peer for m in reg.members(C)] == ["bad", "x", "y"]  # still a member
+    assert not reg.is_banned(PeerId("bad"), 103.0)  # the ban runs out
+    assert [m.peer for m in reg.candidates(C, 103.0)] == ["bad", "x", "y"]
+
+
+def test_reports_far_apart_do_not_add_up_to_a_ban() -> None:
+    reg = Registry(ban_seconds=10.0)
+    reg.report(PeerId("bad"), PeerId("x"), "r", 0.0)
+    reg.expire(now=20.0, ttl=5.0)  # forgets the stale report
+    assert reg.reports(PeerId("bad")) == []
+    assert not reg.report(PeerId("bad"), PeerId("y"), "r", 20.0)
+    assert not reg.is_banned(PeerId("bad"), 20.0)
+
+
+def test_first_incomplete_announcers_become_origin_fetchers() -> None:
+    reg = Registry(origin_fetchers=2)
+    assert reg.origin_slot(C, PeerId("a")) == OriginSlot(None, 1)
+    reg.announce(C, member("seed", complete=True), 0.0)  # has it all: never appointed
+    assert reg.origin_slot(C, PeerId("seed")) == OriginSlot(None, 1)
+    for p in ["b", "a", "c"]:
+        reg.announce(C, member(p), 0.0)
+    slots = {p: reg.origin_slot(C, PeerId(p)) for p in ["a", "b", "c", "seed"]}
+    assert slots == {"b": OriginSlot(0, 2), "a": OriginSlot(1, 2), "c": OriginSlot(None, 2),
+                     "seed": OriginSlot(None, 2)}
+
+
+def test_a_departed_fetchers_slot_is_taken_and_refilled() -> None:
+    reg = Registry(origin_fetchers=3)
+    for p in ["a", "b", "c", "d"]:
+        reg.announce(C, member(p), 0.0)
+    reg.leave(C, PeerId("a"))
+    assert [reg.origin_slot(C, PeerId(p)) for p in "bc"] == [OriginSlot(1, 2), OriginSlot(0, 2)]
+    reg.announce(C, member("d"), 1.0)  # the next incomplete announcer is appointed
+    assert reg.origin_slot(C, PeerId("d")) == OriginSlot(2, 3)
+    reg.expire(now=20.0, ttl=10.0)
+    assert reg.origin_slot(C, PeerId("d")) == OriginSlot(None, 1)
+
+
+def test_registry_rejects_nonsense_settings() -> None:
+    with pytest.raises(ValueError):
+        Registry(ban_seconds=0)
+
+
+# -- handout --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(HANDOUT_POLICIES))
+def test_never_hands_out_the_requester_and_respects_limit(name: str) -> None:
+    policy = get_policy(name)
+    members = racks("r0:10 r1:10 r2:10")
+    for seed in range(50):
+        rng = random.Random(seed)
+        requester = members[seed % len(members)]
+        got = policy(requester.peer, requester.rack, members, 7 + seed % 30, rng)
+        assert requester not in got
+        assert len(got) == min(7 + seed % 30, len(members) - 1)
+        assert len({m.peer for m in got}) == len(got)
+
+
+@pytest.mark.parametrize("name", sorted(HANDOUT_POLICIES))
+def test_same_seed_same_handout(name: str) -> None:
+    policy = get_policy(name)
+    members = racks("r0:40 r1:40 r2:40 r3:40")
+    first = policy(PeerId("r0-000"), "r0", members, 30, random.Random(7))
+    assert first == policy(PeerId("r0-000"), "r0", members, 30, random.Random(7))
+    assert first != policy(PeerId("r0-000"), "r0", members, 30, random.Random(8))
+
+
+def test_rack_aware_puts_same_rack_first_up_to_two_thirds() -> None:
+    members = racks("r0:50 r1:50 r2:50")
+    got = rack_aware(PeerId("r0-000"), "r0", members, 30, random.Random(1))
+    assert [m.rack for m in got[:20]] == ["r0"] * 20
+    assert Counter(m.rack for m in got) == {"r0": 20, "r1": 5, "r2": 5}
+
+
+def test_rack_aware_represents_every_other_rack_when_limit_allows() -> None:
+    members = racks("r0:50 " + " ".join(f"x{i}:20" for i in range(8)))
+    for seed in range(20):
+        got = rack_aware(PeerId("r0-000"), "r0", members, 30, random.Random(seed))
+        assert {m.rack for m in got} == {"r0"} | {f"x{i}" for i in range(8)}
+
+
+def test_rack_aware_spreads_over_all_racks_when_racks_outnumber_the_budget() -> None:
+    """Ten cross-rack slots, 40 other racks: the peers of r0 together reach every rack."""
+    members = racks("r0:32 " + " ".join(f"x{i:02d}:4" for i in range(40)))
+    reached: set[str] = set()
+    rng = random.Random(3)
+    for m in members[:32]:
+        got = rack_aware(m.peer, "r0", members, 30, rng)
+        assert Counter(g.rack for g in got)["r0"] == 20
+        reached |= {g.rack for g in got}
+    assert reached == {"r0"} | {f"x{i:02d}" for i in range(40)}
+
+
+def test_rack_aware_prefers_complete_then_fuller_sources() -> None:
+    members = sorted([member("a", "r0", have=1), member("b", "r0", have=9),
+                      member("c", "r0", have=3, complete=True), member("d", "r0", have=5),
+                      member("e", "r1", have=2), member("f", "r1", have=2, complete=True)],
+                     key=lambda m: m.peer)
+    got = rack_aware(PeerId("a"), "r0", members, 3, random.Random(0))
+    assert [m.peer for m in got] == ["c", "b", "f"]
+
+
+def test_rack_aware_fills_from_other_racks_when_own_rack_is_small() -> None:
+    members = racks("r0:3 r1:40")
+    got = rack_aware(PeerId("r0-000"), "r0", members, 30, random.Random(0))
+    assert [m.rack for m in got[:2]] == ["r0", "r0"]
+    assert len(got) == 30
+
+
+def test_rack_aware_fills_from_own_rack_when_others_are_small() -> None:
+    members = racks("r0:40 r1:2")
+    got = rack_aware(PeerId("r0-000"), "r0", members, 30, random.Random(0))
+    assert Counter(m.rack for m in got) == {"r0": 28, "r1": 2}
+
+
+def test_zero_limit_and_lone_peer_get_nothing() -> None:
+    members = racks("r0:3")
+    assert rack_aware(PeerId("r0-000"), "r0", members, 0, random.Random(0)) == []
+    assert uniform(PeerId("r0-000"), "r0", members[:1], 5, random.Random(0)) == []
+    assert rack_aware(PeerId("r0-000"), "r0", members[:1], 5, random.Random(0)) == []
+
+
+def test_rack_aware_handles_a_large_swarm() -> None:
+    members = racks(" ".join(f"r{i:03d}:32" for i in range(320)))  # 10,240 members
+    got = rack_aware(PeerId("r007-000"), "r007", members, 30, random.Random(0))
+    assert len(got) == 30
+    assert Counter(m.rack for m in got)["r007"] == 20
+    assert len({m.rack for m in got}) == 11
+
+
+def test_unknown_policy_names_the_known_ones() -> None:
+    with pytest.raises(ValueError, match="rack_aware"):
+        get_policy("nearest")
+
+
+# -- core purity ----------------------------------------------------------------------
+
+CORE = ["tracker/registry.py", "tracker/handout.py"]
+ALLOWED_PROJECT = {"p2p.content", "tracker.registry"}
+FORBIDDEN = {"os", "time", "asyncio", "socket", "threading", "subprocess", "selectors",
+             "pathlib", "io", "shutil", "tempfile", "signal", "datetime", "secrets", "uuid"}
+
+
+@pytest.mark.parametrize("path", CORE)
+def test_core_modules_do_no_io_and_use_no_global_random(path: str) -> None:
+    tree = ast.parse((Path(__file__).parent.parent / path).read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names = [node.module or ""]
+        elif (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+              and node.value.id == "random"):
+            assert node.attr == "Random", f"{path} uses global random.{node.attr}"
+            continue
+        else:
+            continue
+        for name in names:
+            top = name.split(".")[0]
+            if name in ALLOWED_PROJECT or name == "__future__":
+                continue
+            assert top in sys.stdlib_module_names, f"{path} imports non-stdlib {name}"
+            assert top not in FORBIDDEN, f"{path} imports {name}, which does I/O or reads clocks"
+
+
+# -- config ---------------------------------------------------------------------------
+
+
+def test_config_file_then_flags(tmp_path: Path) -> None:
+    path = tmp_path / "tracker.toml"
+    path.write_text('port = 9000\nhandout_policy = "random"\npeer_ttl_seconds = 20\n')
+    config = load_config(str(path), {"port": 9100})
+    assert (config.port, config.handout_policy, config.peer_ttl_seconds) == (9100, "random", 20)
+    assert config.host == TrackerConfig().host
+
+
+@pytest.mark.parametrize("text, message", [
+    ("prot = 1\n", "unknown key 'prot' in config file"),
+    ('port = "7070"\n', "key 'port' in config file .* must be int"),
+    ("handout_limit = true\n", "key 'handout_limit'"),
+    ('handout_policy = "nearest"\n', "unknown handout_policy 'nearest'.*from"),
+    ("port = \n", "not valid TOML"),
+])
+def test_bad_config_file_names_the_key_and_file(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "tracker.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message) as info:
+        load_config(str(path), {})
+    assert str(path) in str(info.value)
+
+
+def test_ttl_must_exceed_announce_interval() -> None:
+    with pytest.raises(ConfigError, match="peer_ttl_seconds"):
+        TrackerConfig(announce_interval_seconds=5.0, peer_ttl_seconds=5.0)

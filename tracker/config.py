@@ -1,0 +1,111 @@
+"""Tracker configuration: documented defaults, a TOML file, then command-line flags.
+
+Precedence, lowest first: the defaults below, the keys of the TOML file given
+with `--config` (top-level keys named exactly like the fields), then the flags
+the user actually passed. Unknown keys and wrongly typed values are errors
+that name the key and the file, so a typo never silently falls back to a
+default. The cluster secret itself is never part of this config: it comes
+from `BOOTSEER_SECRET`, `BOOTSEER_SECRET_FILE` or `secret_file`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from tracker.handout import HANDOUT_POLICIES
+
+
+class ConfigError(ValueError):
+    """The configuration file or a flag has a bad key or value."""
+
+
+@dataclass(frozen=True, slots=True)
+class TrackerConfig:
+    host: str = "127.0.0.1"  # address to listen on
+    port: int = 7070  # TCP port; 0 picks a free one
+    announce_interval_seconds: float = 2.0  # how often agents are told to announce
+    peer_ttl_seconds: float = 10.0  # silence before a peer is dropped (~3 missed announces)
+    handout_limit: int = 30  # most peers returned per announce
+    handout_policy: str = "rack_aware"  # a name in tracker.handout.HANDOUT_POLICIES
+    ban_seconds: float = 600.0  # how long a peer reported by 2 others gets no handouts
+    origin_fetchers: int = 4  # members per content appointed to fetch from the origin
+    state_dir: str | None = None  # where manifests persist across restarts; None = memory only
+    secret_file: str | None = None  # cluster secret file; else BOOTSEER_SECRET(_FILE)
+    seed: int | None = None  # handout rng seed, for reproducible runs; None = random
+    log_level: str = "INFO"
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"port {self.port} is outside 0..65535")
+        if self.announce_interval_seconds <= 0:
+            raise ConfigError("announce_interval_seconds must be > 0")
+        if self.peer_ttl_seconds <= self.announce_interval_seconds:
+            raise ConfigError(
+                f"peer_ttl_seconds ({self.peer_ttl_seconds}) must exceed "
+                f"announce_interval_seconds ({self.announce_interval_seconds}), "
+                "or every peer expires between two announces"
+            )
+        if self.handout_limit < 1:
+            raise ConfigError("handout_limit must be >= 1")
+        if self.ban_seconds <= 0:
+            raise ConfigError("ban_seconds must be > 0")
+        if self.origin_fetchers < 1:
+            raise ConfigError("origin_fetchers must be >= 1")
+        if self.handout_policy not in HANDOUT_POLICIES:
+            known = ", ".join(sorted(HANDOUT_POLICIES))
+            raise ConfigError(f"unknown handout_policy {self.handout_policy!r} (known: {known})")
+        if not isinstance(logging.getLevelName(self.log_level.upper()), int):
+            raise ConfigError(f"unknown log_level {self.log_level!r}")
+
+
+_TYPES: dict[str, tuple[type, ...]] = {
+    "host": (str,), "port": (int,), "announce_interval_seconds": (int, float),
+    "peer_ttl_seconds": (int, float), "handout_limit": (int,), "handout_policy": (str,),
+    "ban_seconds": (int, float), "origin_fetchers": (int,), "state_dir": (str,),
+    "secret_file": (str,), "seed": (int,),
+    "log_level": (str,),
+}
+assert set(_TYPES) == {f.name for f in fields(TrackerConfig)}
+
+
+def config_keys() -> list[str]:
+    return [f.name for f in fields(TrackerConfig)]
+
+
+def read_toml(path: str) -> dict[str, Any]:
+    """The checked keys of a TOML config file; ConfigError naming the key and file."""
+    try:
+        with open(path, "rb") as f:
+            raw = tomllib.load(f)
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
+    for key, value in raw.items():
+        if key not in _TYPES:
+            raise ConfigError(
+                f"unknown key {key!r} in config file {path} (known: {', '.join(config_keys())})"
+            )
+        types = _TYPES[key]
+        if isinstance(value, bool) or not isinstance(value, types):
+            want = " or ".join(t.__name__ for t in types)
+            raise ConfigError(
+                f"key {key!r} in config file {path} must be {want}, not {type(value).__name__}"
+            )
+    return raw
+
+
+def load_config(path: str | None, overrides: Mapping[str, Any]) -> TrackerConfig:
+    """Defaults, then the TOML file at `path` (if any), then `overrides` (the flags passed)."""
+    values: dict[str, Any] = read_toml(path) if path else {}
+    where = f" (from {path})" if path else ""
+    try:
+        config = TrackerConfig(**values)
+    except ConfigError as exc:
+        raise ConfigError(f"{exc}{where}") from None
+    return dataclasses.replace(config, **dict(overrides)) if overrides else config
