@@ -472,6 +472,7 @@ class Agent:
     async def _fetch_origin(self, session: Session, chunk: int) -> None:
         manifest = session.manifest
         length = manifest.chunk_length(chunk)
+        log.debug("origin fetch %s/%d", session.content, chunk)
         buf = bytearray(length)
         try:
             await self._download.acquire(length)

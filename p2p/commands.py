@@ -75,7 +75,8 @@ def _agent_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.add_argument("--upload-mbps", dest="upload_mbps", type=float)
     p.add_argument("--download-mbps", dest="download_mbps", type=float)
     p.add_argument("--origin-concurrency", dest="origin_concurrency", type=int)
-    p.add_argument("--log-level", dest="log_level", default="WARNING")
+    p.add_argument("--log-level", dest="log_level",
+                   default=os.environ.get("BOOTSEER_LOG_LEVEL", "WARNING"))
     p.set_defaults(run=_run_agent)
 
 

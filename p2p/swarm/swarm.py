@@ -147,6 +147,7 @@ class Swarm:
         # all fetch the same first chunks. If the tracker never answers, the
         # patience rule still sends us to the origin.
         self._owned = 0
+        self._origin_start = rng.randrange(chunks) if chunks else 0
         self._peers: dict[PeerId, _Peer] = {}
         self._known: dict[PeerId, str] = {}  # tracker hints: peer -> rack
         self._connecting: set[PeerId] = set()
@@ -226,6 +227,8 @@ class Swarm:
                 self._known[hint.peer] = hint.rack
         slot, slots = event.origin_slot, max(1, event.origin_slots)
         self._owned = 0 if slot is None else bits.every_kth(self.chunks, slots, slot % slots)
+        if slot is not None:
+            self._origin_start = slot % slots * self.chunks // slots
 
     def _on_peer_joined(self, event: PeerJoined, now: float) -> list[Action]:
         peer = event.peer
@@ -530,12 +533,27 @@ class Swarm:
         if not todo:
             return []
         actions: list[Action] = []
-        for chunk in self._ordered(todo, limit=room):
+        for chunk in self._origin_order(todo, room):
             self._origin[chunk] = now + self.config.origin_timeout_s
             actions.append(FetchFromOrigin(chunk))
             if self.config.use_peers:
                 actions.append(Advertise(chunk, pending=True))
         return actions
+
+    def _origin_order(self, todo: int, limit: int) -> list[int]:
+        """Demand and prefetch first, then upwards from our own region of the content.
+
+        Fetcher `i` of `k` starts at `i * n / k`: while nodes still disagree about
+        `k` (the swarm is forming), their first fetches fall in different regions
+        instead of colliding, and each region reaches peers in order.
+        """
+        head = [c for c in self._demand + self._prefetch if todo >> c & 1][:limit]
+        for chunk in head:
+            todo &= ~(1 << chunk)
+        start = self._origin_start
+        upper = todo >> start << start
+        rest = [*bits.indices(upper), *bits.indices(todo & ~upper)]
+        return head + rest[:limit - len(head)]
 
     def _origin_mask(self) -> int:
         return bits.from_indices(self._origin)
