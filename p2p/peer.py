@@ -1,0 +1,481 @@
+"""One authenticated peer connection over a raw non-blocking socket (asyncio).
+
+Theory of operation. The connection speaks the frames of p2p.wire over a
+plain non-blocking TCP socket driven with the loop's low-level calls, so it
+runs the same on uvloop and on the stdlib loop, and chunk bytes never pass
+through Python objects:
+
+- Headers are read with `loop.sock_recv_into` into one reused buffer with a
+  start/end window (compacted in place, never grown: no `bytes +=`).
+- A payload is read with `loop.sock_recv_into` straight into the caller's
+  memoryview. Only the few KiB that a header read may have pulled in past
+  the header are copied from the buffer.
+- A payload is sent with `os.sendfile` from the caller's file descriptor
+  until the socket buffer is full (BlockingIOError), then the task waits
+  for writability with `loop.add_writer` and a future. uvloop has no
+  `loop.sendfile`; this path is zero-copy on both loops.
+- Sends hold an asyncio.Lock for a whole frame, so frames never interleave.
+  Receives are meant for one reader task.
+
+Time limits (Timeouts): the whole handshake must finish within
+`handshake_s`; between frames the link may stay silent for `idle_s`; a
+header whose first byte has arrived must be complete within `frame_s`; a
+payload of n bytes must arrive within `frame_s + n / min_payload_rate_bps`
+of reading time (time spent waiting on our own RateLimiter does not count).
+A peer that breaks them is a RemoteProtocolError (a slow drip is an attack
+on our memory and our requests, not a slow network). A send that finds the
+peer reading nothing for `idle_s` is one too.
+
+Errors. RemoteProtocolError: the peer broke the protocol or a time limit.
+ConnectionClosed: EOF, reset, or closed here. AuthError: the handshake
+failed. LocalProtocolError: our own misuse. After any of these except
+LocalProtocolError raised before anything was sent or read, the connection
+is closed. `close()` shuts the socket down at once, which wakes any task
+still blocked on it; the descriptor itself is closed when the last of them
+has returned, so the loop never watches a closed descriptor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+from collections.abc import Coroutine, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from p2p import wire
+from p2p.auth import AuthError, check_handshake_mac, handshake_mac
+from p2p.content import KiB, MiB, PeerId
+from p2p.ratelimit import TokenBucket
+from p2p.wire import LocalProtocolError, Message, Piece, RemoteProtocolError
+
+SLICE_BYTES = 256 * KiB  # payload bytes per limiter grant
+HEADER_READ_BYTES = 16 * KiB  # most bytes one header read asks for: bounds payload copying
+_BUFFER_BYTES = wire.PREFIX_SIZE + wire.MAX_HEADER + HEADER_READ_BYTES
+AUTH_FAILED = "auth failed"
+
+
+class ConnectionClosed(Exception):
+    """The connection ended: the peer closed or reset it, or it was closed here."""
+
+
+class PeerIdle(ConnectionClosed):
+    """The peer sent nothing for Timeouts.idle_s; the connection was closed."""
+
+
+@dataclass(frozen=True, slots=True)
+class PeerInfo:
+    """Who a node is on the wire: its id, where it listens ("host:port"), its rack."""
+
+    peer: PeerId
+    addr: str
+    rack: str
+
+
+@dataclass(frozen=True, slots=True)
+class Timeouts:
+    """Time limits on a connection, in seconds (see the module docstring)."""
+
+    handshake_s: float = 5.0
+    idle_s: float | None = 120.0  # None: a silent link is never closed
+    frame_s: float = 10.0
+    min_payload_rate_bps: float = 256 * KiB  # bytes per second
+
+
+class RateLimiter:
+    """A TokenBucket on the running loop's clock; `acquire` sleeps when over the rate.
+
+    Share one per node and direction: waiting callers are served first come,
+    first served. `bytes_per_s=None` means unlimited.
+    """
+
+    def __init__(self, bytes_per_s: float | None, burst: int = 4 * MiB) -> None:
+        self.bucket = TokenBucket(bytes_per_s, burst)
+
+    async def acquire(self, n: int) -> None:
+        """Return when `n` more bytes may be sent or received."""
+        if self.bucket.unlimited:
+            return
+        wait = self.bucket.reserve(n, asyncio.get_running_loop().time())
+        if wait > 0:
+            await asyncio.sleep(wait)
+
+
+def listen_socket(host: str, port: int, backlog: int = 1024) -> socket.socket:
+    """A non-blocking listening TCP socket; accept with `loop.sock_accept`, then `accept`."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(backlog)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+async def connect(addr: str, me: PeerInfo, secret: bytes, timeouts: Timeouts) -> PeerConnection:
+    """Dial `addr` ("host:port") and run the client handshake.
+
+    OSError if the TCP connection fails (TimeoutError after handshake_s),
+    AuthError if the server does not prove the secret or rejects ours,
+    RemoteProtocolError if it breaks the protocol.
+    """
+    host, port = wire.split_addr(addr)
+    loop = asyncio.get_running_loop()
+    family, _, proto, _, sockaddr = (await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM))[0]
+    sock = socket.socket(family, socket.SOCK_STREAM, proto)
+    try:
+        sock.setblocking(False)
+        async with asyncio.timeout(timeouts.handshake_s):
+            await loop.sock_connect(sock, sockaddr)
+    except TimeoutError:
+        sock.close()
+        raise TimeoutError(f"connecting to {addr} took over {timeouts.handshake_s}s") from None
+    except BaseException:
+        sock.close()
+        raise
+    conn = PeerConnection(sock, timeouts)
+    await conn._handshake(conn._client_handshake(me, secret))
+    return conn
+
+
+async def accept(sock: socket.socket, me: PeerInfo, secret: bytes,
+                 timeouts: Timeouts) -> PeerConnection:
+    """Run the server handshake on an accepted socket (which the connection then owns).
+
+    A client that fails authentication gets Bye("auth failed") and the socket
+    is closed; AuthError is raised.
+    """
+    try:
+        sock.setblocking(False)
+        conn = PeerConnection(sock, timeouts)
+    except BaseException:
+        sock.close()
+        raise
+    await conn._handshake(conn._server_handshake(me, secret))
+    return conn
+
+
+def _wake(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+class PeerConnection:
+    """A framed, authenticated connection; build it with `connect` or `accept`.
+
+    `remote` is the peer's PeerInfo as it stated it in the handshake;
+    `peername` is the address the socket is actually connected to.
+    """
+
+    remote: PeerInfo
+
+    def __init__(self, sock: socket.socket, timeouts: Timeouts) -> None:
+        self._sock = sock
+        self._fd = sock.fileno()
+        self._t = timeouts
+        self._loop = asyncio.get_running_loop()
+        self._buf = bytearray(_BUFFER_BYTES)
+        self._view = memoryview(self._buf)
+        self._start = self._end = 0  # buffered, unconsumed bytes: _buf[_start:_end]
+        self._payload_left = 0
+        self._send_lock = asyncio.Lock()
+        self._closed = False
+        self._busy = 0  # operations in flight on the socket
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            host, port = sock.getpeername()[:2]
+            self.peername = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        except OSError:
+            self.peername = "?"
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Close now; tasks blocked on this connection get ConnectionClosed."""
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+        if not self._busy:
+            self._sock.close()
+
+    async def bye(self, reason: str) -> None:
+        """Send Bye(reason) if the peer still listens, then close."""
+        with contextlib.suppress(ConnectionClosed, RemoteProtocolError, TimeoutError):
+            async with asyncio.timeout(self._t.frame_s):
+                await self.send(wire.Bye(reason))
+        self.close()
+
+    # -- sending ------------------------------------------------------------------
+
+    async def send(self, msg: Message) -> None:
+        """Send one header-only message (anything but Piece)."""
+        if isinstance(msg, Piece):
+            raise LocalProtocolError("a Piece needs its payload: use send_piece")
+        data = msg.encode()
+        async with self._send_lock:
+            with self._io(cancel_breaks=True):
+                await self._send_bytes(data)
+
+    async def send_piece(self, content: str, chunk: int, req: int, fd: int, offset: int,
+                         length: int, limiter: RateLimiter | None = None) -> None:
+        """Send a Piece header, then `length` bytes of file `fd` from `offset` via sendfile.
+
+        With a limiter the payload goes out in SLICE_BYTES slices, each after
+        `limiter.acquire`. LocalProtocolError (nothing sent) if the file is
+        shorter than offset + length.
+        """
+        header = Piece(content, chunk, req, length).encode()
+        size = os.fstat(fd).st_size
+        if offset < 0 or offset + length > size:
+            raise LocalProtocolError(f"file of {size} bytes has no {length} bytes at {offset}")
+        async with self._send_lock:
+            with self._io(cancel_breaks=True):
+                await self._send_bytes(header, socket.MSG_MORE)
+                end = offset + length
+                while offset < end:
+                    step = end - offset if limiter is None else min(SLICE_BYTES, end - offset)
+                    if limiter is not None:
+                        await limiter.acquire(step)
+                    await self._sendfile(fd, offset, step)
+                    offset += step
+
+    async def _send_bytes(self, data: bytes, flags: int = 0) -> None:
+        view = memoryview(data)
+        while view:
+            try:
+                view = view[self._sock.send(view, flags):]
+            except BlockingIOError:
+                await self._writable()
+
+    async def _sendfile(self, fd: int, offset: int, count: int) -> None:
+        while count:
+            try:
+                sent = os.sendfile(self._fd, fd, offset, count)
+            except BlockingIOError:
+                await self._writable()
+                continue
+            if sent == 0:
+                raise LocalProtocolError(f"file ended {count} bytes before the piece did")
+            offset += sent
+            count -= sent
+
+    async def _writable(self) -> None:
+        fut: asyncio.Future[None] = self._loop.create_future()
+        self._loop.add_writer(self._fd, _wake, fut)
+        try:
+            async with asyncio.timeout(self._t.idle_s):
+                await fut
+        except TimeoutError:
+            raise RemoteProtocolError(f"peer read nothing for {self._t.idle_s}s") from None
+        finally:
+            self._loop.remove_writer(self._fd)
+
+    # -- receiving ----------------------------------------------------------------
+
+    async def recv(self) -> Message:
+        """The next message. After a Piece, call recv_payload_into or discard_payload
+        before the next recv."""
+        if self._payload_left:
+            raise LocalProtocolError(
+                f"read or discard the {self._payload_left}-byte piece payload first")
+        with self._io(cancel_breaks=False):
+            if self._start == self._end:
+                try:
+                    async with asyncio.timeout(self._t.idle_s):
+                        await self._read_more(1)
+                except TimeoutError:
+                    raise PeerIdle(f"peer sent nothing for {self._t.idle_s}s") from None
+            if not self._header_buffered():
+                try:
+                    async with asyncio.timeout(self._t.frame_s):
+                        await self._fill(wire.PREFIX_SIZE)
+                        await self._fill(wire.PREFIX_SIZE + self._header_length())
+                except TimeoutError:
+                    raise RemoteProtocolError(
+                        f"peer took over {self._t.frame_s}s to send one header") from None
+            begin = self._start + wire.PREFIX_SIZE
+            end = begin + self._header_length()
+            msg = wire.parse_header(self._view[begin:end])
+            self._start = end
+            if isinstance(msg, Piece):
+                self._payload_left = msg.len
+            return msg
+
+    async def recv_payload_into(self, view: memoryview, limiter: RateLimiter | None = None,
+                                ) -> None:
+        """Read the payload of the Piece just received into `view` (exactly piece.len bytes).
+
+        With a limiter, bytes are read in SLICE_BYTES slices, each after
+        `limiter.acquire`.
+        """
+        view = memoryview(view).cast("B")
+        if len(view) != self._payload_left or not self._payload_left or view.readonly:
+            raise LocalProtocolError(f"the pending payload is {self._payload_left} bytes, the "
+                                     f"buffer {len(view)} (read-only: {view.readonly})")
+        with self._io(cancel_breaks=True):
+            await self._recv_exact(view, limiter, self._payload_budget(len(view)))
+            self._payload_left = 0
+
+    async def discard_payload(self, n: int) -> None:
+        """Read and drop the `n`-byte payload of the Piece just received."""
+        if n != self._payload_left or not n:
+            raise LocalProtocolError(f"the pending payload is {self._payload_left} bytes, not {n}")
+        scratch = memoryview(bytearray(min(n, SLICE_BYTES)))
+        with self._io(cancel_breaks=True):
+            budget = self._payload_budget(n)
+            while n:
+                step = min(n, len(scratch))
+                budget = await self._recv_exact(scratch[:step], None, budget)
+                n -= step
+            self._payload_left = 0
+
+    def _payload_budget(self, n: int) -> float:
+        return self._t.frame_s + n / self._t.min_payload_rate_bps
+
+    async def _recv_exact(self, view: memoryview, limiter: RateLimiter | None,
+                          budget: float) -> float:
+        """Fill `view`: buffered bytes first, then the socket; return the budget left."""
+        pos = min(len(view), self._end - self._start)
+        view[:pos] = self._view[self._start:self._start + pos]
+        self._start += pos
+        while pos < len(view):
+            stop = len(view) if limiter is None else min(len(view), pos + SLICE_BYTES)
+            if limiter is not None:
+                await limiter.acquire(stop - pos)
+            began = self._loop.time()
+            try:
+                async with asyncio.timeout(budget):
+                    while pos < stop:
+                        got = await self._loop.sock_recv_into(self._sock, view[pos:stop])
+                        if not got:
+                            raise ConnectionClosed("peer closed the connection inside a payload")
+                        pos += got
+            except TimeoutError:
+                raise RemoteProtocolError(
+                    f"piece payload slower than {self._t.min_payload_rate_bps:.0f} B/s") from None
+            budget -= self._loop.time() - began
+        return budget
+
+    def _header_length(self) -> int:
+        return wire.parse_length(self._view[self._start:self._start + wire.PREFIX_SIZE])
+
+    def _header_buffered(self) -> bool:
+        have = self._end - self._start
+        return have >= wire.PREFIX_SIZE and have >= wire.PREFIX_SIZE + self._header_length()
+
+    async def _fill(self, n: int) -> None:
+        while self._end - self._start < n:
+            await self._read_more(n - (self._end - self._start))
+
+    async def _read_more(self, need: int) -> None:
+        if self._start == self._end:
+            self._start = self._end = 0
+        elif len(self._buf) - self._end < need:
+            kept = self._end - self._start
+            self._buf[:kept] = self._buf[self._start:self._end]
+            self._start, self._end = 0, kept
+        size = min(len(self._buf) - self._end, max(need, HEADER_READ_BYTES))
+        got = await self._loop.sock_recv_into(self._sock, self._view[self._end:self._end + size])
+        if not got:
+            raise ConnectionClosed("peer closed the connection")
+        self._end += got
+
+    # -- lifecycle ----------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _io(self, cancel_breaks: bool) -> Iterator[None]:
+        """Count an operation in flight; map socket errors; close on fatal ones."""
+        if self._closed:
+            raise ConnectionClosed("connection is closed")
+        self._busy += 1
+        try:
+            yield
+        except ConnectionError as exc:
+            self.close()
+            raise ConnectionClosed(f"connection to {self.peername} lost: {exc}") from exc
+        except (RemoteProtocolError, ConnectionClosed, LocalProtocolError):
+            self.close()
+            raise
+        except asyncio.CancelledError:
+            if cancel_breaks:  # a frame is half sent or half read: the stream is lost
+                self.close()
+            raise
+        finally:
+            self._busy -= 1
+            if self._closed and not self._busy:
+                self._sock.close()
+
+    async def _handshake(self, steps: Coroutine[Any, Any, None]) -> None:
+        try:
+            async with asyncio.timeout(self._t.handshake_s):
+                await steps
+        except TimeoutError:
+            self.close()
+            raise RemoteProtocolError(
+                f"handshake with {self.peername} not done in {self._t.handshake_s}s") from None
+        except BaseException:
+            self.close()
+            raise
+
+    async def _client_handshake(self, me: PeerInfo, secret: bytes) -> None:
+        nonce = os.urandom(wire.NONCE_SIZE)
+        await self.send(wire.Hello(wire.PROTOCOL_VERSION, me.peer, me.addr, me.rack, nonce))
+        reply = await self._handshake_reply(wire.Challenge)
+        assert isinstance(reply, wire.Challenge)
+        await self._check_version(reply.version)
+        await self._check_mac(
+            handshake_mac(secret, "server", reply.nonce, nonce, reply.peer, me.peer), reply.mac,
+            reply.peer)
+        await self.send(wire.Auth(handshake_mac(secret, "client", nonce, reply.nonce, me.peer,
+                                           reply.peer)))
+        self.remote = PeerInfo(PeerId(reply.peer), reply.addr, reply.rack)
+
+    async def _server_handshake(self, me: PeerInfo, secret: bytes) -> None:
+        hello = await self._handshake_reply(wire.Hello)
+        assert isinstance(hello, wire.Hello)
+        await self._check_version(hello.version)
+        nonce = os.urandom(wire.NONCE_SIZE)
+        await self.send(wire.Challenge(
+            wire.PROTOCOL_VERSION, me.peer, me.addr, me.rack, nonce,
+            handshake_mac(secret, "server", nonce, hello.nonce, me.peer, hello.peer)))
+        auth = await self._handshake_reply(wire.Auth)
+        assert isinstance(auth, wire.Auth)
+        await self._check_mac(
+            handshake_mac(secret, "client", hello.nonce, nonce, hello.peer, me.peer), auth.mac,
+            hello.peer)
+        self.remote = PeerInfo(PeerId(hello.peer), hello.addr, hello.rack)
+
+    async def _handshake_reply(self, kind: type[Message]) -> Message:
+        msg = await self.recv()
+        if isinstance(msg, wire.Bye):
+            error = AuthError if msg.reason == AUTH_FAILED else RemoteProtocolError
+            raise error(f"{self.peername} ended the handshake: {msg.reason}")
+        if not isinstance(msg, kind):
+            raise RemoteProtocolError(f"expected {kind.TYPE} in the handshake, got {msg.TYPE}")
+        return msg
+
+    async def _check_version(self, version: int) -> None:
+        if version != wire.PROTOCOL_VERSION:
+            await self.bye(f"unsupported protocol version {version}; "
+                           f"I speak {wire.PROTOCOL_VERSION}")
+            raise RemoteProtocolError(f"{self.peername} speaks protocol version {version}")
+
+    async def _check_mac(self, expected: bytes, got: bytes, peer: str) -> None:
+        try:
+            check_handshake_mac(expected, got)
+        except AuthError:
+            await self.bye(AUTH_FAILED)
+            raise AuthError(
+                f"peer {peer!r} at {self.peername} failed the cluster-secret handshake; "
+                "check that both nodes use the same cluster secret") from None

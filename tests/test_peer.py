@@ -1,0 +1,477 @@
+"""Peer connections over real loopback sockets, under uvloop and the stdlib loop.
+
+Each test is a plain function that runs its scenario on a fresh loop of the
+parametrized kind; misbehaving peers are raw sockets that speak the wire
+format by hand. Rate limiting is checked on the TokenBucket with a fake clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+import uvloop
+
+from p2p import wire
+from p2p.auth import AuthError, handshake_mac
+from p2p.content import KiB, MiB, PeerId
+from p2p.peer import (
+    ConnectionClosed,
+    PeerConnection,
+    PeerIdle,
+    PeerInfo,
+    RateLimiter,
+    Timeouts,
+    accept,
+    connect,
+    listen_socket,
+)
+from p2p.ratelimit import TokenBucket
+from p2p.wire import Auth, Bye, Have, Hello, LocalProtocolError, Piece, RemoteProtocolError
+
+SERVER = PeerInfo(PeerId("server"), "127.0.0.1:7001", "rack-a")
+CLIENT = PeerInfo(PeerId("client"), "127.0.0.1:7002", "rack-b")
+SECRET = b"s" * 32
+FAST = Timeouts(handshake_s=5.0, idle_s=5.0, frame_s=5.0)
+LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
+    "stdlib": asyncio.new_event_loop,
+    "uvloop": uvloop.new_event_loop,
+}
+
+Run = Callable[[Callable[[], Awaitable[Any]]], Any]
+
+
+@pytest.fixture(params=sorted(LOOPS))
+def run(request: pytest.FixtureRequest) -> Run:
+    """Run an async scenario to completion on a new loop of the parametrized kind."""
+
+    def runner(scenario: Callable[[], Awaitable[Any]]) -> Any:
+        async def bounded() -> Any:
+            is_uvloop = isinstance(asyncio.get_running_loop(), uvloop.Loop)
+            assert is_uvloop == (request.param == "uvloop")
+            async with asyncio.timeout(30):
+                return await scenario()
+
+        with asyncio.Runner(loop_factory=LOOPS[request.param]) as r:
+            return r.run(bounded())
+
+    return runner
+
+
+async def serve_one(listener: socket.socket, secret: bytes = SECRET,
+                    timeouts: Timeouts = FAST) -> PeerConnection:
+    sock, _ = await asyncio.get_running_loop().sock_accept(listener)
+    return await accept(sock, SERVER, secret, timeouts)
+
+
+async def pair(timeouts: Timeouts = FAST) -> tuple[PeerConnection, PeerConnection]:
+    with listen_socket("127.0.0.1", 0) as listener:
+        addr = f"127.0.0.1:{listener.getsockname()[1]}"
+        return await asyncio.gather(serve_one(listener, SECRET, timeouts),
+                                    connect(addr, CLIENT, SECRET, timeouts))
+
+
+async def recv_frame(sock: socket.socket) -> wire.Message:
+    loop = asyncio.get_running_loop()
+
+    async def exactly(n: int) -> bytes:
+        data = bytearray()
+        while len(data) < n:
+            chunk = await loop.sock_recv(sock, n - len(data))
+            assert chunk, "peer closed"
+            data += chunk
+        return bytes(data)
+
+    return wire.parse_header(await exactly(wire.parse_length(await exactly(4))))
+
+
+async def raw_client(port: int, secret: bytes = SECRET) -> socket.socket:
+    """A hand-driven client that completes the handshake and then obeys the test."""
+    loop = asyncio.get_running_loop()
+    sock = socket.socket()
+    sock.setblocking(False)
+    await loop.sock_connect(sock, ("127.0.0.1", port))
+    nonce = os.urandom(16)
+    await loop.sock_sendall(sock, Hello(1, "raw", "", "", nonce).encode())
+    chal = await recv_frame(sock)
+    assert isinstance(chal, wire.Challenge)
+    mac = handshake_mac(secret, "client", nonce, chal.nonce, "raw", chal.peer)
+    await loop.sock_sendall(sock, Auth(mac).encode())
+    return sock
+
+
+async def with_raw_client(timeouts: Timeouts, secret: bytes = SECRET,
+                          ) -> tuple[PeerConnection, socket.socket]:
+    with listen_socket("127.0.0.1", 0) as listener:
+        port = listener.getsockname()[1]
+        return await asyncio.gather(serve_one(listener, SECRET, timeouts),
+                                    raw_client(port, secret))
+
+
+def test_handshake_tells_each_side_who_the_other_is(run: Run) -> None:
+    async def scenario() -> None:
+        server, client = await pair()
+        assert server.remote == CLIENT
+        assert client.remote == SERVER
+        await client.send(Have("c", 1))
+        await server.send(Have("c", 2))
+        assert await server.recv() == Have("c", 1)
+        assert await client.recv() == Have("c", 2)
+        client.close()
+        with pytest.raises(ConnectionClosed):
+            await server.recv()
+        assert server.closed and client.closed
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("wrong", ["client", "server"])
+def test_wrong_secret_fails_on_both_sides(run: Run, wrong: str) -> None:
+    async def scenario() -> None:
+        with listen_socket("127.0.0.1", 0) as listener:
+            addr = f"127.0.0.1:{listener.getsockname()[1]}"
+            other = b"o" * 32
+            results = await asyncio.gather(
+                serve_one(listener, other if wrong == "server" else SECRET),
+                connect(addr, CLIENT, other if wrong == "client" else SECRET, FAST),
+                return_exceptions=True)
+        assert [type(r) for r in results] == [AuthError, AuthError], results
+
+    run(scenario)
+
+
+def test_client_with_a_bad_mac_is_told_and_dropped(run: Run) -> None:
+    async def scenario() -> None:
+        with listen_socket("127.0.0.1", 0) as listener:
+            port = listener.getsockname()[1]
+            server, sock = await asyncio.gather(serve_one(listener), raw_client(port, b"x" * 32),
+                                                return_exceptions=True)
+        assert isinstance(server, AuthError)
+        assert isinstance(sock, socket.socket)
+        with sock:
+            assert await recv_frame(sock) == Bye("auth failed")
+            assert await asyncio.get_running_loop().sock_recv(sock, 10) == b""
+
+    run(scenario)
+
+
+def test_unsupported_version_is_refused(run: Run) -> None:
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        with listen_socket("127.0.0.1", 0) as listener, socket.socket() as sock:
+            sock.setblocking(False)
+            await loop.sock_connect(sock, listener.getsockname())
+            await loop.sock_sendall(sock, Hello(2, "raw", "", "", bytes(16)).encode())
+            with pytest.raises(RemoteProtocolError, match="version 2"):
+                await serve_one(listener)
+            reply = await recv_frame(sock)
+            assert isinstance(reply, Bye) and "version" in reply.reason
+
+    run(scenario)
+
+
+def test_silent_client_fails_the_handshake_in_time(run: Run) -> None:
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        with listen_socket("127.0.0.1", 0) as listener, socket.socket() as sock:
+            sock.setblocking(False)
+            await loop.sock_connect(sock, listener.getsockname())
+            with pytest.raises(RemoteProtocolError, match="handshake"):
+                await serve_one(listener, timeouts=Timeouts(handshake_s=0.3))
+
+    run(scenario)
+
+
+async def send_and_receive_piece(sender: PeerConnection, receiver: PeerConnection, path: Path,
+                                 limiter: RateLimiter | None) -> bytes:
+    payload = path.read_bytes()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        send = asyncio.create_task(
+            sender.send_piece("c", 3, 7, fd, 0, len(payload), limiter))
+        header = await receiver.recv()
+        assert header == Piece("c", 3, 7, len(payload))
+        buf = bytearray(len(payload))
+        await receiver.recv_payload_into(memoryview(buf), limiter)
+        await send
+    finally:
+        os.close(fd)
+    return bytes(buf)
+
+
+@pytest.mark.parametrize("limited", [False, True])
+def test_8_mib_piece_arrives_intact(run: Run, tmp_path: Path, limited: bool) -> None:
+    path = tmp_path / "chunk"
+    path.write_bytes(os.urandom(8 * MiB))
+
+    async def scenario() -> None:
+        server, client = await pair()
+        limiter = RateLimiter(1e12, 1 * MiB) if limited else None
+        assert await send_and_receive_piece(server, client, path, limiter) == path.read_bytes()
+        # and in the other direction, while header-only messages share the link
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            sends = [client.send(Have("c", i)) for i in range(50)]
+            sends.insert(25, client.send_piece("c", 3, 7, fd, 0, 8 * MiB, limiter))
+            tasks = [asyncio.create_task(s) for s in sends]
+            haves, payload = [], bytearray(8 * MiB)
+            for _ in range(51):
+                msg = await server.recv()
+                if isinstance(msg, Piece):
+                    await server.recv_payload_into(memoryview(payload), limiter)
+                else:
+                    haves.append(msg)
+            await asyncio.gather(*tasks)
+        finally:
+            os.close(fd)
+        assert payload == path.read_bytes()
+        assert sorted(h.chunk for h in haves if isinstance(h, Have)) == list(range(50))
+
+    run(scenario)
+
+
+def test_pieces_both_ways_at_once(run: Run, tmp_path: Path) -> None:
+    path = tmp_path / "chunk"
+    path.write_bytes(os.urandom(8 * MiB))
+
+    async def scenario() -> None:
+        server, client = await pair()
+        got = await asyncio.gather(send_and_receive_piece(server, client, path, None),
+                                   send_and_receive_piece(client, server, path, None))
+        assert list(got) == [path.read_bytes()] * 2
+
+    run(scenario)
+
+
+def test_payload_can_be_discarded_but_not_skipped(run: Run, tmp_path: Path) -> None:
+    path = tmp_path / "chunk"
+    path.write_bytes(os.urandom(300 * KiB))
+
+    async def scenario() -> None:
+        server, client = await pair()
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            await server.send_piece("c", 0, 1, fd, 100, 300 * KiB - 100)
+        finally:
+            os.close(fd)
+        await server.send(Have("c", 9))
+        piece = await client.recv()
+        assert isinstance(piece, Piece)
+        with pytest.raises(LocalProtocolError):
+            await client.recv()
+        with pytest.raises(LocalProtocolError):
+            await client.recv_payload_into(memoryview(bytearray(5)))
+        await client.discard_payload(piece.len)
+        assert await client.recv() == Have("c", 9)
+
+    run(scenario)
+
+
+def test_piece_beyond_the_file_is_refused_before_sending(run: Run, tmp_path: Path) -> None:
+    path = tmp_path / "chunk"
+    path.write_bytes(b"x" * 100)
+
+    async def scenario() -> None:
+        server, client = await pair()
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            with pytest.raises(LocalProtocolError):
+                await server.send_piece("c", 0, 1, fd, 50, 51)
+        finally:
+            os.close(fd)
+        await server.send(Have("c", 1))
+        assert await client.recv() == Have("c", 1)
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("prefix", [b"\xff\xff\xff\xff", b"\x00\x01\x00\x01", b"\x00\x00\x00\x00"])
+def test_oversized_length_prefix_is_a_protocol_error(run: Run, prefix: bytes) -> None:
+    async def scenario() -> None:
+        server, sock = await with_raw_client(FAST)
+        with sock:
+            await asyncio.get_running_loop().sock_sendall(sock, prefix)
+            with pytest.raises(RemoteProtocolError, match="header length"):
+                await server.recv()
+            assert server.closed
+
+    run(scenario)
+
+
+def test_oversized_piece_length_is_a_protocol_error(run: Run) -> None:
+    async def scenario() -> None:
+        server, sock = await with_raw_client(FAST)
+        with sock:
+            raw: bytes = msgpack.packb(
+                {"t": "piece", "content": "c", "chunk": 0, "req": 0, "len": 2**40})
+            await asyncio.get_running_loop().sock_sendall(sock, len(raw).to_bytes(4, "big") + raw)
+            with pytest.raises(RemoteProtocolError, match="len"):
+                await server.recv()
+
+    run(scenario)
+
+
+async def drip(sock: socket.socket, data: bytes, every_s: float) -> None:
+    for i in range(len(data)):
+        await asyncio.get_running_loop().sock_sendall(sock, data[i:i + 1])
+        await asyncio.sleep(every_s)
+
+
+def test_slow_drip_header_is_a_protocol_error(run: Run) -> None:
+    async def scenario() -> None:
+        server, sock = await with_raw_client(Timeouts(idle_s=5.0, frame_s=1.0))
+        with sock:
+            # a long silence between frames is fine, a frame sent slowly is not
+            await asyncio.sleep(1.2)
+            await asyncio.get_running_loop().sock_sendall(sock, Have("c", 1).encode())
+            assert await server.recv() == Have("c", 1)
+            dripper = asyncio.create_task(drip(sock, Have("c", 2).encode(), 0.5))
+            with pytest.raises(RemoteProtocolError, match="header"):
+                await server.recv()
+            dripper.cancel()
+
+    run(scenario)
+
+
+def test_slow_drip_payload_is_a_protocol_error(run: Run) -> None:
+    async def scenario() -> None:
+        timeouts = Timeouts(idle_s=5.0, frame_s=0.5, min_payload_rate_bps=1000)
+        server, sock = await with_raw_client(timeouts)
+        with sock:
+            loop = asyncio.get_running_loop()
+            await loop.sock_sendall(sock, Piece("c", 0, 0, 1000).encode() + b"x" * 100)
+            piece = await server.recv()
+            assert isinstance(piece, Piece)
+            dripper = asyncio.create_task(drip(sock, b"y" * 900, 0.2))
+            with pytest.raises(RemoteProtocolError, match="payload"):
+                await server.recv_payload_into(memoryview(bytearray(1000)))
+            dripper.cancel()
+
+    run(scenario)
+
+
+def test_idle_peer_is_dropped(run: Run) -> None:
+    async def scenario() -> None:
+        server, client = await pair(Timeouts(idle_s=0.3))
+        with pytest.raises(PeerIdle):
+            await server.recv()
+        assert server.closed
+        with pytest.raises(ConnectionClosed):
+            await client.recv()
+
+    run(scenario)
+
+
+def test_close_wakes_a_blocked_reader(run: Run) -> None:
+    async def scenario() -> None:
+        server, client = await pair()
+        reader = asyncio.create_task(server.recv())
+        await asyncio.sleep(0.05)
+        server.close()
+        with pytest.raises(ConnectionClosed):
+            await reader
+        with pytest.raises(ConnectionClosed):
+            await server.send(Have("c", 1))
+        client.close()
+
+    run(scenario)
+
+
+def test_close_wakes_a_blocked_sender(run: Run, tmp_path: Path) -> None:
+    path = tmp_path / "chunk"
+    path.write_bytes(bytes(64 * MiB))
+
+    async def scenario() -> None:
+        server, client = await pair()
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            sender = asyncio.create_task(server.send_piece("c", 0, 0, fd, 0, 64 * MiB))
+            await asyncio.sleep(0.2)  # the client reads nothing: the sender is blocked
+            assert not sender.done()
+            server.close()
+            with pytest.raises(ConnectionClosed):
+                await sender
+        finally:
+            os.close(fd)
+        client.close()
+
+    run(scenario)
+
+
+def test_peer_that_stops_reading_is_a_protocol_error(run: Run, tmp_path: Path) -> None:
+    path = tmp_path / "chunk"
+    path.write_bytes(bytes(64 * MiB))
+
+    async def scenario() -> None:
+        server, client = await pair(Timeouts(idle_s=0.3))
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            with pytest.raises(RemoteProtocolError, match="read nothing"):
+                await server.send_piece("c", 0, 0, fd, 0, 64 * MiB)
+        finally:
+            os.close(fd)
+        assert server.closed
+        client.close()
+
+    run(scenario)
+
+
+def test_connect_to_a_closed_port_is_an_os_error(run: Run) -> None:
+    async def scenario() -> None:
+        with listen_socket("127.0.0.1", 0) as listener:
+            addr = f"127.0.0.1:{listener.getsockname()[1]}"
+        with pytest.raises(OSError):
+            await connect(addr, CLIENT, SECRET, FAST)
+
+    run(scenario)
+
+
+# Rate limiting: the bucket on a fake clock (no wall clock in these tests).
+
+
+def sent_by(bucket: TokenBucket, sizes: list[int], start: float = 0.0) -> list[float]:
+    """When each send may start if every caller honours its wait, in order."""
+    return [start + bucket.reserve(n, start) for n in sizes]
+
+
+def test_bucket_allows_the_burst_then_the_rate() -> None:
+    bucket = TokenBucket(1000.0, 500)
+    assert bucket.reserve(500, 0.0) == 0.0
+    assert bucket.reserve(100, 0.0) == pytest.approx(0.1)
+    assert bucket.reserve(100, 0.0) == pytest.approx(0.2)  # queued behind the first
+    assert bucket.reserve(100, 10.0) == 0.0  # refilled, but only up to the burst
+    assert bucket.available(10.0) == pytest.approx(400)
+
+
+def test_bucket_long_run_rate_never_exceeds_the_limit() -> None:
+    rate, burst = 1e6, 64 * KiB
+    bucket = TokenBucket(rate, burst)
+    now, granted = 0.0, 0
+    for step in range(2000):
+        n = 1000 + (step * 7919) % (256 * KiB)
+        now += bucket.reserve(n, now)  # the caller sleeps, then sends
+        granted += n
+        assert granted <= burst + rate * now + 1e-6
+    assert granted / now == pytest.approx(rate, rel=0.05)
+
+
+def test_bucket_grants_reservations_larger_than_the_burst() -> None:
+    bucket = TokenBucket(100.0, 10)
+    assert bucket.reserve(1010, 0.0) == pytest.approx(10.0)
+
+
+def test_bucket_unlimited_and_clock_going_back() -> None:
+    assert TokenBucket(None, 0).reserve(10**12, 0.0) == 0.0
+    bucket = TokenBucket(10.0, 10)
+    bucket.reserve(10, 5.0)
+    assert bucket.reserve(10, 4.0) == pytest.approx(1.0)  # no refill from the past
+    with pytest.raises(ValueError):
+        TokenBucket(0.0, 10)
+    with pytest.raises(ValueError):
+        bucket.reserve(-1, 6.0)

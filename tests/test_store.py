@@ -1,0 +1,256 @@
+"""The chunk store on a real disk (and a real, tiny, full tmpfs)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from p2p.content import ContentId, KiB, Manifest, ManifestBuilder
+from p2p.store import ChunkStore, CorruptChunk, MissingChunk, StoreFullError, UnknownContent
+
+CHUNK = 64 * KiB
+
+
+def make(name: str, size: int, chunk: int = CHUNK, seed: int = 0) -> tuple[Manifest, bytes]:
+    data = bytes((i * 7 + seed + i // 251) % 256 for i in range(size))
+    builder = ManifestBuilder(chunk)
+    builder.feed(data)
+    return builder.finish(ContentId(name), "test", "file:///nowhere"), data
+
+
+def chunk_of(manifest: Manifest, data: bytes, index: int) -> bytes:
+    start = manifest.chunk_offset(index)
+    return data[start:start + manifest.chunk_length(index)]
+
+
+def fill(store: ChunkStore, manifest: Manifest, data: bytes) -> None:
+    for i in range(manifest.chunks):
+        store.put(manifest.content_id, i, chunk_of(manifest, data, i))
+
+
+def chunk_files(root: Path, manifest: Manifest) -> list[str]:
+    return sorted(p.name for p in (root / manifest.content_id).glob("*.chunk"))
+
+
+def test_put_then_read_any_range(tmp_path: Path) -> None:
+    manifest, data = make("c1", 3 * CHUNK + 100)
+    store = ChunkStore(tmp_path, 1 << 30)
+    assert store.attach(manifest) == [False] * 4
+    fill(store, manifest, data)
+    assert store.present(manifest.content_id) == [True] * 4
+    assert store.has(manifest.content_id, 3)
+    assert store.used_bytes == len(data)
+    for offset, length in [(0, len(data)), (5, 10), (CHUNK - 3, 7), (CHUNK, CHUNK),
+                           (len(data) - 1, 1), (10, 0), (CHUNK - 1, 2 * CHUNK + 2)]:
+        assert store.read(manifest.content_id, offset, length) == data[offset:offset + length]
+    with pytest.raises(ValueError):
+        store.read(manifest.content_id, len(data) - 1, 2)
+
+
+def test_put_is_idempotent(tmp_path: Path) -> None:
+    manifest, data = make("c1", CHUNK)
+    store = ChunkStore(tmp_path, 1 << 30)
+    store.attach(manifest)
+    store.put(manifest.content_id, 0, memoryview(data))
+    store.put(manifest.content_id, 0, bytearray(data))
+    assert store.used_bytes == CHUNK
+
+
+def test_corrupt_chunk_is_rejected_and_nothing_written(tmp_path: Path) -> None:
+    manifest, data = make("c1", 2 * CHUNK)
+    store = ChunkStore(tmp_path, 1 << 30)
+    store.attach(manifest)
+    bad = bytearray(chunk_of(manifest, data, 1))
+    bad[17] ^= 1
+    with pytest.raises(CorruptChunk):
+        store.put(manifest.content_id, 1, bad)
+    with pytest.raises(CorruptChunk):
+        store.put(manifest.content_id, 1, chunk_of(manifest, data, 1)[:-1])
+    assert os.listdir(tmp_path / "c1") == ["manifest.json"]
+    assert not store.has(manifest.content_id, 1)
+    assert store.used_bytes == 0
+
+
+def test_missing_chunks(tmp_path: Path) -> None:
+    manifest, data = make("c1", 2 * CHUNK)
+    store = ChunkStore(tmp_path, 1 << 30)
+    store.attach(manifest)
+    store.put(manifest.content_id, 0, chunk_of(manifest, data, 0))
+    with pytest.raises(MissingChunk):
+        store.read(manifest.content_id, CHUNK - 1, 2)
+    with pytest.raises(MissingChunk):
+        store.open_chunk(manifest.content_id, 1)
+    with pytest.raises(UnknownContent):
+        store.put(ContentId("other"), 0, b"x")
+    assert not store.has(ContentId("other"), 0)
+
+
+def test_open_chunk_gives_a_readable_fd(tmp_path: Path) -> None:
+    manifest, data = make("c1", CHUNK + 10)
+    store = ChunkStore(tmp_path, 1 << 30)
+    store.attach(manifest)
+    fill(store, manifest, data)
+    fd, length = store.open_chunk(manifest.content_id, 1)
+    try:
+        assert length == 10
+        assert os.pread(fd, 100, 0) == data[CHUNK:]
+    finally:
+        os.close(fd)
+
+
+def test_restart_keeps_verified_chunks_and_drops_damaged_ones(tmp_path: Path) -> None:
+    manifest, data = make("c1", 4 * CHUNK)
+    store = ChunkStore(tmp_path, 1 << 30)
+    store.attach(manifest)
+    fill(store, manifest, data)
+    (tmp_path / "c1" / "1.chunk").write_bytes(b"\x00" + chunk_of(manifest, data, 1)[1:])
+    with open(tmp_path / "c1" / "2.chunk", "r+b") as f:  # torn write after a power loss
+        f.truncate(CHUNK // 2)
+    (tmp_path / "c1" / "9.chunk").write_bytes(b"stray")
+    (tmp_path / "c1" / "03.chunk").write_bytes(chunk_of(manifest, data, 3))
+
+    again = ChunkStore(tmp_path, 1 << 30)
+    assert again.known() == [manifest]
+    assert not again.has(manifest.content_id, 0)  # known, but not served before re-verification
+    assert again.attach(manifest) == [True, False, False, True]
+    assert chunk_files(tmp_path, manifest) == ["0.chunk", "3.chunk"]
+    assert again.used_bytes == 2 * CHUNK
+    assert again.read(manifest.content_id, 0, CHUNK) == data[:CHUNK]
+    with pytest.raises(MissingChunk):
+        again.read(manifest.content_id, CHUNK, 1)
+
+
+def test_stray_temp_files_are_removed_on_open(tmp_path: Path) -> None:
+    manifest, _ = make("c1", CHUNK)
+    store = ChunkStore(tmp_path, 1 << 30)
+    store.attach(manifest)
+    (tmp_path / "c1" / ".0.chunk.abc123.tmp").write_bytes(b"half a chunk")
+    (tmp_path / "c1" / ".manifest.json.x.tmp").write_bytes(b"{")
+    ChunkStore(tmp_path, 1 << 30)
+    assert os.listdir(tmp_path / "c1") == ["manifest.json"]
+
+
+def test_damaged_manifest_is_ignored(tmp_path: Path) -> None:
+    manifest, _ = make("c1", CHUNK)
+    ChunkStore(tmp_path, 1 << 30).attach(manifest)
+    (tmp_path / "c1" / "manifest.json").write_text("{not json")
+    store = ChunkStore(tmp_path, 1 << 30)
+    assert store.known() == []
+    assert store.attach(manifest) == [False]  # the trusted manifest rewrites it
+    assert ChunkStore(tmp_path, 1 << 30).known() == [manifest]
+
+
+def test_budget_evicts_least_recently_used_unpinned_contents(tmp_path: Path) -> None:
+    (a, da), (b, db), (c, dc), (d, dd) = (make(n, 2 * CHUNK, seed=i) for i, n in
+                                          enumerate(["a", "b", "c", "d"]))
+    store = ChunkStore(tmp_path, 5 * CHUNK)
+    for m, data in ((a, da), (b, db)):
+        store.attach(m)
+        fill(store, m, data)
+        store.detach(m.content_id)
+    store.read(a.content_id, 0, 1)  # a is now more recently used than b
+    store.attach(c)
+    fill(store, c, dc)  # needs room: evicts b, the least recently used
+    assert [m.content_id for m in store.known()] == ["a", "c"]
+    assert not (tmp_path / "b").exists()
+    store.attach(d)
+    fill(store, d, dd)  # evicts a; c is pinned
+    assert [m.content_id for m in store.known()] == ["c", "d"]
+    assert store.used_bytes == 4 * CHUNK
+
+
+def test_full_budget_of_pinned_contents_raises(tmp_path: Path) -> None:
+    (a, da), (b, db) = make("a", 2 * CHUNK), make("b", 2 * CHUNK, seed=1)
+    store = ChunkStore(tmp_path, 3 * CHUNK)
+    store.attach(a)
+    store.attach(b)
+    fill(store, a, da)
+    store.put(b.content_id, 0, chunk_of(b, db, 0))
+    with pytest.raises(StoreFullError, match="budget"):
+        store.put(b.content_id, 1, chunk_of(b, db, 1))
+    assert chunk_files(tmp_path, b) == ["0.chunk"]
+    assert store.used_bytes == 3 * CHUNK
+    store.detach(a.content_id)
+    store.put(b.content_id, 1, chunk_of(b, db, 1))
+    assert store.present(b.content_id) == [True, True]
+    assert [m.content_id for m in store.known()] == ["b"]
+
+
+def test_a_chunk_that_can_never_fit_evicts_nothing(tmp_path: Path) -> None:
+    (a, da), (b, db) = make("a", CHUNK), make("b", 3 * CHUNK, chunk=3 * CHUNK)
+    store = ChunkStore(tmp_path, 2 * CHUNK)
+    store.attach(a)
+    fill(store, a, da)
+    store.detach(a.content_id)
+    store.attach(b)
+    with pytest.raises(StoreFullError):
+        store.put(b.content_id, 0, db)
+    assert [m.content_id for m in store.known()] == ["a", "b"]
+    assert store.used_bytes == CHUNK
+
+
+def test_restart_counts_known_contents_against_the_budget(tmp_path: Path) -> None:
+    (a, da), (b, db) = make("a", 2 * CHUNK), make("b", 2 * CHUNK, seed=1)
+    store = ChunkStore(tmp_path, 3 * CHUNK)
+    store.attach(a)
+    fill(store, a, da)
+    again = ChunkStore(tmp_path, 3 * CHUNK)
+    assert again.used_bytes == 2 * CHUNK
+    again.attach(b)
+    fill(again, b, db)  # a was never attached after the restart: evictable
+    assert [m.content_id for m in again.known()] == ["b"]
+
+
+def test_detach_of_unattached_content_is_an_error(tmp_path: Path) -> None:
+    store = ChunkStore(tmp_path, 1 << 20)
+    with pytest.raises(ValueError):
+        store.detach(ContentId("nope"))
+
+
+@contextlib.contextmanager
+def tiny_tmpfs(path: Path, size: str) -> Iterator[Path]:
+    path.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                          capture_output=True, text=True)
+    if done.returncode:
+        pytest.fail(f"cannot mount a tmpfs for the disk-full test (needs root): {done.stderr}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)], check=True)
+
+
+def test_disk_full_raises_and_leaves_the_store_consistent(tmp_path: Path) -> None:
+    with tiny_tmpfs(tmp_path / "disk", "1m") as root:
+        manifest, data = make("big", 40 * CHUNK)  # 2.5 MiB into 1 MiB
+        store = ChunkStore(root, 1 << 30)  # the budget is not what stops it
+        store.attach(manifest)
+        with pytest.raises(StoreFullError, match="disk full"):
+            fill(store, manifest, data)
+        present = store.present(manifest.content_id)
+        stored = [i for i, ok in enumerate(present) if ok]
+        assert 0 < len(stored) < manifest.chunks
+        assert chunk_files(root, manifest) == sorted(f"{i}.chunk" for i in stored)
+        assert not [p for p in (root / "big").iterdir() if p.name.endswith(".tmp")]
+        assert store.used_bytes == len(stored) * CHUNK
+        assert store.read(manifest.content_id, 0, len(stored) * CHUNK) == data[:len(stored) * CHUNK]
+        again = ChunkStore(root, 1 << 30)
+        assert again.attach(manifest) == present
+
+
+def test_disk_full_evicts_unpinned_contents_first(tmp_path: Path) -> None:
+    with tiny_tmpfs(tmp_path / "disk", "1m") as root:
+        (old, dold), (new, dnew) = make("old", 10 * CHUNK), make("new", 10 * CHUNK, seed=1)
+        store = ChunkStore(root, 1 << 30)
+        store.attach(old)
+        fill(store, old, dold)
+        store.detach(old.content_id)
+        store.attach(new)
+        fill(store, new, dnew)
+        assert [m.content_id for m in store.known()] == ["new"]
+        assert store.present(new.content_id) == [True] * 10
