@@ -1,9 +1,93 @@
-"""Subcommands of this package (placeholder until its issue lands)."""
+"""`bootseer sim`: run a scenario, write its results, print a summary.
+
+    bootseer sim SCENARIO [--nodes N] [--seed S] [--strategy NAME] --out DIR [--json]
+
+SCENARIO is a TOML file or the name of a bundled scenario (simulations/
+scenarios/). The run writes nodes.parquet, summary.json and three PNG plots
+into DIR. `--json` prints the summary as one JSON line instead of a table.
+Progress goes to stderr when it is a terminal.
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from p2p.cli import UserError
+from simulations import report
+from simulations.scenario import ScenarioError, bundled, load, override
+from simulations.simulation import Simulation
+from simulations.strategy import STRATEGIES
+
+PROGRESS_EVERY = 200_000  # callbacks between progress lines
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    pass
+    p = sub.add_parser("sim", help="simulate a launch on virtual time with the real policies",
+                       description=__doc__.splitlines()[0])
+    p.add_argument("scenario", metavar="SCENARIO",
+                   help=f"a TOML file, or a bundled scenario ({', '.join(bundled())})")
+    p.add_argument("--nodes", type=int, help="override [run] nodes")
+    p.add_argument("--seed", type=int, help="override [run] seed")
+    p.add_argument("--strategy", choices=sorted(STRATEGIES), help="override [run] strategy")
+    p.add_argument("--out", type=Path, required=True, help="directory for the results")
+    p.add_argument("--json", action="store_true", help="print one JSON summary line")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        scenario = override(load(args.scenario), nodes=args.nodes, seed=args.seed,
+                            strategy=args.strategy)
+    except ScenarioError as exc:
+        raise UserError(str(exc)) from None
+    if scenario.nodes < 1:
+        raise UserError("--nodes must be at least 1")
+    started = time.perf_counter()
+    sim = Simulation(scenario)
+    hook = (PROGRESS_EVERY, _progress(sim, started)) if sys.stderr.isatty() else None
+    stop = sim.run(progress=hook)
+    if hook is not None:
+        print(file=sys.stderr)
+    result = report.collect(sim, stop, time.perf_counter() - started)
+    try:
+        report.write(result, args.out)
+    except OSError as exc:
+        raise UserError(f"cannot write results to {args.out}: {exc.strerror}") from None
+    if args.json:
+        print(report.json_line(result.summary))
+    else:
+        _table(result.summary, args.out)
+    if stop != "complete":
+        print(f"bootseer sim: stopped: {stop}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _progress(sim: Simulation, started: float) -> Callable[[], None]:
+    def show() -> None:
+        wall = time.perf_counter() - started
+        print(f"\r  t={sim.loop.now:8.1f} s virtual  ready {sim.ready}/{len(sim.nodes)}  "
+              f"flows {sim.flows.active:7d}  wall {wall:6.1f} s", end="", file=sys.stderr)
+    return show
+
+
+def _table(s: dict[str, object], out: Path) -> None:
+    def gib(key: str) -> str:
+        value = s[key]
+        return f"{float(value) / 2**30:.1f} GiB" if isinstance(value, int | float) else "-"
+    rows = [
+        ("scenario", f"{s['scenario']} ({s['strategy']}, seed {s['seed']})"),
+        ("nodes", f"{s['nodes']} ({s['ready_nodes']} ready, {s['failed_nodes']} failed)"),
+        ("startup p50/p99/max", f"{s['p50']:.2f} / {s['p99']:.2f} / {s['max']:.2f} s"),
+        ("last node ready at", f"{s['makespan_s']:.2f} s"),
+        ("origin egress", f"{gib('origin_egress_bytes')} ({s['origin_egress_ratio']:.2f} x)"),
+        ("same / cross rack", f"{gib('same_rack_bytes')} / {gib('cross_rack_bytes')}"),
+        ("wall, peak RSS", f"{s['wall_seconds']:.1f} s, {s['peak_rss_mb']:.0f} MB"),
+        ("results", str(out)),
+    ]
+    for name, value in rows:
+        print(f"{name:>22}  {value}")

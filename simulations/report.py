@@ -1,0 +1,148 @@
+"""What a run produced: per-node Parquet, a JSON summary, PNG plots.
+
+The summary's times are per node, from the node's own start to the moment it
+is ready (it holds everything, or with prefetch the hot set of its image):
+`p50`, `p90`, `p99`, `p999`, `max`, in seconds, over the live nodes that
+became ready. `makespan_s` is when the last one did, from time zero.
+`origin_egress_ratio` is the bytes that left the origins divided by the
+bytes of the distinct contents the nodes need: 1.0 means every byte left the
+origin once.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import resource
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from simulations.simulation import Simulation
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+    """The `q` quantile by the nearest-rank rule (an observed value, no interpolation)."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    summary: dict[str, Any]
+    columns: dict[str, list[Any]]
+    egress_curve: list[tuple[int, float]]  # (nodes ready, origin egress in copies)
+
+
+def collect(sim: Simulation, stop: str, wall_s: float) -> Result:
+    nodes = sim.nodes
+    cols: dict[str, list[Any]] = {k: [] for k in (
+        "node", "rack", "start_s", "ready_s", "complete_s", "fail_s", "startup_s",
+        "down_same_rack", "down_cross_rack", "down_origin", "up", "wasted_down", "requests",
+        "origin_fetches", "failed_requests", "reports", "aborts")}
+    for node in nodes:
+        c = node.counters
+        startup = None if node.ready_s is None else node.ready_s - node.start_s
+        for key, value in (("node", node.index), ("rack", node.rack), ("start_s", node.start_s),
+                           ("ready_s", node.ready_s), ("complete_s", node.complete_s),
+                           ("fail_s", node.fail_s), ("startup_s", startup),
+                           ("down_same_rack", c.down_same_rack),
+                           ("down_cross_rack", c.down_cross_rack), ("down_origin", c.down_origin),
+                           ("up", c.up), ("wasted_down", c.wasted_down),
+                           ("requests", c.requests), ("origin_fetches", c.origin_fetches),
+                           ("failed_requests", c.failed_requests), ("reports", c.reports),
+                           ("aborts", c.aborts)):
+            cols[key].append(value)
+    times = [t for t in cols["startup_s"] if t is not None]
+    unique = sum(content.size for content in sim.contents)
+    egress = sum(o.egress_bytes for o in sim.origins)
+    failed = sum(1 for node in nodes if node.fail_s is not None and not node.alive)
+    summary: dict[str, Any] = {
+        "scenario": sim.scenario.name, "strategy": sim.strategy.name, "seed": sim.scenario.seed,
+        "nodes": len(nodes), "failed_nodes": failed, "ready_nodes": len(times),
+        "stop": stop,
+        "p50": quantile(times, 0.50), "p90": quantile(times, 0.90),
+        "p99": quantile(times, 0.99), "p999": quantile(times, 0.999),
+        "max": max(times) if times else math.nan,
+        "makespan_s": max((n.ready_s for n in nodes if n.ready_s is not None), default=math.nan),
+        "virtual_s": sim.loop.now,
+        "origin_egress_bytes": egress, "unique_bytes": unique,
+        "origin_egress_ratio": egress / unique if unique else math.nan,
+        "same_rack_bytes": sum(cols["down_same_rack"]),
+        "cross_rack_bytes": sum(cols["down_cross_rack"]),
+        "origin_bytes": sum(cols["down_origin"]),
+        "uploaded_bytes": sum(cols["up"]),
+        "wasted_bytes": sum(cols["wasted_down"]),
+        "events": sim.loop.events, "swarm_calls": sim.events_delivered,
+        "rate_refreshes": sim.flows.refreshes,
+        "wall_seconds": round(wall_s, 3), "peak_rss_mb": round(peak_rss_mb(), 1),
+    }
+    curve = [(count, bytes_ / unique) for count, bytes_ in sim.egress_curve]
+    return Result(summary, cols, curve)
+
+
+def json_line(summary: dict[str, Any]) -> str:
+    def clean(v: Any) -> Any:
+        if isinstance(v, float):
+            return None if math.isnan(v) else round(v, 4)
+        return v
+    return json.dumps({k: clean(v) for k, v in summary.items()})
+
+
+def write(result: Result, out: Path) -> list[Path]:
+    """Write nodes.parquet, summary.json and the plots into `out`; return the paths."""
+    out.mkdir(parents=True, exist_ok=True)
+    table = pa.table(result.columns)
+    paths = [out / "nodes.parquet", out / "summary.json"]
+    pq.write_table(table, paths[0])
+    paths[1].write_text(json_line(result.summary) + "\n")
+    paths += plot(result, out)
+    return paths
+
+
+def plot(result: Result, out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    s = result.summary
+    title = f"{s['scenario']} · {s['strategy']} · {s['nodes']} nodes"
+    paths = [out / "completion_cdf.png", out / "origin_egress.png", out / "bytes_by_tier.png"]
+
+    times = sorted(t for t in result.columns["startup_s"] if t is not None)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    if times:
+        ax.step(times, [(i + 1) / len(times) for i in range(len(times))], where="post")
+    ax.set(xlabel="node startup time (s)", ylabel="fraction of nodes ready", title=title)
+    ax.grid(alpha=0.3)
+    fig.savefig(paths[0], dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    if result.egress_curve:
+        xs, ys = zip(*result.egress_curve, strict=True)
+        ax.plot(xs, ys)
+    ax.set(xlabel="nodes ready", ylabel="origin egress (copies of the content)", title=title)
+    ax.grid(alpha=0.3)
+    fig.savefig(paths[1], dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+    tiers = {"same rack": s["same_rack_bytes"], "cross rack": s["cross_rack_bytes"],
+             "origin": s["origin_bytes"], "wasted": s["wasted_bytes"]}
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.bar(list(tiers), [v / 2**30 for v in tiers.values()])
+    ax.set(ylabel="GiB received", title=title)
+    fig.savefig(paths[2], dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return paths

@@ -1,0 +1,365 @@
+"""Scenario files: TOML in, a checked `Scenario` out.
+
+Every quantity with a unit is written with it ("25Gbps", "300MB/s", "4GiB",
+"50ms"); a bare number, a size where a bandwidth belongs, an unknown key or
+an impossible value (negative bandwidth, zero racks) is rejected with a
+`ScenarioError` that names the file and the key. Sizes: B, KB, MB, GB, TB
+(powers of 1000) and KiB, MiB, GiB, TiB (powers of 1024). Bandwidths: bps,
+Kbps, Mbps, Gbps, Tbps (bits) or a size per second ("3GB/s"). Durations: us,
+ms, s, m (or min), h.
+
+Layout (see simulations/scenarios/*.toml for complete examples):
+
+    [run]      nodes, seed, strategy, max_time, stall_after
+    [network]  racks, nic_up, nic_down, oversubscription,
+               same_rack_latency, cross_rack_latency, rate_update
+    [[origin]] name, egress, max_concurrent, latency, down_at
+    [tracker]  handout_limit, announce_interval, peer_ttl, origin_fetchers
+    [swarm]    overrides of p2p.swarm.SwarmConfig fields; "_s" fields drop
+               the suffix and take a duration (request_timeout = "15s")
+    [workload] start_jitter, fail_fraction, fail_window_start, fail_window_end
+    [[workload.content]] name, size, chunk_size, origin (name or list),
+               hot_fraction, shards
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from p2p.swarm import SwarmConfig
+from simulations.network import NetworkSpec, OriginSpec
+from simulations.strategy import STRATEGIES
+from simulations.tracker import TrackerSpec
+from simulations.workload import ContentKind, Workload
+
+MAX_CHUNKS = 1 << 20  # per content: the swarm keeps chunk sets as int bit masks
+
+
+class ScenarioError(ValueError):
+    """A scenario file is malformed; the message names the file and the key."""
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    name: str
+    source: str  # the file it came from, for messages
+    nodes: int
+    seed: int
+    strategy: str
+    network: NetworkSpec
+    tracker: TrackerSpec
+    workload: Workload
+    swarm_overrides: dict[str, Any] = field(default_factory=dict)
+    max_time_s: float = 6 * 3600.0
+    stall_after_s: float = 120.0
+
+
+# ---- units --------------------------------------------------------------------
+
+_SIZE = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+         "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+_BITS = {"bps": 1, "Kbps": 10**3, "Mbps": 10**6, "Gbps": 10**9, "Tbps": 10**12}
+_TIME = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+_QUANTITY = re.compile(r"^\s*(-?[0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?)\s*([A-Za-z/]+)\s*$")
+
+
+def _split(text: object, what: str, example: str) -> tuple[float, str]:
+    if not isinstance(text, str):
+        raise ValueError(f"{text!r} has no unit; write it as a string, e.g. {example!r}")
+    m = _QUANTITY.match(text)
+    if m is None:
+        raise ValueError(f"{text!r} is not a {what} (e.g. {example!r})")
+    return float(m.group(1)), m.group(2)
+
+
+def _kind_of(unit: str) -> str:
+    if unit in _SIZE:
+        return "a size"
+    if unit in _BITS or (unit.endswith("/s") and unit[:-2] in _SIZE):
+        return "a bandwidth"
+    if unit in _TIME:
+        return "a duration"
+    return "an unknown unit"
+
+
+def parse_size(text: object) -> float:
+    value, unit = _split(text, "size", "4GiB")
+    if unit not in _SIZE:
+        raise ValueError(f"{text!r} is {_kind_of(unit)}, not a size (e.g. '4GiB', '500MB')")
+    return value * _SIZE[unit]
+
+
+def parse_bandwidth(text: object) -> float:
+    """Bytes per second."""
+    value, unit = _split(text, "bandwidth", "25Gbps")
+    if unit in _BITS:
+        return value * _BITS[unit] / 8
+    if unit.endswith("/s") and unit[:-2] in _SIZE:
+        return value * _SIZE[unit[:-2]]
+    raise ValueError(f"{text!r} is {_kind_of(unit)}, not a bandwidth (e.g. '25Gbps', '3GB/s')")
+
+
+def parse_duration(text: object) -> float:
+    """Seconds."""
+    value, unit = _split(text, "duration", "50ms")
+    if unit not in _TIME:
+        raise ValueError(f"{text!r} is {_kind_of(unit)}, not a duration (e.g. '50ms', '2s')")
+    return value * _TIME[unit]
+
+
+# ---- checked tables -------------------------------------------------------------
+
+
+class _Table:
+    """One TOML table being read: every read names its key, leftovers are errors."""
+
+    def __init__(self, data: object, key: str, source: str) -> None:
+        self.key, self.source = key, source
+        if not isinstance(data, dict):
+            raise self.error(f"must be a table, not {type(data).__name__}")
+        self.data = dict(data)
+
+    def error(self, message: str, key: str | None = None) -> ScenarioError:
+        where = f"{self.key}.{key}" if key and self.key else (key or self.key or "(top level)")
+        return ScenarioError(f"{self.source}: {where}: {message}")
+
+    def get(self, key: str, parse: Callable[[object], Any], default: Any = None, *,
+            minimum: float | None = None, above: float | None = None,
+            maximum: float | None = None) -> Any:
+        if key not in self.data:
+            if default is None:
+                raise self.error("is required", key)
+            return default
+        raw = self.data.pop(key)
+        try:
+            value = parse(raw)
+        except (ValueError, TypeError) as exc:
+            raise self.error(str(exc), key) from None
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            if minimum is not None and value < minimum:
+                raise self.error(f"{raw!r} is impossible: must be at least {minimum:g}", key)
+            if above is not None and value <= above:
+                raise self.error(f"{raw!r} is impossible: must be more than {above:g}", key)
+            if maximum is not None and value > maximum:
+                raise self.error(f"{raw!r} is impossible: must be at most {maximum:g}", key)
+        return value
+
+    def table(self, key: str) -> _Table:
+        sub = self.data.pop(key, {})
+        return _Table(sub, f"{self.key}.{key}" if self.key else key, self.source)
+
+    def tables(self, key: str) -> list[_Table]:
+        items = self.data.pop(key, [])
+        if not isinstance(items, list):
+            raise self.error("must be an array of tables ([[...]])", key)
+        prefix = f"{self.key}.{key}" if self.key else key
+        return [_Table(item, f"{prefix}[{i}]", self.source) for i, item in enumerate(items)]
+
+    def done(self) -> None:
+        if self.data:
+            unknown = ", ".join(sorted(self.data))
+            raise self.error(f"unknown key(s): {unknown}")
+
+
+def _int(raw: object) -> int:
+    if isinstance(raw, bool) or not isinstance(raw, int):
+        raise ValueError(f"{raw!r} is not an integer")
+    return raw
+
+
+def _number(raw: object) -> float:
+    if isinstance(raw, bool) or not isinstance(raw, int | float):
+        raise ValueError(f"{raw!r} is not a number")
+    return float(raw)
+
+
+def _text(raw: object) -> str:
+    if not isinstance(raw, str) or not raw:
+        raise ValueError(f"{raw!r} is not a non-empty string")
+    return raw
+
+
+def _names(raw: object) -> tuple[str, ...]:
+    if isinstance(raw, str):
+        return (_text(raw),)
+    if isinstance(raw, list) and raw:
+        return tuple(_text(x) for x in raw)
+    raise ValueError(f"{raw!r} is not an origin name or a list of them")
+
+
+def _strategy(raw: object) -> str:
+    name = _text(raw)
+    if name not in STRATEGIES:
+        raise ValueError(f"unknown strategy {name!r}; choose from {sorted(STRATEGIES)}")
+    return name
+
+
+# ---- sections ----------------------------------------------------------------------
+
+
+def _network(top: _Table) -> NetworkSpec:
+    t = top.table("network")
+    origins = []
+    for o in top.tables("origin"):
+        down = o.get("down_at", parse_duration, -1.0)
+        origins.append(OriginSpec(
+            name=o.get("name", _text), egress_Bps=o.get("egress", parse_bandwidth, above=0),
+            max_concurrent=o.get("max_concurrent", _int, minimum=1),
+            latency_s=o.get("latency", parse_duration, 0.0, minimum=0),
+            down_at_s=None if down < 0 else down))
+        o.done()
+    if not origins:
+        raise top.error("at least one [[origin]] is required", "origin")
+    names = [o.name for o in origins]
+    if len(set(names)) != len(names):
+        raise top.error(f"origin names repeat: {names}", "origin")
+    spec = NetworkSpec(
+        racks=t.get("racks", _int, minimum=1),
+        nic_up_Bps=t.get("nic_up", parse_bandwidth, above=0),
+        nic_down_Bps=t.get("nic_down", parse_bandwidth, above=0),
+        oversubscription=t.get("oversubscription", _number, 1.0, above=0),
+        same_rack_latency_s=t.get("same_rack_latency", parse_duration, 50e-6, minimum=0),
+        cross_rack_latency_s=t.get("cross_rack_latency", parse_duration, 200e-6, minimum=0),
+        rate_update_s=t.get("rate_update", parse_duration, 0.02, above=0),
+        origins=tuple(origins))
+    t.done()
+    return spec
+
+
+def _tracker(top: _Table) -> TrackerSpec:
+    t = top.table("tracker")
+    d = TrackerSpec()
+    spec = TrackerSpec(
+        handout_limit=t.get("handout_limit", _int, d.handout_limit, minimum=1),
+        announce_interval_s=t.get("announce_interval", parse_duration, d.announce_interval_s,
+                                  above=0),
+        peer_ttl_s=t.get("peer_ttl", parse_duration, d.peer_ttl_s, above=0),
+        origin_fetchers=t.get("origin_fetchers", _int, d.origin_fetchers, minimum=1))
+    t.done()
+    return spec
+
+
+def _swarm(top: _Table) -> dict[str, Any]:
+    t = top.table("swarm")
+    fixed = {"use_peers", "chunk_picker", "peer_chooser"}  # the strategy decides these
+    overrides: dict[str, Any] = {}
+    for f in dataclasses.fields(SwarmConfig):
+        if f.name in fixed:
+            continue
+        if f.name.endswith("_s"):
+            key = f.name[:-2]
+            if key in t.data:
+                overrides[f.name] = t.get(key, parse_duration, minimum=0)
+        elif f.name in t.data:
+            overrides[f.name] = t.get(f.name, _int, minimum=0)
+    t.done()
+    try:
+        dataclasses.replace(SwarmConfig(), **overrides)
+    except ValueError as exc:
+        raise t.error(str(exc)) from None
+    return overrides
+
+
+def _workload(top: _Table, origin_names: set[str]) -> Workload:
+    t = top.table("workload")
+    kinds = []
+    for c in t.tables("content"):
+        size = c.get("size", parse_size, above=0)
+        chunk = c.get("chunk_size", parse_size, above=0)
+        if size / chunk > MAX_CHUNKS:
+            raise c.error(f"{size / chunk:.0f} chunks; at most {MAX_CHUNKS} per content",
+                          "chunk_size")
+        origins = c.get("origin", _names)
+        for name in origins:
+            if name not in origin_names:
+                raise c.error(f"no [[origin]] is named {name!r}", "origin")
+        kinds.append(ContentKind(
+            name=c.get("name", _text), size=int(size), chunk_size=int(chunk), origins=origins,
+            hot_fraction=c.get("hot_fraction", _number, 0.0, minimum=0, maximum=1),
+            shards=c.get("shards", _int, 1, minimum=1)))
+        c.done()
+    if not kinds:
+        raise t.error("at least one [[workload.content]] is required", "content")
+    lo = t.get("fail_window_start", parse_duration, 0.0, minimum=0)
+    hi = t.get("fail_window_end", parse_duration, lo, minimum=0)
+    if hi < lo:
+        raise t.error("is before fail_window_start", "fail_window_end")
+    spec = Workload(
+        kinds=tuple(kinds),
+        start_jitter_s=t.get("start_jitter", parse_duration, 0.0, minimum=0),
+        fail_fraction=t.get("fail_fraction", _number, 0.0, minimum=0, maximum=1),
+        fail_window_s=(lo, hi))
+    t.done()
+    return spec
+
+
+def parse(data: dict[str, Any], source: str, name: str) -> Scenario:
+    top = _Table(data, "", source)
+    run = top.table("run")
+    network = _network(top)
+    scenario = Scenario(
+        name=name, source=source,
+        nodes=run.get("nodes", _int, minimum=1),
+        seed=run.get("seed", _int, 1),
+        strategy=run.get("strategy", _strategy, "rack_aware_prefetch"),
+        network=network,
+        tracker=_tracker(top),
+        workload=_workload(top, {o.name for o in network.origins}),
+        swarm_overrides=_swarm(top),
+        max_time_s=run.get("max_time", parse_duration, 6 * 3600.0, above=0),
+        stall_after_s=run.get("stall_after", parse_duration, 120.0, above=0))
+    run.done()
+    top.done()
+    check(scenario)
+    return scenario
+
+
+def check(scenario: Scenario) -> None:
+    """Cross-field rules, rechecked after command-line overrides."""
+    if scenario.network.racks > scenario.nodes:
+        raise ScenarioError(f"{scenario.source}: network.racks: {scenario.network.racks} racks "
+                            f"for {scenario.nodes} nodes; every rack needs a node")
+
+
+def bundled() -> list[str]:
+    """Names of the scenarios shipped in simulations/scenarios/."""
+    folder = resources.files("simulations") / "scenarios"
+    return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".toml"))
+
+
+def load(name_or_path: str) -> Scenario:
+    """A scenario file by path, or a bundled one by name ("small", "scale")."""
+    path = Path(name_or_path)
+    if path.is_file():
+        text, source, name = path.read_text(), str(path), path.stem
+    else:
+        resource = resources.files("simulations") / "scenarios" / f"{name_or_path}.toml"
+        if not resource.is_file():
+            raise ScenarioError(f"{name_or_path}: no such file, and no bundled scenario of that "
+                                f"name (bundled: {', '.join(bundled())})")
+        text, source, name = resource.read_text(), f"scenarios/{name_or_path}.toml", name_or_path
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ScenarioError(f"{source}: not valid TOML: {exc}") from None
+    return parse(data, source, name)
+
+
+def override(scenario: Scenario, **changes: Any) -> Scenario:
+    """The scenario with command-line values applied, checked again."""
+    given = {k: v for k, v in changes.items() if v is not None}
+    if "strategy" in given:
+        try:
+            _strategy(given["strategy"])
+        except ValueError as exc:
+            raise ScenarioError(f"--strategy: {exc}") from None
+    updated = dataclasses.replace(scenario, **given)
+    check(updated)
+    return updated

@@ -1,0 +1,466 @@
+"""One simulation run: the real swarm cores and tracker policy, driven on virtual time.
+
+Theory of operation
+-------------------
+This is the simulator's equivalent of the agent's `_execute`: it feeds each
+node's `Swarm` the events an agent would (tracker answers, peers joining,
+haves, chunks arriving, connections lost, timers) and carries out the
+actions the swarm returns as scheduled callbacks and network flows:
+
+| action              | what happens                                             |
+|---------------------|----------------------------------------------------------|
+| Connect(p)          | after one latency, PeerJoined to both sides (or PeerLost) |
+| Request(p, c)       | after one latency, a flow from p (which must hold c);     |
+|                     | ChunkArrived(c, p) when its last byte lands               |
+| FetchFromOrigin(c)  | after the origin latency, a slot in the origin's queue,   |
+|                     | then a flow; ChunkArrived(c, None); ChunkFailed if down   |
+| Advertise(c)        | PeerHas (PeerPending) to every connected peer, one batch  |
+| Cancel(p, c)        | the flow stops; its bytes so far count as wasted          |
+| Disconnect(p)       | PeerLost to the other side; their transfers stop          |
+| Report / Complete / Abort | counted / completion time / failure recorded        |
+
+Swarm timers: each swarm has at most one live wake-up. `next_timer()` is
+asked when none is pending, after each wake-up, and after events that can
+bring a deadline forward (see `_rearm`); a wake-up is never further than
+`TIMER_SLACK_S` ahead, and a superseded one is ignored when it comes due.
+
+The run ends when every live node holds everything, or stops with a reason:
+no chunk arrived anywhere for `stall_after_s` of virtual time (e.g. every
+source is dead), nothing is left to happen, or virtual time passed
+`max_time_s`.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+from p2p.swarm import Swarm
+from p2p.swarm.events import (
+    Abort,
+    Action,
+    Advertise,
+    Cancel,
+    ChunkArrived,
+    ChunkFailed,
+    Complete,
+    Connect,
+    Disconnect,
+    Event,
+    FetchFromOrigin,
+    PeerHas,
+    PeerJoined,
+    PeerLost,
+    PeerPending,
+    PrefetchGiven,
+    Report,
+    Request,
+)
+from simulations.engine import Loop
+from simulations.network import Flows, Origin, Topology
+from simulations.node import ORIGIN, SimNode, Transfer
+from simulations.scenario import Scenario
+from simulations.strategy import get_strategy
+from simulations.tracker import SimTracker
+from simulations.workload import Plan, plan
+
+TIMER_SLACK_S = 5.0  # a swarm's wake-up is never further away than this
+_MAY_ADVANCE_TIMER = (ChunkFailed, PeerLost)  # they start back-offs and retry timers
+
+
+class Simulation:
+    def __init__(self, scenario: Scenario) -> None:
+        self.scenario = scenario
+        self.strategy = get_strategy(scenario.strategy, scenario.swarm_overrides)
+        self.loop = Loop()
+        self.top = Topology(scenario.network, scenario.nodes)
+        self.flows = Flows(self.top, self.loop.at)
+        self.origins = [Origin(i, o) for i, o in enumerate(scenario.network.origins)]
+        rng = random.Random(f"{scenario.seed}/workload")
+        names = {o.name: i for i, o in enumerate(scenario.network.origins)}
+        self.plan: Plan = plan(scenario.workload, scenario.nodes, names, rng)
+        self.contents = self.plan.contents
+        self._hot_mask = [sum(1 << c for c in content.hot) for content in self.contents]
+        self.tracker = SimTracker(scenario.tracker, self.strategy.handout,
+                                  random.Random(f"{scenario.seed}/tracker"))
+        self.nodes = [SimNode(i, self.top.rack_of[i], self.plan.needs[i], self.plan.start_s[i],
+                              self.plan.fail_s[i]) for i in range(scenario.nodes)]
+        self._index = {node.peer: node.index for node in self.nodes}
+        self._transfers: dict[tuple[int, int, int, int], Transfer] = {}
+        self._by_flow: dict[int, Transfer] = {}
+        self.unfinished = scenario.nodes  # live nodes that still lack something
+        self.last_progress = 0.0
+        self.events_delivered = 0
+        self._control_latency = scenario.network.cross_rack_latency_s
+        self.ready = 0
+        self.egress_curve: list[tuple[int, float]] = []  # (nodes ready, origin bytes so far)
+
+    # ---- running ----------------------------------------------------------------
+
+    def run(self, progress: tuple[int, Callable[[], None]] | None = None) -> str:
+        """Run to the end; returns why it ended ("complete" or a stop reason)."""
+        for node in self.nodes:
+            self.loop.at(node.start_s, self._join, node.index)
+            if node.fail_s is not None:
+                self.loop.at(max(node.fail_s, node.start_s), self._fail, node.index)
+        self.loop.at(self.scenario.stall_after_s / 4, self._watch)
+        self.loop.run(until=self.scenario.max_time_s, every=progress)
+        if self.unfinished == 0:
+            return "complete"
+        if self.loop.stopped is None:
+            self.loop.stopped = (f"nothing left to happen at t={self.loop.now:.1f} s with "
+                                 f"{self.unfinished} live nodes incomplete")
+        return self.loop.stopped
+
+    def _watch(self, _: object) -> None:
+        if self.unfinished == 0:
+            return
+        idle = self.loop.now - self.last_progress
+        if idle >= self.scenario.stall_after_s:
+            down = [o.spec.name for o in self.origins if not o.up(self.loop.now)]
+            why = f"; origins down: {', '.join(down)}" if down else ""
+            self.loop.stop(f"cannot finish: {self.unfinished} live nodes still lack chunks and "
+                           f"no chunk arrived for {idle:.0f} s of virtual time{why}")
+            return
+        self.loop.after(self.scenario.stall_after_s / 4, self._watch)
+
+    # ---- node life ----------------------------------------------------------------
+
+    def _join(self, n: int) -> None:
+        node = self.nodes[n]
+        if node.fail_s is not None and node.fail_s <= self.loop.now:
+            self.unfinished -= 1  # failed before it started: it never counts
+            return
+        node.alive = True
+        now, cfg = self.loop.now, self.strategy.swarm
+        for c in node.needs:
+            content = self.contents[c]
+            rng = random.Random(f"{self.scenario.seed}/{n}/{c}")
+            swarm = Swarm(node.peer, node.rack, content.chunks, [False] * content.chunks,
+                          content.chunk_size, cfg, rng, now)
+            node.swarms[c] = swarm
+            node.conns[c] = {}
+            node.origin_pending[c] = 0
+            if self.strategy.prefetch and content.hot:
+                node.hot_left[c] = len(content.hot)
+        for c in node.needs:
+            if self.strategy.uses_tracker:
+                self._announce((n, c))
+                if c in node.hot_left:
+                    self._deliver(n, c, PrefetchGiven(self.contents[c].hot))
+            else:
+                self._execute(n, c, node.swarms[c].start(now))
+
+    def _announce(self, arg: tuple[int, int]) -> None:
+        n, c = arg
+        node = self.nodes[n]
+        swarm = node.swarms.get(c)
+        if not node.alive or swarm is None or swarm.complete:
+            return
+        first = not node.conns[c]
+        want = self.scenario.tracker.handout_limit if (
+            first or len(node.conns[c]) < self.strategy.swarm.max_peers) else 0
+        found = self.tracker.announce(self.contents[c].id, node.peer, node.rack,
+                                      swarm.have.bit_count(), False, self.loop.now, want)
+        self._deliver(n, c, found)
+        self.loop.after(self.scenario.tracker.announce_interval_s, self._announce, arg)
+
+    def _fail(self, n: int) -> None:
+        node = self.nodes[n]
+        if not node.alive:
+            return
+        node.alive = False
+        if node.complete_s is None:
+            self.unfinished -= 1
+        for key in list(node.transfers):
+            self._abort(self._transfers[key])
+        for c, conns in node.conns.items():
+            for q in list(conns):
+                self.nodes[q].conns[c].pop(n, None)
+                self.loop.after(self._control_latency, self._lost, (q, c, n))
+            conns.clear()
+            self.loop.after(self.scenario.tracker.peer_ttl_s, self._forget, (n, c))
+        if self.unfinished == 0:
+            self.loop.stop("complete")
+
+    def _forget(self, arg: tuple[int, int]) -> None:
+        n, c = arg
+        self.tracker.leave(self.contents[c].id, self.nodes[n].peer)
+
+    def _lost(self, arg: tuple[int, int, int]) -> None:
+        q, c, n = arg
+        self._deliver(q, c, PeerLost(self.nodes[n].peer, "connection reset"))
+
+    # ---- calling the swarm --------------------------------------------------------
+
+    def _deliver(self, n: int, c: int, event: Event) -> None:
+        node = self.nodes[n]
+        if not node.alive:
+            return
+        swarm = node.swarms[c]
+        self.events_delivered += 1
+        actions = swarm.handle(event, self.loop.now)
+        if actions:
+            self._execute(n, c, actions)
+        if c not in node.timer_at or type(event) in _MAY_ADVANCE_TIMER:
+            self._rearm(node, c, swarm)
+
+    def _rearm(self, node: SimNode, c: int, swarm: Swarm) -> None:
+        """Schedule the swarm's next wake-up, if earlier than the one pending.
+
+        `next_timer` costs O(peers), so it is asked only when no wake-up is
+        pending, after a wake-up, and after events that can bring a deadline
+        forward (failures start back-offs). Other events only add deadlines
+        later than the pending wake-up, which is never more than
+        `TIMER_SLACK_S` away (the patience deadline is always among them).
+        """
+        when = swarm.next_timer()
+        if when is None:
+            return
+        when = min(when, self.loop.now + TIMER_SLACK_S)
+        armed = node.timer_at.get(c)
+        if armed is not None and armed <= when:
+            return
+        node.timer_at[c] = when
+        self.loop.at(when, self._timer, (node.index, c, when))
+
+    def _timer(self, arg: tuple[int, int, float]) -> None:
+        n, c, when = arg
+        node = self.nodes[n]
+        if node.timer_at.get(c) != when or not node.alive:
+            return
+        del node.timer_at[c]
+        swarm = node.swarms[c]
+        self.events_delivered += 1
+        actions = swarm.handle_timer(self.loop.now)
+        if actions:
+            self._execute(n, c, actions)
+        self._rearm(node, c, swarm)
+
+    def _execute(self, n: int, c: int, actions: list[Action]) -> None:
+        for action in actions:
+            kind = type(action)
+            if kind is Request:
+                assert isinstance(action, Request)
+                self._request(n, c, self._index[action.peer], action.chunk)
+            elif kind is Advertise:
+                assert isinstance(action, Advertise)
+                self._advertise(n, c, action)
+            elif kind is Cancel:
+                assert isinstance(action, Cancel)
+                key = (n, c, self._index[action.peer], action.chunk)
+                if (transfer := self._transfers.get(key)) is not None:
+                    self._abort(transfer)
+            elif kind is FetchFromOrigin:
+                assert isinstance(action, FetchFromOrigin)
+                self._fetch_origin(n, c, action.chunk)
+            elif kind is Connect:
+                assert isinstance(action, Connect)
+                p = self._index[action.peer]
+                self.loop.after(self.top.latency(n, p), self._connect, (n, c, p))
+            else:
+                self._execute_rare(n, c, action)
+
+    def _execute_rare(self, n: int, c: int, action: Action) -> None:
+        node = self.nodes[n]
+        match action:
+            case Complete():
+                self._completed(node, c)
+            case Disconnect(peer, _):
+                self._disconnect(n, c, self._index[peer])
+                node.timer_at.pop(c, None)  # the swarm set a retry time: ask again
+            case Report(peer, reason):
+                node.counters.reports += 1
+                node.timer_at.pop(c, None)
+                self.tracker.report(peer, node.peer, reason, self.loop.now)
+            case Abort():
+                node.counters.aborts += 1
+            case _:
+                raise AssertionError(f"unexpected action {action!r}")
+
+    # ---- connections --------------------------------------------------------------
+
+    def _connect(self, arg: tuple[int, int, int]) -> None:
+        n, c, p = arg
+        node, other = self.nodes[n], self.nodes[p]
+        if not node.alive:
+            return
+        if not other.alive or c not in other.swarms:
+            self._deliver(n, c, PeerLost(other.peer, "connection refused"))
+            return
+        if p in node.conns[c]:
+            return  # the other side connected first; both swarms already know
+        node.conns[c][p] = None
+        other.conns[c][n] = None
+        self._deliver(n, c, PeerJoined(other.peer, other.rack, other.have_flags(c),
+                                       other.pending_chunks(c)))
+        if other.alive and node.alive:
+            self._deliver(p, c, PeerJoined(node.peer, node.rack, node.have_flags(c),
+                                           node.pending_chunks(c)))
+
+    def _disconnect(self, n: int, c: int, p: int) -> None:
+        node, other = self.nodes[n], self.nodes[p]
+        if node.conns[c].pop(p, None) is None:
+            return
+        other.conns[c].pop(n, None)
+        for key in [k for k in node.transfers if k[1] == c and p in (k[0], k[2])]:
+            self._abort(self._transfers[key])
+        self.loop.after(self.top.latency(n, p), self._lost, (p, c, n))
+
+    def _advertise(self, n: int, c: int, action: Advertise) -> None:
+        peer = self.nodes[n].peer
+        event = PeerPending(peer, action.chunk) if action.pending else PeerHas(peer, action.chunk)
+        self.loop.after(self._control_latency, self._fan_out, (n, c, event))
+
+    def _fan_out(self, arg: tuple[int, int, Event]) -> None:
+        n, c, event = arg
+        node = self.nodes[n]
+        if not node.alive:
+            return
+        for q in list(node.conns[c]):
+            self._deliver(q, c, event)
+
+    # ---- transfers -----------------------------------------------------------------
+
+    def _track(self, transfer: Transfer) -> None:
+        key = transfer.key
+        self._transfers[key] = transfer
+        self.nodes[transfer.dst].transfers[key] = None
+        if transfer.src != ORIGIN:
+            self.nodes[transfer.src].transfers[key] = None
+
+    def _untrack(self, transfer: Transfer) -> None:
+        key = transfer.key
+        del self._transfers[key]
+        self.nodes[transfer.dst].transfers.pop(key, None)
+        if transfer.src != ORIGIN:
+            self.nodes[transfer.src].transfers.pop(key, None)
+        if transfer.flow >= 0:
+            del self._by_flow[transfer.flow]
+
+    def _request(self, n: int, c: int, p: int, chunk: int) -> None:
+        if (n, c, p, chunk) in self._transfers:
+            return  # already on its way: the swarm asked twice
+        nbytes = self.contents[c].chunk_bytes(chunk)
+        transfer = Transfer(n, c, p, chunk, nbytes)
+        self._track(transfer)
+        self.nodes[n].counters.requests += 1
+        self.loop.after(self.top.latency(n, p), self._request_arrived, transfer)
+
+    def _request_arrived(self, transfer: Transfer) -> None:
+        if transfer.cancelled:
+            return
+        src = self.nodes[transfer.src]
+        swarm = src.swarms.get(transfer.content)
+        if not src.alive or swarm is None or not swarm.held(transfer.chunk):
+            self._untrack(transfer)
+            self.nodes[transfer.dst].counters.failed_requests += 1
+            self._deliver(transfer.dst, transfer.content,
+                          ChunkFailed(transfer.chunk, src.peer, "chunk not held"))
+            return
+        links = self.top.peer_links(transfer.src, transfer.dst)
+        self._start_flow(transfer, links)
+
+    def _fetch_origin(self, n: int, c: int, chunk: int) -> None:
+        content = self.contents[c]
+        o = content.origins[chunk % len(content.origins)]
+        transfer = Transfer(n, c, ORIGIN, chunk, content.chunk_bytes(chunk), origin=o)
+        if transfer.key in self._transfers:
+            return
+        self._track(transfer)
+        node = self.nodes[n]
+        node.counters.origin_fetches += 1
+        node.origin_pending[c] |= 1 << chunk
+        self.loop.after(self.origins[o].spec.latency_s, self._origin_request, transfer)
+
+    def _origin_request(self, transfer: Transfer) -> None:
+        if transfer.cancelled:
+            return
+        origin = self.origins[transfer.origin]
+        if not origin.up(self.loop.now):
+            self._untrack(transfer)
+            node = self.nodes[transfer.dst]
+            node.origin_pending[transfer.content] &= ~(1 << transfer.chunk)
+            self._deliver(transfer.dst, transfer.content,
+                          ChunkFailed(transfer.chunk, None, f"origin {origin.spec.name} down"))
+            return
+        origin.admit(lambda: self._origin_begin(transfer))
+
+    def _origin_begin(self, transfer: Transfer) -> None:
+        if transfer.cancelled:
+            self.origins[transfer.origin].release()
+            return
+        self._start_flow(transfer, self.top.origin_links(transfer.origin, transfer.dst))
+
+    def _start_flow(self, transfer: Transfer, links: tuple[int, int, int, int]) -> None:
+        flow = self.flows.start(links, float(transfer.nbytes), self.loop.now, self._flow_done)
+        transfer.flow = flow
+        self._by_flow[flow] = transfer
+
+    def _abort(self, transfer: Transfer) -> None:
+        """Stop a transfer that has not finished; its moved bytes are wasted."""
+        transfer.cancelled = True
+        if transfer.flow >= 0:
+            moved = self.flows.cancel(transfer.flow, self.loop.now)
+            self.nodes[transfer.dst].counters.wasted_down += moved
+            if transfer.src == ORIGIN:
+                self.origins[transfer.origin].egress_bytes += moved
+            else:
+                self.nodes[transfer.src].counters.wasted_up += moved
+        if transfer.src == ORIGIN:
+            self.nodes[transfer.dst].origin_pending[transfer.content] &= ~(1 << transfer.chunk)
+            if transfer.flow >= 0:
+                self.origins[transfer.origin].release()
+        self._untrack(transfer)
+
+    def _flow_done(self, flow: int) -> None:
+        transfer = self._by_flow[flow]
+        self._untrack(transfer)
+        dst = self.nodes[transfer.dst]
+        nbytes, c, chunk = transfer.nbytes, transfer.content, transfer.chunk
+        if transfer.src == ORIGIN:
+            origin = self.origins[transfer.origin]
+            origin.egress_bytes += nbytes
+            origin.release()
+            dst.counters.down_origin += nbytes
+            dst.origin_pending[c] &= ~(1 << chunk)
+            source = None
+        else:
+            src = self.nodes[transfer.src]
+            src.counters.up += nbytes
+            if src.rack_index == dst.rack_index:
+                dst.counters.down_same_rack += nbytes
+            else:
+                dst.counters.down_cross_rack += nbytes
+            source = src.peer
+        self.last_progress = self.loop.now
+        swarm = dst.swarms[c]
+        new = not swarm.held(chunk)
+        self._deliver(transfer.dst, c, ChunkArrived(chunk, source, True))
+        if new and c in dst.hot_left and self._hot_mask[c] >> chunk & 1:
+            dst.hot_left[c] -= 1
+            if dst.hot_left[c] == 0:
+                self._ready(dst)
+
+    # ---- readiness ------------------------------------------------------------------
+
+    def _completed(self, node: SimNode, c: int) -> None:
+        if c not in node.hot_left:
+            self._ready(node)
+        node.unfinished -= 1
+        if self.strategy.uses_tracker:
+            swarm = node.swarms[c]
+            self.tracker.announce(self.contents[c].id, node.peer, node.rack, swarm.chunks,
+                                  True, self.loop.now, want=0)
+        if node.unfinished == 0:
+            node.complete_s = self.loop.now
+            self.unfinished -= 1
+            if self.unfinished == 0:
+                self.loop.stop("complete")
+
+    def _ready(self, node: SimNode) -> None:
+        node.ready_left -= 1
+        if node.ready_left == 0:
+            node.ready_s = self.loop.now
+            self.ready += 1
+            self.egress_curve.append((self.ready, sum(o.egress_bytes for o in self.origins)))

@@ -1,0 +1,72 @@
+"""Scenario files: bundled ones load; bad ones are rejected naming the file and the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from test_sim import BASE
+
+from simulations.scenario import (
+    ScenarioError,
+    bundled,
+    load,
+    override,
+    parse_bandwidth,
+    parse_duration,
+    parse_size,
+)
+
+
+@pytest.mark.parametrize("name", bundled())
+def test_bundled_scenarios_load(name: str) -> None:
+    assert load(name).nodes >= 1
+
+
+def test_units() -> None:
+    assert parse_size("4GiB") == 4 * 2**30
+    assert parse_size("1.5GB") == 1.5e9
+    assert parse_bandwidth("25Gbps") == 25e9 / 8
+    assert parse_bandwidth("300MB/s") == 300e6
+    assert parse_duration("50ms") == pytest.approx(0.05)
+    assert parse_duration("2m") == 120.0
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "key", "words"),
+    [
+        ('racks = 3', 'racks = 3\nspeed = "fast"', "network", "unknown key(s): speed"),
+        ('nic_up = "10Gbps"', 'nic_up = "10GB"', "network.nic_up", "a size, not a bandwidth"),
+        ('nic_up = "10Gbps"', 'nic_up = 10', "network.nic_up", "has no unit"),
+        ('nic_up = "10Gbps"', 'nic_up = "-10Gbps"', "network.nic_up", "impossible"),
+        ('racks = 3', 'racks = 0', "network.racks", "impossible"),
+        ('size = "256MiB"', 'size = "256ms"', "workload.content[0].size", "not a size"),
+        ('origin = "registry"', 'origin = "hdfs"', "workload.content[0].origin", "hdfs"),
+        ('max_concurrent = 8', 'max_concurrent = 8\nspeed = 1', "origin[0]", "speed"),
+        ('nodes = 24', 'nodes = 2', "network.racks", "3 racks for 2 nodes"),
+        ('strategy = "rack_aware"', 'strategy = "fastest"', "run.strategy", "fastest"),
+        ('hot_fraction = 0.25', 'hot_fraction = 1.5', "workload.content[0].hot_fraction",
+         "at most 1"),
+        ('[tracker]', '[swarm]\nmax_peers = 0\n[tracker]', "swarm", "at least 1"),
+    ],
+)
+def test_bad_scenario_names_key_and_file(tmp_path: Path, old: str, new: str, key: str,
+                                         words: str) -> None:
+    assert old in BASE
+    path = tmp_path / "bad.toml"
+    path.write_text(BASE.replace(old, new, 1))
+    with pytest.raises(ScenarioError) as caught:
+        load(str(path))
+    message = str(caught.value)
+    assert message.startswith(f"{path}: {key}")
+    assert words in message
+
+
+def test_override_is_checked_again() -> None:
+    with pytest.raises(ScenarioError, match=r"network\.racks"):
+        override(load("small"), nodes=2)
+
+
+def test_missing_scenario_lists_bundled_ones() -> None:
+    with pytest.raises(ScenarioError, match=r"bundled: .*small"):
+        load("no-such-scenario")
