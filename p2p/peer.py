@@ -43,7 +43,7 @@ import os
 import socket
 from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from p2p import wire
 from p2p.auth import AuthError, check_handshake_mac, handshake_mac
@@ -55,6 +55,7 @@ SLICE_BYTES = 256 * KiB  # payload bytes per limiter grant
 HEADER_READ_BYTES = 16 * KiB  # most bytes one header read asks for: bounds payload copying
 _BUFFER_BYTES = wire.PREFIX_SIZE + wire.MAX_HEADER + HEADER_READ_BYTES
 AUTH_FAILED = "auth failed"
+_M = TypeVar("_M", wire.Hello, wire.Challenge, wire.Auth)
 
 
 class ConnectionClosed(Exception):
@@ -161,6 +162,11 @@ async def accept(sock: socket.socket, me: PeerInfo, secret: bytes,
     return conn
 
 
+def _limiting(limiter: RateLimiter | None) -> RateLimiter | None:
+    """The limiter, or None when it never limits (so payloads need not be sliced)."""
+    return None if limiter is None or limiter.bucket.unlimited else limiter
+
+
 def _wake(fut: asyncio.Future[None]) -> None:
     if not fut.done():
         fut.set_result(None)
@@ -236,6 +242,7 @@ class PeerConnection:
         shorter than offset + length.
         """
         header = Piece(content, chunk, req, length).encode()
+        limiter = _limiting(limiter)
         size = os.fstat(fd).st_size
         if offset < 0 or offset + length > size:
             raise LocalProtocolError(f"file of {size} bytes has no {length} bytes at {offset}")
@@ -324,7 +331,7 @@ class PeerConnection:
             raise LocalProtocolError(f"the pending payload is {self._payload_left} bytes, the "
                                      f"buffer {len(view)} (read-only: {view.readonly})")
         with self._io(cancel_breaks=True):
-            await self._recv_exact(view, limiter, self._payload_budget(len(view)))
+            await self._recv_exact(view, _limiting(limiter), self._payload_budget(len(view)))
             self._payload_left = 0
 
     async def discard_payload(self, n: int) -> None:
@@ -431,8 +438,7 @@ class PeerConnection:
     async def _client_handshake(self, me: PeerInfo, secret: bytes) -> None:
         nonce = os.urandom(wire.NONCE_SIZE)
         await self.send(wire.Hello(wire.PROTOCOL_VERSION, me.peer, me.addr, me.rack, nonce))
-        reply = await self._handshake_reply(wire.Challenge)
-        assert isinstance(reply, wire.Challenge)
+        reply = await self._expect(wire.Challenge)
         await self._check_version(reply.version)
         await self._check_mac(
             handshake_mac(secret, "server", reply.nonce, nonce, reply.peer, me.peer), reply.mac,
@@ -442,21 +448,19 @@ class PeerConnection:
         self.remote = PeerInfo(PeerId(reply.peer), reply.addr, reply.rack)
 
     async def _server_handshake(self, me: PeerInfo, secret: bytes) -> None:
-        hello = await self._handshake_reply(wire.Hello)
-        assert isinstance(hello, wire.Hello)
+        hello = await self._expect(wire.Hello)
         await self._check_version(hello.version)
         nonce = os.urandom(wire.NONCE_SIZE)
         await self.send(wire.Challenge(
             wire.PROTOCOL_VERSION, me.peer, me.addr, me.rack, nonce,
             handshake_mac(secret, "server", nonce, hello.nonce, me.peer, hello.peer)))
-        auth = await self._handshake_reply(wire.Auth)
-        assert isinstance(auth, wire.Auth)
+        auth = await self._expect(wire.Auth)
         await self._check_mac(
             handshake_mac(secret, "client", hello.nonce, nonce, hello.peer, me.peer), auth.mac,
             hello.peer)
         self.remote = PeerInfo(PeerId(hello.peer), hello.addr, hello.rack)
 
-    async def _handshake_reply(self, kind: type[Message]) -> Message:
+    async def _expect(self, kind: type[_M]) -> _M:
         msg = await self.recv()
         if isinstance(msg, wire.Bye):
             error = AuthError if msg.reason == AUTH_FAILED else RemoteProtocolError

@@ -155,7 +155,8 @@ class ChunkStore:
             return bool(entry and entry.present and entry.present[index])
 
     def present(self, content_id: ContentId) -> list[bool]:
-        """Which chunks of an attached content are present."""
+        """Which chunks of an attached content are present (UnknownContent if not attached
+        since the store opened)."""
         with self._lock:
             return list(self._verified(content_id).present or ())
 
@@ -196,15 +197,18 @@ class ChunkStore:
             try:
                 fd = os.open(self._dir(content_id) / f"{index}{CHUNK_SUFFIX}",
                              os.O_RDONLY | os.O_CLOEXEC)
-            except FileNotFoundError:
-                entry.present[index] = False  # deleted behind our back
+            except FileNotFoundError:  # deleted behind our back
+                entry.present[index] = False
+                entry.nbytes -= entry.manifest.chunk_length(index)
+                self._used -= entry.manifest.chunk_length(index)
                 raise MissingChunk(f"chunk {index} of {content_id} vanished from disk") from None
             self._contents.move_to_end(content_id)
             return fd, entry.manifest.chunk_length(index)
 
     def read(self, content_id: ContentId, offset: int, length: int) -> bytes:
         """Bytes [offset, offset + length) of the content; MissingChunk if any needed chunk
-        is absent. ValueError if the range is outside the content."""
+        is absent, ValueError if the range is outside the content, UnknownContent if it
+        was not attached since the store opened."""
         manifest = self._verified(content_id).manifest
         parts = []
         for index in manifest.chunks_for_range(offset, length):
