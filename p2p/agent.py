@@ -68,7 +68,7 @@ from p2p.tracker_client import TrackerClient, TrackerError, TrackerUnavailable
 from p2p.wire import Have, Join, Pending, Piece, pack_bits, unpack_bits
 
 log = logging.getLogger(__name__)
-BURST_BYTES = 1 << 20
+BURST_BYTES = 4 << 20  # a chunk's worth: idle moments are not lost to the cap
 JOIN_TIMEOUT_S = 10.0
 EARLY_ANNOUNCE_GAP_S = 0.2  # announces prompted by new peers come no faster
 
@@ -475,9 +475,9 @@ class Agent:
         log.debug("origin fetch %s/%d", session.content, chunk)
         buf = bytearray(length)
         try:
-            await self._download.acquire(length)
             origin = self._origins.for_url(manifest.origin)
             await origin.read_into(manifest.origin, manifest.chunk_offset(chunk), memoryview(buf))
+            await self._download.acquire(length)  # paid on arrival, as for peers
         except OriginError as exc:
             log.warning("origin read of %s/%d failed: %s", session.content, chunk, exc)
             session.origin_tasks.pop(chunk, None)

@@ -25,6 +25,7 @@ from typing import Any
 
 import uvloop
 
+from p2p.cli import UserError
 from p2p.content import CHUNK_SIZE, MiB
 from p2p.demo import distribute, parse_size, positive_int
 from p2p.localcluster import AgentHandle, LocalCluster, write_random_file
@@ -41,6 +42,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     s.add_argument("--origin-cap", type=float, default=None, help="MB/s out of the origin")
     s.add_argument("--chunk-size-mb", type=positive_int, default=CHUNK_SIZE // MiB)
     s.add_argument("--no-baseline", action="store_true", help="skip the origin-only round")
+    s.add_argument("--swarm-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a [swarm] setting of the agents, e.g. max_inflight=8")
     s.add_argument("--json", action="store_true", help="print only the JSON line")
     s.set_defaults(run=_run)
 
@@ -76,7 +79,8 @@ async def _rounds(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, 
     manifest = await cluster.publish(source, args.chunk_size_mb * MiB)
     caps = {"upload_mbps": args.node_cap, "download_mbps": args.node_cap}
 
-    swarm_agents = await _agents(cluster, args, "swarm", caps)
+    swarm_agents = await _agents(cluster, args, "swarm",
+                                 {**caps, "swarm": _swarm_options(args.swarm_option)})
     swarm = await distribute(cluster, swarm_agents, source, manifest.content_id, args.size,
                              progress=not args.json and sys.stderr.isatty())
     rss = max(a.child.peak_rss_mb() for a in swarm_agents)
@@ -104,9 +108,21 @@ async def _rounds(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, 
         "origin_egress_ratio": round(swarm.origin_bytes / args.size, 4),
         "max_agent_rss_mb": round(rss, 1),
         "aggregate_mbps": round(args.nodes * args.size / swarm.seconds / 1e6, 1),
+        "node_seconds": sorted(round(float(r.get("seconds", -1)), 2)
+                               for r in swarm.per_node.values()),
         "verified": swarm.verified,
         "failures": swarm.failures,
     }
+
+
+def _swarm_options(pairs: list[str]) -> dict[str, str]:
+    options = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise UserError(f"--swarm-option wants KEY=VALUE, got {pair!r}")
+        options[key.strip()] = value.strip()
+    return options
 
 
 async def _agents(cluster: LocalCluster, args: argparse.Namespace, prefix: str,

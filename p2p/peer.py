@@ -323,8 +323,8 @@ class PeerConnection:
                                 ) -> None:
         """Read the payload of the Piece just received into `view` (exactly piece.len bytes).
 
-        With a limiter, bytes are read in SLICE_BYTES slices, each after
-        `limiter.acquire`.
+        With a limiter, bytes are read in SLICE_BYTES slices, each paid for with
+        `limiter.acquire` once it has arrived.
         """
         view = memoryview(view).cast("B")
         if len(view) != self._payload_left or not self._payload_left or view.readonly:
@@ -358,9 +358,7 @@ class PeerConnection:
         self._start += pos
         while pos < len(view):
             stop = len(view) if limiter is None else min(len(view), pos + SLICE_BYTES)
-            if limiter is not None:
-                await limiter.acquire(stop - pos)
-            began = self._loop.time()
+            began, first = self._loop.time(), pos
             try:
                 async with asyncio.timeout(budget):
                     while pos < stop:
@@ -372,6 +370,10 @@ class PeerConnection:
                 raise RemoteProtocolError(
                     f"piece payload slower than {self._t.min_payload_rate_bps:.0f} B/s") from None
             budget -= self._loop.time() - began
+            if limiter is not None:
+                # Pay after receiving: tokens taken before the bytes arrive are spent
+                # while the sender paces itself, and the link runs below its cap.
+                await limiter.acquire(pos - first)
         return budget
 
     def _header_length(self) -> int:
