@@ -71,6 +71,8 @@ def _agent_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.add_argument("--store-dir", dest="store_dir")
     p.add_argument("--store-budget-gb", dest="store_budget_gb", type=float)
     p.add_argument("--api-socket", dest="api_socket")
+    p.add_argument("--metrics-port", dest="metrics_port", type=int,
+                   help="serve Prometheus /metrics on this TCP port too")
     p.add_argument("--secret-file", dest="secret_file")
     p.add_argument("--upload-mbps", dest="upload_mbps", type=float)
     p.add_argument("--download-mbps", dest="download_mbps", type=float)
@@ -117,14 +119,37 @@ async def _serve_agent(config: Any, secret: bytes) -> int:
     except OSError as exc:
         await agent.stop()
         raise UserError(f"cannot open the local API socket {sock_path}: {exc.strerror}") from exc
+    metrics_url = None
+    if config.metrics_port is not None:
+        try:
+            metrics_url = await _serve_metrics(agent, config.host, config.metrics_port)
+        except OSError as exc:
+            await agent.stop()
+            raise UserError(f"cannot serve metrics on {config.host}:{config.metrics_port}: "
+                            f"{exc.strerror}") from exc
     assert agent.me is not None
     print(json.dumps({"event": "listening", "peer": agent.me.peer, "addr": agent.me.addr,
-                      "api_socket": str(sock_path), "pid": os.getpid()}), flush=True)
+                      "api_socket": str(sock_path), "metrics": metrics_url,
+                      "pid": os.getpid()}), flush=True)
     await _until_signalled()
     await runner.cleanup()
     await agent.stop()
     sock_path.unlink(missing_ok=True)
     return 0
+
+
+async def _serve_metrics(agent: Any, host: str, port: int) -> str:
+    """GET /metrics over TCP for Prometheus; the rest of the API stays on the socket."""
+    from aiohttp import web
+
+    from p2p.localapi import make_metrics_app
+    from p2p.peer import listen_socket
+
+    sock = listen_socket(host, port)
+    runner = web.AppRunner(make_metrics_app(agent), access_log=None)
+    await runner.setup()
+    await web.SockSite(runner, sock).start()
+    return f"http://{host}:{sock.getsockname()[1]}/metrics"
 
 
 async def _until_signalled() -> None:

@@ -36,6 +36,7 @@ class AgentConfig:
     store_dir: str = "/var/cache/bootseer"
     store_budget_gb: float = 50.0
     api_socket: str = "/run/bootseer/agent.sock"  # local API (Unix socket)
+    metrics_port: int | None = None  # also serve GET /metrics on host:metrics_port
     secret_file: str | None = None  # else BOOTSEER_SECRET / BOOTSEER_SECRET_FILE
     upload_mbps: float | None = None  # per-node cap on bytes served to peers (MB/s)
     download_mbps: float | None = None  # per-node cap on bytes fetched from peers and origins

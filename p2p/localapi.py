@@ -40,6 +40,14 @@ def make_app(agent: Agent) -> web.Application:
     return app
 
 
+def make_metrics_app(agent: Agent) -> web.Application:
+    """Only GET /metrics, for a TCP port that Prometheus scrapes."""
+    app = web.Application()
+    app["agent"] = agent
+    app.router.add_get("/metrics", _metrics)
+    return app
+
+
 def _fail(status: int, message: str) -> web.Response:
     return web.json_response({"error": message}, status=status)
 
