@@ -112,6 +112,7 @@ class Agent:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._upload = RateLimiter(_bps(config.upload_mbps), BURST_BYTES)
         self._download = RateLimiter(_bps(config.download_mbps), BURST_BYTES)
+        self._upload_slots = asyncio.Semaphore(config.upload_slots)
         self._origins = OriginPool(config.origin_concurrency)
         self._timeouts = Timeouts()
         self._rng = random.Random()
@@ -344,7 +345,7 @@ class Agent:
         self._adopt(conn)
 
     def _adopt(self, conn: PeerConnection) -> Link:
-        link = Link(conn, self, self.store, self._upload)
+        link = Link(conn, self, self.store, self._upload, self._upload_slots)
         old = self._links.get(link.peer)
         self._links[link.peer] = link
         self._addrs.setdefault(link.peer, conn.remote.addr)

@@ -42,8 +42,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     s.add_argument("--origin-cap", type=float, default=None, help="MB/s out of the origin")
     s.add_argument("--chunk-size-mb", type=positive_int, default=CHUNK_SIZE // MiB)
     s.add_argument("--no-baseline", action="store_true", help="skip the origin-only round")
-    s.add_argument("--swarm-option", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a [swarm] setting of the agents, e.g. max_inflight=8")
+    s.add_argument("--agent-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="override an agent setting, e.g. upload_slots=2 or swarm.max_inflight=8")
     s.add_argument("--json", action="store_true", help="print only the JSON line")
     s.set_defaults(run=_run)
 
@@ -80,7 +80,7 @@ async def _rounds(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, 
     caps = {"upload_mbps": args.node_cap, "download_mbps": args.node_cap}
 
     swarm_agents = await _agents(cluster, args, "swarm",
-                                 {**caps, "swarm": _swarm_options(args.swarm_option)})
+                                 _agent_options(args.agent_option, caps))
     swarm = await distribute(cluster, swarm_agents, source, manifest.content_id, args.size,
                              progress=not args.json and sys.stderr.isatty())
     rss = max(a.child.peak_rss_mb() for a in swarm_agents)
@@ -115,13 +115,17 @@ async def _rounds(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, 
     }
 
 
-def _swarm_options(pairs: list[str]) -> dict[str, str]:
-    options = {}
+def _agent_options(pairs: list[str], base: dict[str, Any]) -> dict[str, Any]:
+    """KEY=VALUE pairs as an agent config dict; `swarm.KEY` goes to the [swarm] table."""
+    options: dict[str, Any] = {**base, "swarm": {}}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep:
-            raise UserError(f"--swarm-option wants KEY=VALUE, got {pair!r}")
-        options[key.strip()] = value.strip()
+            raise UserError(f"--agent-option wants KEY=VALUE, got {pair!r}")
+        table, dot, name = key.strip().rpartition(".")
+        if dot and table != "swarm":
+            raise UserError(f"--agent-option: only the [swarm] table nests, not {table!r}")
+        (options["swarm"] if dot else options)[name] = value.strip()
     return options
 
 

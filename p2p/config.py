@@ -41,6 +41,7 @@ class AgentConfig:
     upload_mbps: float | None = None  # per-node cap on bytes served to peers (MB/s)
     download_mbps: float | None = None  # per-node cap on bytes fetched from peers and origins
     origin_concurrency: int = 4  # concurrent reads per origin from this node
+    upload_slots: int = 4  # pieces sent at once, over all peers
     announce_interval_s: float = 2.0  # until the tracker says otherwise
     swarm: SwarmConfig = field(default_factory=SwarmConfig)
 

@@ -3,6 +3,9 @@
 A link runs two tasks: a reader that turns frames into calls on its owner
 (the agent), and an uploader that serves the peer's requests one at a time
 from the chunk store with zero-copy sendfile under the node's upload limit.
+A node-wide semaphore bounds how many pieces go out at once across all links:
+a new chunk then reaches its first downloaders at the full upload rate, and
+they can relay it sooner than if every requester got a thin share.
 Requests we send are numbered per link, so a piece is matched to exactly the
 request that asked for it; a piece nobody asked for (a cancelled end-game
 duplicate) is read and dropped.
@@ -40,13 +43,14 @@ class LinkOwner(Protocol):
 
 class Link:
     def __init__(self, conn: PeerConnection, owner: LinkOwner, store: ChunkStore,
-                 upload: RateLimiter) -> None:
+                 upload: RateLimiter, upload_slots: asyncio.Semaphore) -> None:
         self.conn = conn
         self.peer: PeerId = conn.remote.peer
         self.joined_out: set[ContentId] = set()  # contents we sent Join for
         self._owner = owner
         self._store = store
         self._upload = upload
+        self._upload_slots = upload_slots
         self._next_req = 1
         self._asked: dict[int, tuple[ContentId, int]] = {}
         self._by_chunk: dict[tuple[ContentId, int], int] = {}
@@ -146,8 +150,9 @@ class Link:
                                         reason="not held"))
                 continue
             try:
-                await self.conn.send_piece(content, req.chunk, req.req, fd, 0, length,
-                                           self._upload)
+                async with self._upload_slots:
+                    await self.conn.send_piece(content, req.chunk, req.req, fd, 0, length,
+                                               self._upload)
                 self._owner.on_served(length)
             except (OSError, ConnectionClosed) as exc:
                 self.close(f"upload failed: {exc}")
