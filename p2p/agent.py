@@ -60,6 +60,7 @@ from p2p.swarm.events import (
     PeerLost,
     PeerPending,
     PeersFound,
+    PrefetchGiven,
     ReaderWants,
     Report,
     Request,
@@ -109,6 +110,7 @@ class Agent:
         self._addrs: dict[PeerId, str] = {}
         self._addrs_known_by_tracker: set[PeerId] = set()
         self._dialing: dict[PeerId, asyncio.Task[None]] = {}
+        self._dial_for: dict[PeerId, set[ContentId]] = {}  # contents waiting on a dial
         self._tasks: set[asyncio.Task[Any]] = set()
         self._upload = RateLimiter(_bps(config.upload_mbps), BURST_BYTES)
         self._download = RateLimiter(_bps(config.download_mbps), BURST_BYTES)
@@ -180,8 +182,6 @@ class Agent:
         return self.store.read(content, offset, length)
 
     def prefetch(self, session: Session, chunks: tuple[int, ...]) -> None:
-        from p2p.swarm.events import PrefetchGiven
-
         self._feed(session, PrefetchGiven(chunks))
 
     def _waiter(self, session: Session, chunk: int) -> asyncio.Future[None]:
@@ -238,8 +238,8 @@ class Agent:
                 case Cancel(peer, chunk):
                     if (link := session.links.get(peer)) is not None:
                         link.cancel(content, chunk)
-                case Disconnect(peer, reason):
-                    self._disconnect(session, peer, reason)
+                case Disconnect(peer, reason, hostile):
+                    self._disconnect(session, peer, reason, hostile)
                 case Report(peer, reason):
                     self._spawn(self._report(content, peer, reason))
                 case Advertise(chunk, pending):
@@ -297,6 +297,7 @@ class Agent:
         if link is not None and not link.closed:
             self._send_join(session, link)
             return
+        self._dial_for.setdefault(peer, set()).add(session.content)
         if peer not in self._dialing:
             self._dialing[peer] = self._spawn(self._dial(peer))
 
@@ -319,16 +320,18 @@ class Agent:
             conn = await connect(addr, self.me, self._secret, self._timeouts)
         except Exception as exc:
             log.debug("cannot connect to %s: %s", peer, exc)
-            for session in list(self.sessions.values()):
+            for session in self._sessions_of(self._dial_for.pop(peer, set())):
                 if peer not in session.links:
                     self._feed(session, PeerLost(peer, f"connect failed: {exc}"))
             return
         finally:
             self._dialing.pop(peer, None)
         link = self._adopt(conn)
-        for session in list(self.sessions.values()):
-            if peer in session.swarm._connecting:
-                self._send_join(session, link)
+        for session in self._sessions_of(self._dial_for.pop(peer, set())):
+            self._send_join(session, link)
+
+    def _sessions_of(self, contents: set[ContentId]) -> list[Session]:
+        return [self.sessions[c] for c in sorted(contents) if c in self.sessions]
 
     async def _accept_loop(self) -> None:
         while True:
@@ -362,9 +365,11 @@ class Agent:
             return
         link.request(session.content, chunk)
 
-    def _disconnect(self, session: Session, peer: PeerId, reason: str) -> None:
+    def _disconnect(self, session: Session, peer: PeerId, reason: str, hostile: bool) -> None:
+        """Leave the peer out of this content; close its link if it misbehaved."""
         link = session.links.pop(peer, None) or self._links.get(peer)
-        if link is not None and "corrupt" in reason:
+        if link is not None and hostile:
+            log.warning("dropping peer %s: %s", peer, reason)
             self.metrics.peers_dropped.inc()
             link.close(reason)
 
@@ -521,7 +526,8 @@ class Agent:
             self._addrs[info.peer] = info.addr
             self._addrs_known_by_tracker.add(info.peer)
             hints.append(PeerHint(info.peer, info.rack))
-        self._feed(session, PeersFound(tuple(hints), reply.origin_slot, reply.origin_slots))
+        self._feed(session, PeersFound(tuple(hints), reply.origin_slot, reply.origin_slots,
+                                       reply.origin_filled))
         return reply.interval
 
     async def _report(self, content: ContentId, peer: PeerId, reason: str) -> None:

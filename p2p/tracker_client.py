@@ -46,6 +46,7 @@ class AnnounceReply:
     interval: float  # seconds until the next announce is due
     origin_slot: int | None = None  # our index among the origin fetchers; None: not one
     origin_slots: int = 1  # how many origin fetchers the swarm has
+    origin_filled: int | None = None  # how many slots have a fetcher now (None: all)
 
 
 class TrackerUnavailable(Exception):
@@ -110,10 +111,11 @@ class TrackerClient:
             peers = [PeerInfo(PeerId(_typed(p["peer"], str)), _typed(p["addr"], str),
                               _typed(p["rack"], str), _typed(p["have"], int),
                               _typed(p["complete"], bool)) for p in reply["peers"]]
-            slot = reply.get("origin_slot")
+            slot, filled = reply.get("origin_slot"), reply.get("origin_filled")
             return AnnounceReply(peers, float(_typed(reply["interval"], (int, float))),
                                  None if slot is None else _typed(slot, int),
-                                 max(1, _typed(reply.get("origin_slots", 1), int)))
+                                 max(1, _typed(reply.get("origin_slots", 1), int)),
+                                 None if filled is None else _typed(filled, int))
         except (KeyError, TypeError) as exc:
             raise TrackerError(status, f"malformed announce reply: {exc!r}") from None
 

@@ -61,7 +61,8 @@ class SimTracker:
                                  self.rng)
             hints = tuple(PeerHint(m.peer, m.rack) for m in handed)
         slot = self.registry.origin_slot(content, peer)
-        return PeersFound(hints, origin_slot=slot.slot, origin_slots=slot.slots)
+        return PeersFound(hints, origin_slot=slot.slot, origin_slots=slot.slots,
+                          origin_filled=slot.filled)
 
     def leave(self, content: ContentId, peer: PeerId) -> None:
         self.registry.leave(content, peer)

@@ -134,9 +134,19 @@ def test_endgame_duplicates_tail_and_cancels_loser() -> None:
 def test_owner_fetches_uncovered_chunks_from_origin() -> None:
     s = Swarm(PeerId("me"), "r1", 4, have("0000"), 100, SwarmConfig(), random.Random(1), 0.0)
     acts = s.handle(PeersFound((PeerHint(A, "r1"),), origin_slot=1, origin_slots=2), 0.0)
-    assert sorted(origin_fetches(acts)) == [1, 3]
-    assert Advertise(1, pending=True) in acts
     assert Connect(A) in acts
+    assert origin_fetches(acts) == []  # first hear what A is fetching
+    acts = s.handle(PeerJoined(A, "r1", have("0000"), pending=(3,)), 0.1)
+    assert origin_fetches(acts) == [1]
+    assert Advertise(1, pending=True) in acts
+
+
+def test_fetcher_starts_after_settle_time_if_peers_stay_silent() -> None:
+    s = Swarm(PeerId("me"), "r1", 2, have("00"), 100, SwarmConfig(settle_s=0.5),
+              random.Random(1), 0.0)
+    assert origin_fetches(s.handle(PeersFound((PeerHint(A, "r1"),), 0, 1), 0.0)) == []
+    assert s.next_timer() == 0.5
+    assert sorted(origin_fetches(s.handle_timer(0.5))) == [0, 1]
 
 
 def test_non_owner_waits_for_peers_then_falls_back_to_origin() -> None:
@@ -160,7 +170,7 @@ def test_corrupt_peer_is_banned_and_chunk_refetched() -> None:
     assert requests(join(s, A, "1")) == [(A, 0)]
     join(s, B, "1")
     acts = s.handle(ChunkArrived(0, A, ok=False), 1.0)
-    assert Disconnect(A, "sent corrupt chunk 0") in acts
+    assert Disconnect(A, "sent corrupt chunk 0", hostile=True) in acts
     assert any(isinstance(a, Report) and a.peer == A for a in acts)
     assert requests(acts) == [(B, 0)]
     # A reconnecting is refused
@@ -259,3 +269,17 @@ def test_no_origin_fetch_before_the_tracker_appoints_us() -> None:
     assert origin_fetches(s.start(0.0)) == []
     assert s.next_timer() == 3.0  # the tracker stays silent: patience sends us anyway
     assert sorted(origin_fetches(s.handle_timer(3.0))) == [0, 1]
+
+
+def test_first_fetcher_covers_vacant_slots() -> None:
+    s = Swarm(PeerId("me"), "r1", 8, have("0" * 8), 100, SwarmConfig(max_origin_inflight=8),
+              random.Random(1), 0.0)
+    acts = s.handle(PeersFound((), origin_slot=0, origin_slots=4, origin_filled=2), 0.0)
+    assert sorted(origin_fetches(acts)) == [0, 2, 3, 4, 6, 7]  # slot 1 has its own fetcher
+
+
+def test_later_fetcher_owns_only_its_residue() -> None:
+    s = Swarm(PeerId("me"), "r1", 8, have("0" * 8), 100, SwarmConfig(max_origin_inflight=8),
+              random.Random(1), 0.0)
+    acts = s.handle(PeersFound((), origin_slot=1, origin_slots=4, origin_filled=2), 0.0)
+    assert sorted(origin_fetches(acts)) == [1, 5]

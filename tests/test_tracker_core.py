@@ -105,14 +105,16 @@ def test_reports_far_apart_do_not_add_up_to_a_ban() -> None:
 
 def test_first_incomplete_announcers_become_origin_fetchers() -> None:
     reg = Registry(origin_fetchers=2)
-    assert reg.origin_slot(C, PeerId("a")) == OriginSlot(None, 1)
+    assert reg.origin_slot(C, PeerId("a")) == OriginSlot(None, 2, 0)
     reg.announce(C, member("seed", complete=True), 0.0)  # has it all: never appointed
-    assert reg.origin_slot(C, PeerId("seed")) == OriginSlot(None, 1)
-    for p in ["b", "a", "c"]:
+    assert reg.origin_slot(C, PeerId("seed")) == OriginSlot(None, 2, 0)
+    reg.announce(C, member("b"), 0.0)
+    assert reg.origin_slot(C, PeerId("b")) == OriginSlot(0, 2, 1)  # the modulus is fixed
+    for p in ["a", "c"]:
         reg.announce(C, member(p), 0.0)
     slots = {p: reg.origin_slot(C, PeerId(p)) for p in ["a", "b", "c", "seed"]}
-    assert slots == {"b": OriginSlot(0, 2), "a": OriginSlot(1, 2), "c": OriginSlot(None, 2),
-                     "seed": OriginSlot(None, 2)}
+    assert slots == {"b": OriginSlot(0, 2, 2), "a": OriginSlot(1, 2, 2),
+                     "c": OriginSlot(None, 2, 2), "seed": OriginSlot(None, 2, 2)}
 
 
 def test_a_departed_fetchers_slot_is_taken_and_refilled() -> None:
@@ -120,11 +122,12 @@ def test_a_departed_fetchers_slot_is_taken_and_refilled() -> None:
     for p in ["a", "b", "c", "d"]:
         reg.announce(C, member(p), 0.0)
     reg.leave(C, PeerId("a"))
-    assert [reg.origin_slot(C, PeerId(p)) for p in "bc"] == [OriginSlot(1, 2), OriginSlot(0, 2)]
+    assert [reg.origin_slot(C, PeerId(p)) for p in "bc"] == [OriginSlot(1, 3, 2),
+                                                              OriginSlot(0, 3, 2)]
     reg.announce(C, member("d"), 1.0)  # the next incomplete announcer is appointed
-    assert reg.origin_slot(C, PeerId("d")) == OriginSlot(2, 3)
+    assert reg.origin_slot(C, PeerId("d")) == OriginSlot(2, 3, 3)
     reg.expire(now=20.0, ttl=10.0)
-    assert reg.origin_slot(C, PeerId("d")) == OriginSlot(None, 1)
+    assert reg.origin_slot(C, PeerId("d")) == OriginSlot(None, 3, 0)
 
 
 def test_registry_rejects_nonsense_settings() -> None:

@@ -135,17 +135,18 @@ async def test_announce_hands_out_the_other_members(client: TrackerClient) -> No
 
 
 async def test_announce_appoints_origin_fetchers(client: TrackerClient) -> None:
-    async def slot(peer: str, complete: bool = False) -> tuple[int | None, int]:
+    async def slot(peer: str, complete: bool = False) -> tuple[int | None, int, int | None]:
         reply = await client.announce(C, PeerId(peer), "127.0.0.1:7000", "r0", have=0,
                                       complete=complete)
-        return reply.origin_slot, reply.origin_slots
+        return reply.origin_slot, reply.origin_slots, reply.origin_filled
 
-    assert await slot("seed", complete=True) == (None, 1)
-    assert await slot("a") == (0, 1)
-    assert await slot("b") == (1, 2)
-    assert await slot("a") == (0, 2)
+    k = (await slot("seed", complete=True))[1]  # the configured fetcher count, fixed
+    assert await slot("seed", complete=True) == (None, k, 0)
+    assert await slot("a") == (0, k, 1)
+    assert await slot("b") == (1, k, 2)
+    assert await slot("a") == (0, k, 2)
     await client.announce(C, PeerId("a"), "127.0.0.1:7000", "r0", 0, False, event="stopped")
-    assert await slot("b") == (0, 1)
+    assert await slot("b") == (0, k, 1)
 
 
 async def test_stopped_peer_leaves_the_swarm(client: TrackerClient) -> None:

@@ -263,7 +263,7 @@ async def _announce(request: web.Request) -> web.Response:
     if event == "stopped":
         t.registry.leave(content, peer)
         return _json({"peers": [], "interval": interval, "origin_slot": None,
-                      "origin_slots": 1})
+                      "origin_slots": 1, "origin_filled": 1})
     addr, rack = _addr(body), _text(body, "rack", empty_ok=True)
     have, complete = _count(body, "have", MAX_HAVE), _field(body, "complete", bool)
     limit = t.config.handout_limit
@@ -276,7 +276,7 @@ async def _announce(request: web.Request) -> web.Response:
               "complete": m.complete} for m in handed]
     slot = t.registry.origin_slot(content, peer)
     return _json({"peers": peers, "interval": interval, "origin_slot": slot.slot,
-                  "origin_slots": slot.slots})
+                  "origin_slots": slot.slots, "origin_filled": slot.filled})
 
 
 async def _report(request: web.Request) -> web.Response:

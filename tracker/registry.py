@@ -7,12 +7,14 @@ by `expire(now, ttl)` once `ttl` seconds have passed since its last announce;
 a member that says it is stopping is dropped at once by `leave`.
 
 The registry also appoints each content's *origin fetchers*: the first
-`origin_fetchers` incomplete members to announce get slots 0..k-1, and
-fetcher `i` of `k` owns the chunks `c % k == i` that no peer holds yet (see
-p2p.swarm). So each byte leaves the origin about once, whatever the swarm
-size. Slots stay dense: when a fetcher leaves or expires, the last fetcher
-takes its slot, `k` shrinks by one, and the next incomplete member to
-announce is appointed. Everyone learns the new slots at their next announce.
+`origin_fetchers` (`k`) incomplete members to announce get slots 0..k-1, and
+fetcher `i` owns the chunks `c % k == i` that no peer holds yet (see
+p2p.swarm); while fewer than `k` are appointed, fetcher 0 also covers the
+vacant slots. `k` never changes, so fetchers appointed at the same moment
+never claim the same chunk. So each byte leaves the origin about once,
+whatever the swarm size. Slots stay dense: when a fetcher leaves or expires,
+the last fetcher takes its slot and the next incomplete member to announce
+is appointed. Everyone learns the new slots at their next announce.
 
 Peers report peers that sent them bad chunks. One report proves little (the
 reporter may be the broken one), so a peer is banned only when at least
@@ -70,10 +72,16 @@ class Report:
 
 @dataclass(frozen=True, slots=True)
 class OriginSlot:
-    """A member's share of the origin fetching: slot `slot` of `slots` (None: none)."""
+    """A member's share of the origin fetching: slot `slot` of `slots` (None: none).
+
+    `slots` is the configured fetcher count, fixed for the swarm's life, so a
+    chunk's owner does not change as fetchers are appointed; `filled` says how
+    many slots have a fetcher now (fetcher 0 covers the vacant ones).
+    """
 
     slot: int | None
     slots: int
+    filled: int
 
 
 class _Swarm:
@@ -192,11 +200,11 @@ class Registry:
         """`peer`'s origin slot in `content`; slots >= 1 even when no one is appointed."""
         swarm = self._swarms.get(content)
         if swarm is None:
-            return OriginSlot(None, 1)
-        slots = max(1, len(swarm.fetchers))
+            return OriginSlot(None, self.origin_fetchers, 0)
+        filled = len(swarm.fetchers)
         if peer in swarm.fetchers:
-            return OriginSlot(swarm.fetchers.index(peer), slots)
-        return OriginSlot(None, slots)
+            return OriginSlot(swarm.fetchers.index(peer), self.origin_fetchers, filled)
+        return OriginSlot(None, self.origin_fetchers, filled)
 
     def member(self, content: ContentId, peer: PeerId) -> Member | None:
         swarm = self._swarms.get(content)

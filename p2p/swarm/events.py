@@ -32,12 +32,14 @@ class PeersFound:
 
     `origin_slot` is our index among the swarm's origin fetchers (None if we are
     not one); `origin_slots` is how many there are. Fetcher `i` owns the chunks
-    `c` with `c % origin_slots == i` that no peer holds or is fetching.
+    `c` with `c % origin_slots == i` that no peer holds or is fetching; while
+    only `origin_filled` slots have a fetcher, fetcher 0 also owns the others.
     """
 
     peers: tuple[PeerHint, ...]
     origin_slot: int | None = None
     origin_slots: int = 1
+    origin_filled: int | None = None  # None: every slot has a fetcher
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,8 +141,11 @@ class Cancel:
 
 @dataclass(frozen=True, slots=True)
 class Disconnect:
+    """Stop using `peer` for this content; if `hostile`, cut it off altogether."""
+
     peer: PeerId
     reason: str
+    hostile: bool = False  # it sent bad data or broke the protocol
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,9 @@ event it fills free request slots:
    node goes to the origin only when it has been starved for
    `origin_patience_s` (the owner died, or no one in its view covers a chunk).
    That is how each byte leaves the origin about once, whatever the swarm size.
+   A new fetcher first hears from the peers the tracker named (their Join
+   lists what they are fetching), for at most `settle_s`, so fetchers that
+   still disagree about their count do not start on the same chunks.
 
 Failures: a request that times out or is rejected counts against the peer,
 which then backs off exponentially; a peer that sends bytes failing
@@ -77,6 +80,7 @@ class SwarmConfig:
     request_timeout_s: float = 15.0
     origin_timeout_s: float = 60.0
     origin_patience_s: float = 3.0  # starved this long -> go to the origin anyway
+    settle_s: float = 0.5  # wait this long to hear peers' pending lists before fetching
     pending_ttl_s: float = 30.0  # how long a peer's "fetching from origin" counts
     backoff_base_s: float = 0.5
     backoff_max_s: float = 30.0
@@ -147,6 +151,8 @@ class Swarm:
         # all fetch the same first chunks. If the tracker never answers, the
         # patience rule still sends us to the origin.
         self._owned = 0
+        self._settle_until: float | None = None  # set by the first PeersFound
+        self._unheard: set[PeerId] = set()
         self._origin_start = rng.randrange(chunks) if chunks else 0
         self._peers: dict[PeerId, _Peer] = {}
         self._known: dict[PeerId, str] = {}  # tracker hints: peer -> rack
@@ -200,7 +206,7 @@ class Swarm:
         actions: list[Action] = []
         match event:
             case PeersFound():
-                self._on_peers_found(event)
+                self._on_peers_found(event, now)
             case PeerJoined():
                 actions += self._on_peer_joined(event, now)
             case PeerHas(peer, chunk):
@@ -221,20 +227,38 @@ class Swarm:
             return actions
         return actions + self._schedule(now)
 
-    def _on_peers_found(self, event: PeersFound) -> None:
+    def _on_peers_found(self, event: PeersFound, now: float) -> None:
         for hint in event.peers:
             if hint.peer != self.me:
                 self._known[hint.peer] = hint.rack
+        if self._settle_until is None:
+            # Before our first origin fetch, hear what the peers we were just told
+            # about are fetching (their Join carries it), or wait `settle_s`.
+            self._unheard = {h.peer for h in event.peers
+                             if h.peer != self.me and h.peer not in self._peers}
+            self._settle_until = now + self.config.settle_s if self._unheard else now
+        self._owned = self._owned_chunks(event)
+        if event.origin_slot is not None:
+            slots = max(1, event.origin_slots)
+            self._origin_start = event.origin_slot % slots * self.chunks // slots
+
+    def _owned_chunks(self, event: PeersFound) -> int:
         slot, slots = event.origin_slot, max(1, event.origin_slots)
-        self._owned = 0 if slot is None else bits.every_kth(self.chunks, slots, slot % slots)
-        if slot is not None:
-            self._origin_start = slot % slots * self.chunks // slots
+        if slot is None:
+            return 0
+        filled = slots if event.origin_filled is None else max(1, event.origin_filled)
+        residues = [slot % slots] + (list(range(filled, slots)) if slot == 0 else [])
+        owned = 0
+        for residue in residues:
+            owned |= bits.every_kth(self.chunks, slots, residue)
+        return owned
 
     def _on_peer_joined(self, event: PeerJoined, now: float) -> list[Action]:
         peer = event.peer
         self._connecting.discard(peer)
+        self._unheard.discard(peer)
         if peer in self._banned:
-            return [Disconnect(peer, "banned for sending corrupt data")]
+            return [Disconnect(peer, "banned for sending corrupt data", hostile=True)]
         if len(event.have) != self.chunks or any(not 0 <= c < self.chunks for c in event.pending):
             return self._misbehaved(peer, "bad join message", now)
         if peer in self._peers:
@@ -254,7 +278,7 @@ class Swarm:
         if state is None:
             return []
         if not 0 <= chunk < self.chunks:
-            return [Disconnect(peer, f"announced chunk {chunk} out of range")]
+            return [Disconnect(peer, f"announced chunk {chunk} out of range", hostile=True)]
         if not state.have >> chunk & 1:
             state.have |= 1 << chunk
             self._add_avail(chunk)
@@ -267,7 +291,7 @@ class Swarm:
         if state is None:
             return []
         if not 0 <= chunk < self.chunks:
-            return [Disconnect(peer, f"pending chunk {chunk} out of range")]
+            return [Disconnect(peer, f"pending chunk {chunk} out of range", hostile=True)]
         state.pending[chunk] = now + self.config.pending_ttl_s
         self._pending_mask |= 1 << chunk
         return []
@@ -317,7 +341,7 @@ class Swarm:
         self._clear_request(chunk, source)
         self._banned.add(source)
         self._drop_peer(source, now)
-        return [Disconnect(source, f"sent corrupt chunk {chunk}"),
+        return [Disconnect(source, f"sent corrupt chunk {chunk}", hostile=True),
                 Report(source, f"corrupt chunk {chunk}")]
 
     def _on_chunk_failed(self, event: ChunkFailed, now: float) -> list[Action]:
@@ -348,6 +372,8 @@ class Swarm:
         times.extend(self._retry_at.values())
         times.append(self._origin_backoff_until)
         times.append(self._last_progress + self.config.origin_patience_s)
+        if self._settle_until is not None and self._unheard:
+            times.append(self._settle_until)
         future = [t for t in times if t > self._now]
         return min(future) if future else None
 
@@ -401,6 +427,7 @@ class Swarm:
 
     def _drop_peer(self, peer: PeerId, now: float) -> None:
         self._connecting.discard(peer)
+        self._unheard.discard(peer)
         state = self._peers.pop(peer, None)
         self._retry_at.setdefault(peer, now + self.config.backoff_base_s)
         if state is None:
@@ -529,7 +556,7 @@ class Swarm:
             todo &= ~self._requested & ~self._avail_mask & ~self._pending_mask
             starved = now - self._last_progress >= self.config.origin_patience_s
             if not starved:
-                todo &= self._owned
+                todo &= self._owned if self._settled(now) else 0
         if not todo:
             return []
         actions: list[Action] = []
@@ -539,6 +566,10 @@ class Swarm:
             if self.config.use_peers:
                 actions.append(Advertise(chunk, pending=True))
         return actions
+
+    def _settled(self, now: float) -> bool:
+        until = self._settle_until
+        return until is not None and (not self._unheard or now >= until)
 
     def _origin_order(self, todo: int, limit: int) -> list[int]:
         """Demand and prefetch first, then upwards from our own region of the content.
