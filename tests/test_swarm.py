@@ -283,3 +283,50 @@ def test_later_fetcher_owns_only_its_residue() -> None:
               random.Random(1), 0.0)
     acts = s.handle(PeersFound((), origin_slot=1, origin_slots=4, origin_filled=2), 0.0)
     assert sorted(origin_fetches(acts)) == [1, 5]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_random_event_storm_keeps_bookkeeping_consistent(seed: int) -> None:
+    """Whatever order events come in, counters match the state and requests stay sane."""
+    rng = random.Random(seed)
+    n = 12
+    s = Swarm(PeerId("me"), "r1", n, have("0" * n), 100, SwarmConfig(max_inflight=6),
+              random.Random(seed), 0.0)
+    s.handle(PeersFound((), origin_slot=None, origin_slots=1), 0.0)
+    peers = [PeerId(f"p{i}") for i in range(5)]
+    now = 0.0
+    outstanding: list[tuple[PeerId | None, int]] = []
+    for _ in range(400):
+        now += rng.random()
+        kind = rng.randrange(6)
+        peer = rng.choice(peers)
+        if kind == 0:
+            event: object = PeerJoined(peer, rng.choice(["r1", "r2"]),
+                                       tuple(rng.random() < 0.5 for _ in range(n)))
+        elif kind == 1:
+            event = PeerHas(peer, rng.randrange(n))
+        elif kind == 2 and outstanding:
+            source, chunk = outstanding.pop(rng.randrange(len(outstanding)))
+            event = ChunkArrived(chunk, source, ok=rng.random() < 0.95)
+        elif kind == 3 and outstanding:
+            source, chunk = outstanding.pop(rng.randrange(len(outstanding)))
+            event = ChunkFailed(chunk, source, "rejected")
+        elif kind == 4:
+            event = PeerLost(peer, "gone")
+        else:
+            acts = s.handle_timer(now)
+            event = None
+        if event is not None:
+            acts = s.handle(event, now)  # type: ignore[arg-type]
+        for a in acts:
+            if isinstance(a, Request):
+                outstanding.append((a.peer, a.chunk))
+            elif isinstance(a, FetchFromOrigin):
+                outstanding.append((None, a.chunk))
+        inflight = sum(len(st.inflight) for st in s._peers.values())
+        assert s._inflight_total == inflight <= 6 + s.config.endgame_duplicates * 6
+        for a in acts:
+            if isinstance(a, Request):
+                assert not s.held(a.chunk)
+        if s.complete:
+            break

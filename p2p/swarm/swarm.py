@@ -41,6 +41,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import chain
 
 from p2p.content import PeerId
 from p2p.swarm import bits
@@ -142,6 +143,7 @@ class Swarm:
         self._avail_mask = 0
         self._pending_mask = 0  # chunks some peer is fetching from the origin
         self._requested = 0  # chunks with at least one peer request in flight
+        self._inflight_total = 0  # peer requests in flight, duplicates included
         self._requesters: dict[int, list[PeerId]] = {}
         self._origin: dict[int, float] = {}  # chunk -> deadline
         self._origin_failures = 0
@@ -200,9 +202,13 @@ class Swarm:
         self._now = now
         if self._finished:
             return []
-        if isinstance(event, PeerHas | PeerPending) and self._holds_index(event.chunk):
-            # Nothing to schedule: only availability changes, for chunks we hold.
-            return self._on_peer_has(event.peer, event.chunk) if isinstance(event, PeerHas) else []
+        if isinstance(event, PeerHas) and not self._may_request(event.peer, event.chunk, now):
+            # The common case in a big swarm: only availability changes. Nothing new
+            # can be asked of this peer, so skip the scheduling pass.
+            return self._on_peer_has(event.peer, event.chunk)
+        if isinstance(event, PeerPending):
+            # Someone else fetching a chunk can only take work off our hands.
+            return self._on_peer_pending(event.peer, event.chunk, now)
         actions: list[Action] = []
         match event:
             case PeersFound():
@@ -211,8 +217,6 @@ class Swarm:
                 actions += self._on_peer_joined(event, now)
             case PeerHas(peer, chunk):
                 actions += self._on_peer_has(peer, chunk)
-            case PeerPending(peer, chunk):
-                actions += self._on_peer_pending(peer, chunk, now)
             case PeerLost(peer, _):
                 self._drop_peer(peer, now)
             case ChunkArrived():
@@ -273,6 +277,17 @@ class Swarm:
         self._refresh_pending()
         return []
 
+    def _may_request(self, peer: PeerId, chunk: int, now: float) -> bool:
+        """Could a have of `chunk` from `peer` lead to a request right now?"""
+        state = self._peers.get(peer)
+        if state is None or not 0 <= chunk < self.chunks or self.held(chunk):
+            return state is None or not 0 <= chunk < self.chunks  # let handle() complain
+        return (len(state.inflight) < self.config.per_peer_inflight
+                and state.backoff_until <= now
+                and self._inflight_total < self.config.max_inflight
+                and (not self._requested >> chunk & 1
+                     or bits.count(self._all & ~self._have) <= self.config.endgame_tail))
+
     def _on_peer_has(self, peer: PeerId, chunk: int) -> list[Action]:
         state = self._peers.get(peer)
         if state is None:
@@ -313,7 +328,8 @@ class Swarm:
                 rate = self._chunk_bytes / (now - sent)
                 state.rate = rate if state.rate == 0 else 0.7 * state.rate + 0.3 * rate
         for other in self._requesters.pop(chunk, []):
-            self._peers[other].inflight.pop(chunk, None)
+            if self._peers[other].inflight.pop(chunk, None) is not None:
+                self._inflight_total -= 1
             actions.append(Cancel(other, chunk))
         self._requested &= ~(1 << chunk)
         if self.held(chunk):
@@ -364,18 +380,18 @@ class Swarm:
         """When `handle_timer` must next run, on the caller's clock."""
         if self._finished:
             return None
-        times = list(self._origin.values())
-        for state in self._peers.values():
-            times.extend(deadline for _, deadline in state.inflight.values())
-            times.extend(state.pending.values())
-            times.append(state.backoff_until)
-        times.extend(self._retry_at.values())
-        times.append(self._origin_backoff_until)
-        times.append(self._last_progress + self.config.origin_patience_s)
-        if self._settle_until is not None and self._unheard:
-            times.append(self._settle_until)
-        future = [t for t in times if t > self._now]
-        return min(future) if future else None
+        peers = self._peers.values()
+        settle = self._settle_until if self._settle_until is not None and self._unheard else 0.0
+        times = chain(
+            self._origin.values(),
+            (deadline for s in peers for _, deadline in s.inflight.values()),
+            (until for s in peers for until in s.pending.values()),
+            (s.backoff_until for s in peers),
+            self._retry_at.values(),
+            (self._origin_backoff_until, self._last_progress + self.config.origin_patience_s,
+             settle),
+        )
+        return min((t for t in times if t > self._now), default=None)
 
     def handle_timer(self, now: float) -> list[Action]:
         self._now = now
@@ -417,6 +433,8 @@ class Swarm:
             return None
         state = self._peers.get(peer)
         entry = state.inflight.pop(chunk, None) if state else None
+        if entry is not None:
+            self._inflight_total -= 1
         askers = self._requesters.get(chunk)
         if askers and peer in askers:
             askers.remove(peer)
@@ -428,12 +446,13 @@ class Swarm:
     def _drop_peer(self, peer: PeerId, now: float) -> None:
         self._connecting.discard(peer)
         self._unheard.discard(peer)
-        state = self._peers.pop(peer, None)
         self._retry_at.setdefault(peer, now + self.config.backoff_base_s)
+        state = self._peers.get(peer)
         if state is None:
             return
         for chunk in list(state.inflight):
             self._clear_request(chunk, peer)
+        del self._peers[peer]
         for chunk in bits.indices(state.have):
             self._avail[chunk] -= 1
             if self._avail[chunk] == 0:
@@ -497,7 +516,7 @@ class Swarm:
         return head + rest
 
     def _request_from_peers(self, now: float) -> list[Action]:
-        budget = self.config.max_inflight - sum(len(s.inflight) for s in self._peers.values())
+        budget = self.config.max_inflight - self._inflight_total
         free = {p: s for p, s in self._peers.items()
                 if len(s.inflight) < self.config.per_peer_inflight and s.backoff_until <= now}
         if budget <= 0 or not free:
@@ -528,6 +547,7 @@ class Swarm:
         peer = self._chooser.choose(holders, self._rng)
         state = free[peer]
         state.inflight[chunk] = (now, now + self.config.request_timeout_s)
+        self._inflight_total += 1
         self._requesters.setdefault(chunk, []).append(peer)
         self._requested |= 1 << chunk
         if len(state.inflight) >= self.config.per_peer_inflight:
