@@ -150,11 +150,19 @@ def test_fetcher_starts_after_settle_time_if_peers_stay_silent() -> None:
 
 
 def test_non_owner_waits_for_peers_then_falls_back_to_origin() -> None:
-    s = swarm("00", origin_patience_s=3.0)
+    s = swarm("00", origin_patience_s=3.0, appointed_patience_s=20.0)
     assert origin_fetches(s.handle(PeersFound((), origin_slot=None, origin_slots=1), 0.0)) == []
     t = s.next_timer()
-    assert t == 3.0
-    assert sorted(origin_fetches(s.handle_timer(3.0))) == [0, 1]
+    assert t == 20.0  # others were appointed: give them time
+    assert sorted(origin_fetches(s.handle_timer(20.0))) == [0, 1]
+
+
+def test_no_fetcher_appointed_means_short_patience() -> None:
+    s = Swarm(PeerId("me"), "r1", 2, have("00"), 100,
+              SwarmConfig(origin_patience_s=3.0, appointed_patience_s=20.0),
+              random.Random(1), 0.0)
+    s.handle(PeersFound((), origin_slot=None, origin_slots=4, origin_filled=0), 0.0)
+    assert s.next_timer() == 3.0
 
 
 def test_pending_peer_keeps_origin_owner_away() -> None:

@@ -20,7 +20,12 @@ event it fills free request slots:
    owns chunks `c % k == i` and fetches them at once, announcing each as
    pending so that peers wait for it instead of fetching it too. Any other
    node goes to the origin only when it has been starved for
-   `origin_patience_s` (the owner died, or no one in its view covers a chunk).
+   `origin_patience_s` while the tracker has not answered, or for
+   `appointed_patience_s` once the tracker has appointed fetchers (the owner
+   died, or no one in its view covers a chunk). The second is long on
+   purpose: in a swarm of thousands, most nodes see no holder of a chunk for
+   a few hops' time, and a short patience would send them all to the origin
+   at once.
    That is how each byte leaves the origin about once, whatever the swarm size.
    A new fetcher first hears from the peers the tracker named (their Join
    lists what they are fetching), for at most `settle_s`, so fetchers that
@@ -80,7 +85,8 @@ class SwarmConfig:
     max_origin_inflight: int = 4  # concurrent origin fetches by this node
     request_timeout_s: float = 15.0
     origin_timeout_s: float = 60.0
-    origin_patience_s: float = 3.0  # starved this long -> go to the origin anyway
+    origin_patience_s: float = 3.0  # starved this long, tracker silent -> go to the origin
+    appointed_patience_s: float = 20.0  # the same, when the tracker appointed others
     settle_s: float = 0.5  # wait this long to hear peers' pending lists before fetching
     pending_ttl_s: float = 30.0  # how long a peer's "fetching from origin" counts
     backoff_base_s: float = 0.5
@@ -154,6 +160,7 @@ class Swarm:
         # patience rule still sends us to the origin.
         self._owned = 0
         self._settle_until: float | None = None  # set by the first PeersFound
+        self._fetchers_appointed = False
         self._unheard: set[PeerId] = set()
         self._origin_start = rng.randrange(chunks) if chunks else 0
         self._peers: dict[PeerId, _Peer] = {}
@@ -242,6 +249,7 @@ class Swarm:
                              if h.peer != self.me and h.peer not in self._peers}
             self._settle_until = now + self.config.settle_s if self._unheard else now
         self._owned = self._owned_chunks(event)
+        self._fetchers_appointed = event.origin_filled is None or event.origin_filled > 0
         if event.origin_slot is not None:
             slots = max(1, event.origin_slots)
             self._origin_start = event.origin_slot % slots * self.chunks // slots
@@ -388,7 +396,7 @@ class Swarm:
             (until for s in peers for until in s.pending.values()),
             (s.backoff_until for s in peers),
             self._retry_at.values(),
-            (self._origin_backoff_until, self._last_progress + self.config.origin_patience_s,
+            (self._origin_backoff_until, self._last_progress + self._patience(),
              settle),
         )
         return min((t for t in times if t > self._now), default=None)
@@ -574,7 +582,7 @@ class Swarm:
         todo = self._all & ~self._have & ~self._origin_mask()
         if self.config.use_peers:
             todo &= ~self._requested & ~self._avail_mask & ~self._pending_mask
-            starved = now - self._last_progress >= self.config.origin_patience_s
+            starved = now - self._last_progress >= self._patience()
             if not starved:
                 todo &= self._owned if self._settled(now) else 0
         if not todo:
@@ -586,6 +594,12 @@ class Swarm:
             if self.config.use_peers:
                 actions.append(Advertise(chunk, pending=True))
         return actions
+
+    def _patience(self) -> float:
+        """How long to wait without progress before reading from the origin ourselves."""
+        if self._settle_until is None or not self._fetchers_appointed:
+            return self.config.origin_patience_s
+        return self.config.appointed_patience_s
 
     def _settled(self, now: float) -> bool:
         until = self._settle_until
