@@ -66,7 +66,7 @@ from p2p.swarm.events import (
     Request,
 )
 from p2p.tracker_client import TrackerClient, TrackerError, TrackerUnavailable
-from p2p.wire import Have, Join, Pending, Piece, pack_bits, unpack_bits
+from p2p.wire import Have, Join, Pending, Piece, RemoteProtocolError, pack_bits, unpack_bits
 
 log = logging.getLogger(__name__)
 BURST_BYTES = 4 << 20  # a chunk's worth: idle moments are not lost to the cap
@@ -115,6 +115,7 @@ class Agent:
         self._upload = RateLimiter(_bps(config.upload_mbps), BURST_BYTES)
         self._download = RateLimiter(_bps(config.download_mbps), BURST_BYTES)
         self._upload_slots = asyncio.Semaphore(config.upload_slots)
+        self._buffers = BufferPool()
         self._origins = OriginPool(config.origin_concurrency)
         self._timeouts = Timeouts()
         self._rng = random.Random()
@@ -434,11 +435,18 @@ class Agent:
         if asked is None or session is None or session.swarm.held(msg.chunk):
             await link.conn.discard_payload(msg.len)
             return
-        buf = bytearray(msg.len)
-        await link.conn.recv_payload_into(memoryview(buf), self._download)
-        session.peer_bytes += msg.len
-        self.metrics.peer_bytes.inc(msg.len)
-        self._store_chunk(session, msg.chunk, buf, link.peer)
+        expected = session.manifest.chunk_length(msg.chunk)
+        if msg.len != expected:
+            self._feed(session, ChunkArrived(msg.chunk, link.peer, ok=False))
+            raise RemoteProtocolError(f"piece of {msg.len} bytes for a {expected}-byte chunk")
+        buf = self._buffers.take(msg.len)
+        try:
+            await link.conn.recv_payload_into(memoryview(buf), self._download)
+            session.peer_bytes += msg.len
+            self.metrics.peer_bytes.inc(msg.len)
+            self._store_chunk(session, msg.chunk, buf, link.peer)
+        finally:
+            self._buffers.give(buf)
 
     def on_reject(self, link: Link, content: ContentId, chunk: int, reason: str) -> None:
         session = self.sessions.get(content)
@@ -479,7 +487,7 @@ class Agent:
         manifest = session.manifest
         length = manifest.chunk_length(chunk)
         log.debug("origin fetch %s/%d", session.content, chunk)
-        buf = bytearray(length)
+        buf = self._buffers.take(length)
         try:
             origin = self._origins.for_url(manifest.origin)
             await origin.read_into(manifest.origin, manifest.chunk_offset(chunk), memoryview(buf))
@@ -488,11 +496,13 @@ class Agent:
             log.warning("origin read of %s/%d failed: %s", session.content, chunk, exc)
             session.origin_tasks.pop(chunk, None)
             self._feed(session, ChunkFailed(chunk, None, str(exc)))
-            return
-        session.origin_tasks.pop(chunk, None)
-        session.origin_bytes += length
-        self.metrics.origin_bytes.inc(length)
-        self._store_chunk(session, chunk, buf, None)
+        else:
+            session.origin_tasks.pop(chunk, None)
+            session.origin_bytes += length
+            self.metrics.origin_bytes.inc(length)
+            self._store_chunk(session, chunk, buf, None)
+        finally:
+            self._buffers.give(buf)
 
     # ---- tracker --------------------------------------------------------------
 
@@ -558,6 +568,23 @@ class Agent:
         return {"peer": self.me.peer if self.me else None, "port": self.port,
                 "rack": self.config.rack, "peers_connected": len(self._links),
                 "contents": contents}
+
+
+class BufferPool:
+    """Chunk-sized receive buffers, reused: a fresh 4 MiB bytearray is zeroed first."""
+
+    def __init__(self, keep: int = 8) -> None:
+        self._keep = keep
+        self._free: dict[int, list[bytearray]] = {}
+
+    def take(self, size: int) -> bytearray:
+        free = self._free.get(size)
+        return free.pop() if free else bytearray(size)
+
+    def give(self, buf: bytearray) -> None:
+        free = self._free.setdefault(len(buf), [])
+        if len(free) < self._keep:
+            free.append(buf)
 
 
 def _bps(mbps: float | None) -> float | None:
