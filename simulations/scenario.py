@@ -16,7 +16,8 @@ Layout (see simulations/scenarios/*.toml for complete examples):
     [[origin]] name, egress, max_concurrent, latency, down_at
     [tracker]  handout_limit, announce_interval, peer_ttl, origin_fetchers
     [swarm]    overrides of p2p.swarm.SwarmConfig fields; "_s" fields drop
-               the suffix and take a duration (request_timeout = "15s")
+               the suffix and take a duration (request_timeout = "15s"):
+               origin_patience, appointed_patience and settle among them
     [workload] start_jitter, fail_fraction, fail_window_start, fail_window_end
     [[workload.content]] name, size, chunk_size, origin (name or list),
                hot_fraction, shards

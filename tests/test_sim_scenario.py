@@ -16,6 +16,7 @@ from simulations.scenario import (
     parse_duration,
     parse_size,
 )
+from simulations.strategy import get_strategy
 
 
 @pytest.mark.parametrize("name", bundled())
@@ -70,3 +71,26 @@ def test_override_is_checked_again() -> None:
 def test_missing_scenario_lists_bundled_ones() -> None:
     with pytest.raises(ScenarioError, match=r"bundled: .*small"):
         load("no-such-scenario")
+
+
+def test_patience_and_settle_take_durations_and_reach_the_swarm(tmp_path: Path) -> None:
+    path = tmp_path / "p.toml"
+    path.write_text(BASE.replace("[tracker]", '[swarm]\norigin_patience = "2s"\n'
+                                 'appointed_patience = "1m"\nsettle = "250ms"\n[tracker]'))
+    scenario = load(str(path))
+    assert scenario.swarm_overrides == {"origin_patience_s": 2.0, "appointed_patience_s": 60.0,
+                                        "settle_s": 0.25}
+    config = get_strategy("rack_aware", scenario.swarm_overrides).swarm
+    assert (config.origin_patience_s, config.appointed_patience_s, config.settle_s) == (
+        2.0, 60.0, 0.25)
+
+
+@pytest.mark.parametrize(("value", "words"), [("20", "has no unit"), ('"20GB"', "a size"),
+                                              ('"-1s"', "impossible")])
+def test_bad_appointed_patience_names_the_key(tmp_path: Path, value: str, words: str) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(BASE.replace("[tracker]", f"[swarm]\nappointed_patience = {value}\n[tracker]"))
+    with pytest.raises(ScenarioError) as caught:
+        load(str(path))
+    assert str(caught.value).startswith(f"{path}: swarm.appointed_patience")
+    assert words in str(caught.value)
