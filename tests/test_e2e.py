@@ -66,13 +66,18 @@ async def test_eight_agents_get_identical_copies_with_origin_egress_about_once(
         for index, info in result.per_node.items():
             assert info["complete"] and info["have"] == manifest.chunks, (index, info)
         async with asyncio.timeout(60):
+            served = 0.0
             for agent in agents:
-                await check_metrics_match_status(agent, manifest.content_id, manifest.chunks)
+                served += await check_metrics_match_status(agent, manifest.content_id,
+                                                           manifest.chunks)
+        # Every byte an agent got from a peer, some agent served (cancelled pieces too).
+        assert served >= result.peer_bytes
     finally:
         await cluster.stop()
 
 
-async def check_metrics_match_status(agent: AgentHandle, content: str, chunks: int) -> None:
+async def check_metrics_match_status(agent: AgentHandle, content: str, chunks: int) -> float:
+    """Check the agent's metrics against its status; return the bytes it served."""
     async with agent.client(30.0) as client:
         status = await client.status()
         text = await client.metrics()
@@ -90,3 +95,4 @@ async def check_metrics_match_status(agent: AgentHandle, content: str, chunks: i
     assert metric(text, "bootseer_chunks_rejected_total") == 0, where
     assert metric(text, "bootseer_peers_dropped_total") == 0, where
     assert metric(text, "bootseer_contents") == len(status["contents"]) == 1, where
+    return metric(text, "bootseer_served_bytes_total")

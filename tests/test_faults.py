@@ -186,13 +186,14 @@ async def test_two_of_eight_agents_killed_mid_transfer_the_other_six_finish(
 @pytest.mark.parametrize("swarm_done", [False, True], ids=["swarm-running", "swarm-done"])
 async def test_killed_agent_restarted_resumes_without_refetching_verified_chunks(
         tmp_path: Path, background: Background, swarm_done: bool) -> None:
-    """After a restart the agent fetches exactly the chunks it had not verified, once each.
+    """After a restart the agent fetches exactly the chunks it lacks, once each.
+
+    What it lacks: the chunks it had not verified when it was killed, and two
+    that we damage on its disk meanwhile (re-verified away at start).
 
     swarm-running: it comes back while the others are still fetching.
     swarm-done: it comes back once the others hold everything, and the origin
-    has become slow (busy with other work): the chunks it starts fetching from
-    the origin before its peers connect are then on offer from those peers
-    too, and must still arrive only once.
+    has become slow (busy with other work).
     """
     # End-game duplicates are a deliberate double transfer of a chunk that is not
     # yet held; they are off here so that the byte count below can be exact.
@@ -212,8 +213,16 @@ async def test_killed_agent_restarted_resumes_without_refetching_verified_chunks
         await until(a_quarter_done, 60.0, "the victim holds a quarter of the chunks")
         have_before = (await info(victim, content))["have"]
         await victim.child.stop(signal.SIGKILL)
-        held = len(chunk_files(victim, content))  # exactly what was verified when it died
-        assert have_before <= held < CHUNKS
+        files = chunk_files(victim, content)  # exactly what was verified when it died
+        assert have_before <= len(files) < CHUNKS
+        # Damage two of them, as a power loss could: those no longer count as verified.
+        flipped, torn = sorted(files)[:2]
+        with open(flipped, "r+b") as f:
+            first = f.read(1)
+            f.seek(0)
+            f.write(bytes([first[0] ^ 0xFF]))
+        os.truncate(torn, CHUNK // 2)
+        held = len(files) - 2
         if swarm_done:
             async with asyncio.timeout(ROUND_TIMEOUT_S):
                 assert all("error" not in r for r in (await others).values())
@@ -223,13 +232,14 @@ async def test_killed_agent_restarted_resumes_without_refetching_verified_chunks
                                           store_dir=victim.store_dir, name="agent0")
         resumed = await info(again, content)  # it reopens what its store holds by itself
         assert resumed.get("have", 0) >= held, (held, resumed)
+        assert not [p for p in (victim.store_dir / content).iterdir() if p.name.endswith(".tmp")]
 
         async with asyncio.timeout(ROUND_TIMEOUT_S), again.client() as client:
             done = await client.ensure(content)
         fetched = done["origin_bytes"] + done["peer_bytes"]
         missing = (CHUNKS - held) * CHUNK
         assert fetched <= missing, (
-            f"held {held} of {CHUNKS} verified chunks when killed; after the restart it "
+            f"held {held} of {CHUNKS} good chunks when killed; after the restart it "
             f"fetched {fetched / CHUNK:.2f} chunks' worth ({done}), not {CHUNKS - held}")
         assert fetched >= missing, (fetched, missing, done)
         await round_of(cluster, [again, *agents[1:]], source, content)
@@ -245,6 +255,47 @@ async def restart_origin(cluster: LocalCluster, root: Path, rate_mbps: float) ->
     new = await cluster.spawn("origin-slow", ["origin", str(root), "--port", port,
                                               "--rate-mbps", str(rate_mbps)])
     assert new.ready["url"] == cluster.origin_url
+
+
+async def test_seeder_joining_mid_transfer_every_chunk_arrives_once(
+        tmp_path: Path, background: Background) -> None:
+    """An agent pulls from a slow origin; a node that holds the whole content joins.
+
+    The agent should switch to the seeder for what it lacks, and take every
+    chunk once: a chunk already on its way from the origin must not also be
+    fetched from the seeder (or its origin fetch must be dropped when the
+    seeder's copy lands).
+    """
+    config = {**CAPPED, "swarm": {"endgame_duplicates": 0}}  # no deliberate duplicates
+    cluster = LocalCluster(tmp_path / "cluster")
+    try:
+        source, manifest = await start_cluster(cluster, tmp_path)
+        content = manifest.content_id
+        (seeder,) = await start_agents(cluster, range(1))
+        await round_of(cluster, [seeder], source, content)
+        assert await seeder.child.stop() == 0  # SIGTERM: it leaves the swarm
+        await restart_origin(cluster, source.parent, rate_mbps=2.0)
+
+        (puller,) = await start_agents(cluster, range(1, 2), config)
+        pulling = background.start(wait_all_complete([puller], content, ROUND_TIMEOUT_S))
+
+        async def under_way() -> bool:
+            return int((await info(puller, content)).get("have", 0)) >= 1
+
+        await until(under_way, 60.0, "the puller got a chunk from the origin")
+        back = await cluster.start_agent(0, "rack0", store_dir=seeder.store_dir, name="agent0")
+        async with asyncio.timeout(ROUND_TIMEOUT_S):
+            done = (await pulling)[1]
+        assert "error" not in done, done
+        assert done["peer_bytes"] > 0, f"never used the seeder: {done}"
+        fetched = done["origin_bytes"] + done["peer_bytes"]
+        assert fetched == SIZE, (
+            f"took {fetched / CHUNK:.0f} chunks for {CHUNKS} "
+            f"({done['origin_bytes'] // CHUNK} from the origin, "
+            f"{done['peer_bytes'] // CHUNK} from the seeder)")
+        await round_of(cluster, [back, puller], source, content)
+    finally:
+        await cluster.stop()
 
 
 # ---- a peer that sends garbage ------------------------------------------------------
@@ -457,7 +508,8 @@ async def test_tracker_restarted_mid_transfer_the_transfer_completes(
         source, manifest = await start_cluster(cluster, tmp_path)
         content = manifest.content_id
         tracker = next(c for c in cluster.children if c.name == "tracker")
-        agents = await start_agents(cluster, range(4), CAPPED)
+        slow = {**CAPPED, "download_mbps": 10.0}  # >= 6 s a copy: the restart falls inside
+        agents = await start_agents(cluster, range(4), slow)
         first = background.start(wait_all_complete(agents, content, ROUND_TIMEOUT_S))
 
         async def under_way() -> bool:
@@ -474,7 +526,7 @@ async def test_tracker_restarted_mid_transfer_the_transfer_completes(
                                                  str(cluster.workdir / "tracker")])
         assert again.ready["url"] == cluster.tracker_url
         # A newcomer needs the manifest the first tracker persisted, and peers from this one.
-        (late,) = await start_agents(cluster, range(4, 5), CAPPED)
+        (late,) = await start_agents(cluster, range(4, 5), slow)
         await round_of(cluster, [*agents, late], source, content)
         assert all("error" not in r for r in (await first).values()), await first
         assert metric(await tracker_metrics(cluster), "bootseer_tracker_announces_total") > 0
