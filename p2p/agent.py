@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, assert_never
 
+from p2p.auth import AuthError
 from p2p.config import AgentConfig
 from p2p.content import ContentId, Manifest, PeerId
 from p2p.link import Link
@@ -319,11 +320,13 @@ class Agent:
                 raise OSError(f"no address known for {peer}")
             assert self.me is not None
             conn = await connect(addr, self.me, self._secret, self._timeouts)
-        except Exception as exc:
-            log.debug("cannot connect to %s: %s", peer, exc)
+        except Exception as exc:  # any dial failure is a lost peer
+            hostile = isinstance(exc, AuthError | RemoteProtocolError)
+            log.log(logging.WARNING if hostile else logging.DEBUG,
+                    "cannot connect to %s: %s", peer, exc)
             for session in self._sessions_of(self._dial_for.pop(peer, set())):
                 if peer not in session.links:
-                    self._feed(session, PeerLost(peer, f"connect failed: {exc}"))
+                    self._feed(session, PeerLost(peer, f"connect failed: {exc}", hostile))
             return
         finally:
             self._dialing.pop(peer, None)
@@ -371,8 +374,7 @@ class Agent:
         link = session.links.pop(peer, None) or self._links.get(peer)
         if link is not None and hostile:
             log.warning("dropping peer %s: %s", peer, reason)
-            self.metrics.peers_dropped.inc()
-            link.close(reason)
+            link.close(reason, hostile=True)
 
     def _advertise(self, session: Session, chunk: int, pending: bool) -> None:
         msg = (Pending(content=session.content, chunk=chunk) if pending
@@ -456,14 +458,16 @@ class Agent:
     def on_served(self, nbytes: int) -> None:
         self.metrics.served_bytes.inc(nbytes)
 
-    def link_closed(self, link: Link, reason: str) -> None:
+    def link_closed(self, link: Link, reason: str, hostile: bool) -> None:
         if self._links.get(link.peer) is link:
             del self._links[link.peer]
         self.metrics.peers_connected.set(len(self._links))
+        if hostile:
+            self.metrics.peers_dropped.inc()
         for session in list(self.sessions.values()):
             if session.links.get(link.peer) is link:
                 del session.links[link.peer]
-                self._feed(session, PeerLost(link.peer, reason))
+                self._feed(session, PeerLost(link.peer, reason, hostile))
 
     # ---- chunks ---------------------------------------------------------------
 

@@ -38,7 +38,7 @@ class LinkOwner(Protocol):
                        asked: tuple[ContentId, int] | None) -> None: ...
     def on_reject(self, link: Link, content: ContentId, chunk: int, reason: str) -> None: ...
     def on_served(self, nbytes: int) -> None: ...
-    def link_closed(self, link: Link, reason: str) -> None: ...
+    def link_closed(self, link: Link, reason: str, hostile: bool) -> None: ...
 
 
 class Link:
@@ -92,13 +92,10 @@ class Link:
         if req is not None:
             self._asked.pop(req, None)
 
-    def outstanding(self, content: ContentId) -> list[int]:
-        return [chunk for c, chunk in self._asked.values() if c == content]
-
     # ---- loops ----------------------------------------------------------------
 
     async def _read_loop(self) -> None:
-        reason = "closed"
+        reason, hostile = "closed", False
         try:
             while True:
                 msg = await self.conn.recv()
@@ -106,11 +103,11 @@ class Link:
         except ConnectionClosed:
             reason = "peer closed the connection"
         except RemoteProtocolError as exc:
-            reason = f"protocol error: {exc}"
+            reason, hostile = f"protocol error: {exc}", True
             log.warning("dropping peer %s: %s", self.peer, exc)
         except OSError as exc:
             reason = f"connection error: {exc.strerror or exc}"
-        self.close(reason)
+        self.close(reason, hostile)
 
     async def _dispatch(self, msg: Message) -> None:
         match msg:
@@ -160,7 +157,7 @@ class Link:
             finally:
                 os.close(fd)
 
-    def close(self, reason: str) -> None:
+    def close(self, reason: str, hostile: bool = False) -> None:
         if self._closed:
             return
         self._closed = True
@@ -170,4 +167,4 @@ class Link:
                 task.cancel()
         with contextlib.suppress(Exception):
             self.conn.close()
-        self._owner.link_closed(self, reason)
+        self._owner.link_closed(self, reason, hostile)

@@ -338,3 +338,18 @@ def test_random_event_storm_keeps_bookkeeping_consistent(seed: int) -> None:
                 assert not s.held(a.chunk)
         if s.complete:
             break
+
+
+def test_chunk_coming_from_the_origin_is_not_also_asked_of_a_peer() -> None:
+    s, first = alone("0000", max_origin_inflight=4)
+    assert sorted(origin_fetches(first)) == [0, 1, 2, 3]
+    join(s, A, "0000")
+    assert requests(s.handle(PeerHas(A, 0), 1.0)) == []
+
+
+def test_peer_failing_authentication_is_reported_and_not_redialled_soon() -> None:
+    s = swarm("0", backoff_max_s=30.0)
+    s.handle(PeersFound((PeerHint(A, "r1"),), origin_slot=None, origin_slots=1), 0.0)
+    acts = s.handle(PeerLost(A, "connect failed: bad secret", hostile=True), 0.1)
+    assert Report(A, "connect failed: bad secret") in acts
+    assert not any(isinstance(a, Connect) for a in s.handle_timer(5.0))

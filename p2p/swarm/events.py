@@ -68,10 +68,14 @@ class PeerPending:
 
 @dataclass(frozen=True, slots=True)
 class PeerLost:
-    """The connection to `peer` closed, or could not be opened."""
+    """The connection to `peer` closed, or could not be opened.
+
+    `hostile`: it failed authentication or broke the protocol.
+    """
 
     peer: PeerId
     reason: str
+    hostile: bool = False
 
 
 @dataclass(frozen=True, slots=True)

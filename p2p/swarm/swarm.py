@@ -224,8 +224,11 @@ class Swarm:
                 actions += self._on_peer_joined(event, now)
             case PeerHas(peer, chunk):
                 actions += self._on_peer_has(peer, chunk)
-            case PeerLost(peer, _):
+            case PeerLost(peer, reason, hostile):
                 self._drop_peer(peer, now)
+                if hostile:
+                    self._retry_at[peer] = now + self.config.backoff_max_s
+                    actions.append(Report(peer, reason))
             case ChunkArrived():
                 actions += self._on_chunk_arrived(event, now)
             case ChunkFailed():
@@ -532,7 +535,7 @@ class Swarm:
         offered = 0
         for state in free.values():
             offered |= state.have
-        wanted = offered & ~self._have & ~self._requested
+        wanted = offered & ~self._have & ~self._requested & ~self._origin_mask()
         actions: list[Action] = []
         for chunk in self._ordered(wanted, limit=budget * 4):
             if budget == 0 or not free:
