@@ -12,7 +12,13 @@ tracker settings. It compares the time until the last node completes and the
 origin egress ratio, for the swarm and for the origin-only baseline, and
 writes the table to simulations/CALIBRATION.md (or --out).
 
-    python benchmarks/calibrate.py [--nodes 4 8 16 32] [--size 64MiB] ...
+    python benchmarks/calibrate.py [--nodes 4 8 16 32] [--size 64MiB] [--repeat 2]
+        [--swarm appointed_patience_s=20] [--upload-slots 4] ...
+
+`--swarm KEY=VALUE` sets a SwarmConfig field for the real agents (as
+`--agent-option swarm.KEY=VALUE`) and the simulator alike; `--upload-slots`
+does the same for the agents' upload slots. Each real point runs `--repeat`
+times (default 2), because real runs on a shared machine are noisy.
 
 Targets (issue 3): predicted completion within +-15% of measured, origin
 egress within +-5%.
@@ -26,12 +32,14 @@ import shlex
 import subprocess
 import sys
 import time
-from dataclasses import replace
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from p2p.swarm import SwarmConfig
 from simulations import report
 from simulations.network import NetworkSpec, OriginSpec
+from simulations.node import UPLOAD_SLOTS
 from simulations.scenario import Scenario, parse_size
 from simulations.simulation import Simulation
 from simulations.tracker import TrackerSpec
@@ -47,6 +55,8 @@ def bench(nodes: int, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     cmd = ["bootseer", "bench", "swarm", "--nodes", str(nodes), "--size", args.size,
            "--node-cap", str(args.node_cap), "--origin-cap", str(args.origin_cap),
            "--chunk-size-mb", str(args.chunk_mb), "--racks", str(args.racks), "--json"]
+    for option in agent_options(args):
+        cmd += ["--agent-option", option]
     exe = Path(sys.executable).with_name("bootseer")
     run = [str(exe) if exe.exists() else cmd[0], *cmd[1:]]
     done = subprocess.run(run, capture_output=True, text=True, timeout=args.timeout)
@@ -55,6 +65,29 @@ def bench(nodes: int, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
         raise SystemExit(f"{shlex.join(cmd)} failed ({done.returncode}): "
                          f"{(done.stderr or done.stdout).strip()[-400:]}")
     return shlex.join(cmd), json.loads(lines[-1])
+
+
+def agent_options(args: argparse.Namespace) -> list[str]:
+    """The --swarm and --upload-slots settings, as the bench's --agent-option values."""
+    options = [f"swarm.{key}={value}" for key, value in swarm_overrides(args).items()]
+    if args.upload_slots is not None:
+        options.append(f"upload_slots={args.upload_slots}")
+    return options
+
+
+def swarm_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """--swarm KEY=VALUE pairs as SwarmConfig overrides (checked against its fields)."""
+    kinds = {f.name: f.type for f in fields(SwarmConfig)}
+    overrides: dict[str, Any] = {}
+    for pair in args.swarm:
+        key, sep, value = pair.partition("=")
+        if not sep or key not in kinds:
+            raise SystemExit(f"--swarm wants KEY=VALUE with KEY a SwarmConfig field "
+                             f"({', '.join(sorted(kinds))}), got {pair!r}")
+        kind = str(kinds[key])
+        overrides[key] = (float(value) if kind.startswith("float") else
+                          int(value) if kind.startswith("int") else value)
+    return overrides
 
 
 def scenario(nodes: int, args: argparse.Namespace, strategy: str) -> Scenario:
@@ -66,22 +99,30 @@ def scenario(nodes: int, args: argparse.Namespace, strategy: str) -> Scenario:
         cross_rack_latency_s=LOOPBACK_LATENCY_S, rate_update_s=args.rate_update_ms / 1000,
         origins=(OriginSpec("origin", origin_bps, ORIGIN_CONCURRENCY, ORIGIN_LATENCY_S),))
     workload = Workload((ContentKind("content", size, args.chunk_mb * 2**20, ("origin",)),))
+    slots = UPLOAD_SLOTS if args.upload_slots is None else args.upload_slots
     return Scenario(name="calibration", source="benchmarks/calibrate.py", nodes=nodes,
                     seed=args.seed, strategy=strategy, network=network,
-                    tracker=TrackerSpec(), workload=workload)
+                    tracker=TrackerSpec(), workload=workload,
+                    swarm_overrides=swarm_overrides(args), upload_slots=slots)
 
 
-def simulate(s: Scenario) -> dict[str, Any]:
+def simulate(s: Scenario) -> tuple[dict[str, Any], list[float]]:
+    """The run's summary, and every node's completion time (as the bench's node_seconds)."""
     started = time.perf_counter()
     sim = Simulation(s)
     stop = sim.run()
-    return report.collect(sim, stop, time.perf_counter() - started).summary
+    summary = report.collect(sim, stop, time.perf_counter() - started).summary
+    return summary, sorted(n.complete_s - n.start_s for n in sim.nodes if n.complete_s)
 
 
 def pct(predicted: float, measured: float | None) -> str:
     if not measured:
         return "-"
     return f"{100 * (predicted - measured) / measured:+.1f}%"
+
+
+def mean(values: list[float]) -> float:
+    return sum(values) / len(values)
 
 
 def main() -> int:
@@ -92,6 +133,12 @@ def main() -> int:
     p.add_argument("--origin-cap", type=float, default=40.0, help="MB/s out of the origin")
     p.add_argument("--chunk-mb", type=int, default=4)
     p.add_argument("--racks", type=int, default=2)
+    p.add_argument("--repeat", type=int, default=2, help="real runs per N (they are noisy)")
+    p.add_argument("--swarm", action="append", default=[], metavar="KEY=VALUE",
+                   help="a SwarmConfig field for agents and simulator alike, "
+                        "e.g. appointed_patience_s=20")
+    p.add_argument("--upload-slots", type=int, default=None,
+                   help="the agents' upload_slots, for both (default: the agent's)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--rate-update-ms", type=float, default=5.0)
     p.add_argument("--timeout", type=float, default=1800.0)
@@ -100,49 +147,77 @@ def main() -> int:
 
     rows, commands = [], []
     for n in args.nodes:
-        command, real = bench(n, args)
+        sim, sim_nodes = simulate(scenario(n, args, "rack_aware"))
+        base, _ = simulate(scenario(n, args, "origin_only"))
+        reals = []
+        for _ in range(args.repeat):
+            command, real = bench(n, args)
+            reals.append(real)
+            print(json.dumps({
+                "nodes": n, "measured_s": real["seconds"],
+                "simulated_s": round(sim["makespan_s"], 3),
+                "measured_node_p50_s": median(real["node_seconds"]),
+                "simulated_node_p50_s": round(median(sim_nodes), 3),
+                "measured_egress": real["origin_egress_ratio"],
+                "simulated_egress": round(sim["origin_egress_ratio"], 4),
+                "measured_baseline_s": real.get("baseline_seconds"),
+                "simulated_baseline_s": round(base["makespan_s"], 3)}), flush=True)
         commands.append(command)
-        sim = simulate(scenario(n, args, "rack_aware"))
-        base = simulate(replace(scenario(n, args, "origin_only")))
-        row = {"nodes": n, "real": real, "sim": sim, "base": base}
-        rows.append(row)
-        print(json.dumps({"nodes": n, "measured_s": real["seconds"],
-                          "simulated_s": round(sim["makespan_s"], 3),
-                          "measured_egress": real["origin_egress_ratio"],
-                          "simulated_egress": round(sim["origin_egress_ratio"], 4),
-                          "measured_baseline_s": real.get("baseline_seconds"),
-                          "simulated_baseline_s": round(base["makespan_s"], 3)}), flush=True)
+        rows.append({"nodes": n, "reals": reals, "sim": sim, "sim_nodes": sim_nodes,
+                     "base": base})
     args.out.write_text(table(rows, commands, args))
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
 
 
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
 def table(rows: list[dict[str, Any]], commands: list[str], args: argparse.Namespace) -> str:
+    flags = [f"--nodes {' '.join(map(str, args.nodes))}", f"--size {args.size}",
+             f"--node-cap {args.node_cap:g}", f"--origin-cap {args.origin_cap:g}",
+             f"--chunk-mb {args.chunk_mb}", f"--racks {args.racks}", f"--repeat {args.repeat}"]
+    flags += [f"--swarm {s}" for s in args.swarm]
+    if args.upload_slots is not None:
+        flags.append(f"--upload-slots {args.upload_slots}")
     lines = [
         "# Calibration: simulator vs real agents",
         "",
-        f"Produced by `python benchmarks/calibrate.py --nodes {' '.join(map(str, args.nodes))} "
-        f"--size {args.size} --node-cap {args.node_cap:g} --origin-cap {args.origin_cap:g} "
-        f"--chunk-mb {args.chunk_mb} --racks {args.racks}` on {time.strftime('%Y-%m-%d')}.",
-        "Measured: `bootseer bench swarm` (real agents, tracker and origin on loopback).",
-        "Simulated: the same setup in `simulations` (time until the last node completes).",
-        "Targets: completion within +-15%, origin egress within +-5%.",
+        f"Produced by `python benchmarks/calibrate.py {' '.join(flags)}` "
+        f"on {time.strftime('%Y-%m-%d')}.",
+        "Measured: `bootseer bench swarm` (real agents, tracker and origin on loopback), "
+        f"{args.repeat} runs per N, each listed (`a / b`).",
+        "Simulated: the same setup in `simulations` (deterministic: one value).",
+        "Completion is the time until the last node holds the content; node p50 is the",
+        "median of the per-node times (`node_seconds`). Errors are against the mean of",
+        "the measured runs. Targets: completion within +-15%, origin egress within +-5%.",
         "",
-        "| N | measured s | simulated s | error | measured egress | simulated egress | error "
-        "| baseline measured s | baseline simulated s | error | bound s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| N | measured s | simulated s | error | node p50 measured | node p50 simulated "
+        "| error | measured egress | simulated egress | error | baseline measured s "
+        "| baseline simulated s | error | bound s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        real, sim, base = r["real"], r["sim"], r["base"]
+        reals, sim, base = r["reals"], r["sim"], r["base"]
+        seconds = [x["seconds"] for x in reals]
+        p50s = [median(x["node_seconds"]) for x in reals]
+        egress = [x["origin_egress_ratio"] for x in reals]
+        bases = [x["baseline_seconds"] for x in reals if x.get("baseline_seconds")]
+        sim_p50 = median(r["sim_nodes"])
         lines.append(
-            f"| {r['nodes']} | {real['seconds']:.2f} | {sim['makespan_s']:.2f} "
-            f"| {pct(sim['makespan_s'], real['seconds'])} "
-            f"| {real['origin_egress_ratio']:.3f} | {sim['origin_egress_ratio']:.3f} "
-            f"| {pct(sim['origin_egress_ratio'], real['origin_egress_ratio'])} "
-            f"| {real.get('baseline_seconds') or '-'} | {base['makespan_s']:.2f} "
-            f"| {pct(base['makespan_s'], real.get('baseline_seconds'))} "
-            f"| {real.get('bound_seconds') or '-'} |")
-    lines += ["", "Commands run for the measured columns:", ""]
+            f"| {r['nodes']} | {' / '.join(f'{x:.2f}' for x in seconds)} "
+            f"| {sim['makespan_s']:.2f} | {pct(sim['makespan_s'], mean(seconds))} "
+            f"| {' / '.join(f'{x:.2f}' for x in p50s)} | {sim_p50:.2f} "
+            f"| {pct(sim_p50, mean(p50s))} "
+            f"| {' / '.join(f'{x:.3f}' for x in egress)} | {sim['origin_egress_ratio']:.3f} "
+            f"| {pct(sim['origin_egress_ratio'], mean(egress))} "
+            f"| {' / '.join(f'{x:.2f}' for x in bases) or '-'} | {base['makespan_s']:.2f} "
+            f"| {pct(base['makespan_s'], mean(bases) if bases else None)} "
+            f"| {reals[0].get('bound_seconds') or '-'} |")
+    lines += ["", "Commands run for the measured columns (each run --repeat times):", ""]
     lines += [f"    {c}" for c in commands]
     return "\n".join(lines) + "\n"
 

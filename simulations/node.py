@@ -10,12 +10,24 @@ no policy: the simulation feeds its swarms events and carries out their
 actions (see `simulations.simulation`).
 
 A `Transfer` is one chunk in flight, from a peer or an origin. It waits one
-latency (the request travelling), then becomes a flow in the network model,
-or is dropped if it was cancelled meanwhile.
+latency (the request travelling); a peer's transfer then waits in the
+sender's `Uploads`, an origin's in the origin's queue, and only then becomes
+a flow in the network model.
+
+`Uploads` is the agent's upload side (p2p/link.py), not a policy: every link
+serves its peer's requests one at a time, in order, and a node-wide
+semaphore lets at most `upload_slots` pieces go out at once; a link whose
+next piece waits for a slot queues behind the links that waited first. So a
+new chunk reaches its first few requesters at a large share of the sender's
+upload, and they can relay it sooner than if every requester got a thin
+share at once. A request the receiver has cancelled is still sent (the wire
+has no cancel message; the receiver drops the piece), which the simulation
+counts as wasted bytes.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 from p2p.content import PeerId
@@ -26,19 +38,100 @@ ORIGIN = -1  # the `src` of a transfer from an origin
 TransferKey = tuple[int, int, int, int]  # (dst node, content, src node or ORIGIN, chunk)
 
 
+UPLOAD_SLOTS = 4  # p2p.config.AgentConfig.upload_slots (a test keeps them equal)
+
+
 class Transfer:
-    __slots__ = ("cancelled", "chunk", "content", "dst", "flow", "nbytes", "origin", "src")
+    __slots__ = ("cancelled", "chunk", "content", "dst", "flow", "nbytes", "origin", "orphan",
+                 "src", "stage")
 
     def __init__(self, dst: int, content: int, src: int, chunk: int, nbytes: int,
                  origin: int = -1) -> None:
         self.dst, self.content, self.src, self.chunk = dst, content, src, chunk
         self.nbytes, self.origin = nbytes, origin
         self.flow = -1  # network flow id once bytes move
-        self.cancelled = False
+        self.stage = TRAVELLING
+        self.cancelled = False  # a connection broke: nothing more happens
+        self.orphan = False  # the receiver cancelled it: bytes still move, then are dropped
 
     @property
     def key(self) -> TransferKey:
         return (self.dst, self.content, self.src, self.chunk)
+
+
+# Transfer.stage
+TRAVELLING = 0  # the request is on its way
+QUEUED = 1  # in its link's queue at the sender
+READY = 2  # at the head of its link, waiting for an upload slot
+SENDING = 3  # a flow in the network model
+
+
+class Uploads:
+    """A node's upload side: a FIFO per link, at most `slots` pieces sent at once.
+
+    `add` and `finished` return the transfers that start sending now; the
+    caller turns them into flows. Links are keyed by the receiving node.
+    """
+
+    __slots__ = ("busy", "engaged", "queues", "ready", "slots")
+
+    def __init__(self, slots: int) -> None:
+        self.slots = slots
+        self.busy = 0  # pieces being sent
+        self.queues: dict[int, deque[Transfer]] = {}  # link -> requests behind its current one
+        self.engaged: set[int] = set()  # links whose current request is ready or sending
+        self.ready: deque[Transfer] = deque()  # current requests waiting for a slot, in order
+
+    def add(self, t: Transfer) -> list[Transfer]:
+        if t.dst in self.engaged:
+            t.stage = QUEUED
+            self.queues.setdefault(t.dst, deque()).append(t)
+            return []
+        self.engaged.add(t.dst)
+        return self._acquire(t)
+
+    def finished(self, t: Transfer) -> list[Transfer]:
+        """`t` stopped sending (done or aborted): its slot and its link move on."""
+        self.busy -= 1
+        started = []
+        if self.ready:
+            nxt = self.ready.popleft()
+            nxt.stage = SENDING
+            self.busy += 1
+            started.append(nxt)
+        return started + self._next_on_link(t.dst)
+
+    def drop(self, t: Transfer) -> list[Transfer]:
+        """Forget `t`, which has not started sending; returns what starts instead."""
+        if t.stage == QUEUED:
+            queue = self.queues[t.dst]
+            queue.remove(t)
+            if not queue:
+                del self.queues[t.dst]
+            return []
+        if t.stage == READY:
+            self.ready.remove(t)
+            return self._next_on_link(t.dst)
+        return []
+
+    def _next_on_link(self, link: int) -> list[Transfer]:
+        queue = self.queues.get(link)
+        if not queue:
+            self.engaged.discard(link)
+            return []
+        nxt = queue.popleft()
+        if not queue:
+            del self.queues[link]
+        return self._acquire(nxt)
+
+    def _acquire(self, t: Transfer) -> list[Transfer]:
+        if self.busy < self.slots:
+            self.busy += 1
+            t.stage = SENDING
+            return [t]
+        t.stage = READY
+        self.ready.append(t)
+        return []
 
 
 @dataclass(slots=True)
@@ -61,10 +154,11 @@ class Counters:
 class SimNode:
     __slots__ = ("alive", "complete_s", "conns", "counters", "fail_s", "hot_left", "index",
                  "needs", "origin_pending", "peer", "rack", "rack_index", "ready_left",
-                 "ready_s", "start_s", "swarms", "timer_at", "transfers", "unfinished")
+                 "ready_s", "start_s", "swarms", "timer_at", "transfers", "unfinished",
+                 "uploads")
 
     def __init__(self, index: int, rack_index: int, needs: tuple[int, ...], start_s: float,
-                 fail_s: float | None) -> None:
+                 fail_s: float | None, upload_slots: int = UPLOAD_SLOTS) -> None:
         self.index = index
         self.peer = PeerId(f"n{index:06d}")
         self.rack_index = rack_index
@@ -76,7 +170,8 @@ class SimNode:
         self.swarms: dict[int, Swarm] = {}
         self.conns: dict[int, dict[int, None]] = {}  # content -> connected nodes, in order
         self.origin_pending: dict[int, int] = {}  # content -> mask of chunks from the origin
-        self.transfers: dict[TransferKey, None] = {}  # as sender or receiver
+        self.transfers: dict[Transfer, None] = {}  # as sender or receiver, in start order
+        self.uploads = Uploads(upload_slots)
         self.timer_at: dict[int, float] = {}
         self.hot_left: dict[int, int] = {}  # content -> hot chunks still missing (prefetch)
         self.ready_left = len(needs)  # contents not yet ready to start on

@@ -15,6 +15,8 @@ Layout (see simulations/scenarios/*.toml for complete examples):
                same_rack_latency, cross_rack_latency, rate_update
     [[origin]] name, egress, max_concurrent, latency, down_at
     [tracker]  handout_limit, announce_interval, peer_ttl, origin_fetchers
+    [agent]    upload_slots (pieces a node sends at once, as the agent's
+               setting of that name)
     [swarm]    overrides of p2p.swarm.SwarmConfig fields; "_s" fields drop
                the suffix and take a duration (request_timeout = "15s"):
                origin_patience, appointed_patience and settle among them
@@ -36,6 +38,7 @@ from typing import Any
 
 from p2p.swarm import SwarmConfig
 from simulations.network import NetworkSpec, OriginSpec
+from simulations.node import UPLOAD_SLOTS
 from simulations.strategy import STRATEGIES
 from simulations.tracker import TrackerSpec
 from simulations.workload import ContentKind, Workload
@@ -60,6 +63,7 @@ class Scenario:
     swarm_overrides: dict[str, Any] = field(default_factory=dict)
     max_time_s: float = 6 * 3600.0
     stall_after_s: float = 120.0
+    upload_slots: int = UPLOAD_SLOTS
 
 
 # ---- units --------------------------------------------------------------------
@@ -268,6 +272,13 @@ def _swarm(top: _Table) -> dict[str, Any]:
     return overrides
 
 
+def _agent(top: _Table) -> int:
+    t = top.table("agent")
+    slots: int = t.get("upload_slots", _int, UPLOAD_SLOTS, minimum=1)
+    t.done()
+    return slots
+
+
 def _workload(top: _Table, origin_names: set[str]) -> Workload:
     t = top.table("workload")
     kinds = []
@@ -315,7 +326,8 @@ def parse(data: dict[str, Any], source: str, name: str) -> Scenario:
         workload=_workload(top, {o.name for o in network.origins}),
         swarm_overrides=_swarm(top),
         max_time_s=run.get("max_time", parse_duration, 6 * 3600.0, above=0),
-        stall_after_s=run.get("stall_after", parse_duration, 120.0, above=0))
+        stall_after_s=run.get("stall_after", parse_duration, 120.0, above=0),
+        upload_slots=_agent(top))
     run.done()
     top.done()
     check(scenario)

@@ -10,12 +10,14 @@ actions the swarm returns as scheduled callbacks and network flows:
 | action              | what happens                                             |
 |---------------------|----------------------------------------------------------|
 | Connect(p)          | after one latency, PeerJoined to both sides (or PeerLost) |
-| Request(p, c)       | after one latency, a flow from p (which must hold c);     |
-|                     | ChunkArrived(c, p) when its last byte lands               |
+| Request(p, c)       | after one latency, a place in p's uploads (one piece at a |
+|                     | time per link, `upload_slots` per node; p must hold c),   |
+|                     | then a flow; ChunkArrived(c, p) when its last byte lands  |
 | FetchFromOrigin(c)  | after the origin latency, a slot in the origin's queue,   |
 |                     | then a flow; ChunkArrived(c, None); ChunkFailed if down   |
 | Advertise(c)        | PeerHas (PeerPending) to every connected peer, one batch  |
-| Cancel(p, c)        | the flow stops; its bytes so far count as wasted          |
+| Cancel(p, c)        | forgotten here; p still sends it (no cancel on the wire)  |
+|                     | and its bytes count as wasted                             |
 | Disconnect(p)       | PeerLost to the other side; their transfers stop          |
 | Report / Complete / Abort | counted / completion time / failure recorded        |
 
@@ -58,7 +60,7 @@ from p2p.swarm.events import (
 )
 from simulations.engine import Loop
 from simulations.network import Flows, Origin, Topology
-from simulations.node import ORIGIN, SimNode, Transfer
+from simulations.node import ORIGIN, SENDING, TRAVELLING, SimNode, Transfer, Uploads
 from simulations.scenario import Scenario
 from simulations.strategy import get_strategy
 from simulations.tracker import SimTracker
@@ -84,7 +86,8 @@ class Simulation:
         self.tracker = SimTracker(scenario.tracker, self.strategy.handout,
                                   random.Random(f"{scenario.seed}/tracker"))
         self.nodes = [SimNode(i, self.top.rack_of[i], self.plan.needs[i], self.plan.start_s[i],
-                              self.plan.fail_s[i]) for i in range(scenario.nodes)]
+                              self.plan.fail_s[i], scenario.upload_slots)
+                      for i in range(scenario.nodes)]
         self._index = {node.peer: node.index for node in self.nodes}
         self._transfers: dict[tuple[int, int, int, int], Transfer] = {}
         self._by_flow: dict[int, Transfer] = {}
@@ -172,8 +175,9 @@ class Simulation:
         node.alive = False
         if node.complete_s is None:
             self.unfinished -= 1
-        for key in list(node.transfers):
-            self._abort(self._transfers[key])
+        for transfer in list(node.transfers):
+            self._abort(transfer)
+        node.uploads = Uploads(node.uploads.slots)
         for c, conns in node.conns.items():
             for q in list(conns):
                 self.nodes[q].conns[c].pop(n, None)
@@ -249,8 +253,8 @@ class Simulation:
             elif kind is Cancel:
                 assert isinstance(action, Cancel)
                 key = (n, c, self._index[action.peer], action.chunk)
-                if (transfer := self._transfers.get(key)) is not None:
-                    self._abort(transfer)
+                if (transfer := self._transfers.pop(key, None)) is not None:
+                    transfer.orphan = True  # the agent forgets it; the sender still sends
             elif kind is FetchFromOrigin:
                 assert isinstance(action, FetchFromOrigin)
                 self._fetch_origin(n, c, action.chunk)
@@ -303,8 +307,8 @@ class Simulation:
         if node.conns[c].pop(p, None) is None:
             return
         other.conns[c].pop(n, None)
-        for key in [k for k in node.transfers if k[1] == c and p in (k[0], k[2])]:
-            self._abort(self._transfers[key])
+        for transfer in [t for t in node.transfers if t.content == c and p in (t.dst, t.src)]:
+            self._abort(transfer)
         self.loop.after(self.top.latency(n, p), self._lost, (p, c, n))
 
     def _advertise(self, n: int, c: int, action: Advertise) -> None:
@@ -323,18 +327,18 @@ class Simulation:
     # ---- transfers -----------------------------------------------------------------
 
     def _track(self, transfer: Transfer) -> None:
-        key = transfer.key
-        self._transfers[key] = transfer
-        self.nodes[transfer.dst].transfers[key] = None
+        self._transfers[transfer.key] = transfer
+        self.nodes[transfer.dst].transfers[transfer] = None
         if transfer.src != ORIGIN:
-            self.nodes[transfer.src].transfers[key] = None
+            self.nodes[transfer.src].transfers[transfer] = None
 
     def _untrack(self, transfer: Transfer) -> None:
         key = transfer.key
-        del self._transfers[key]
-        self.nodes[transfer.dst].transfers.pop(key, None)
+        if self._transfers.get(key) is transfer:
+            del self._transfers[key]
+        self.nodes[transfer.dst].transfers.pop(transfer, None)
         if transfer.src != ORIGIN:
-            self.nodes[transfer.src].transfers.pop(key, None)
+            self.nodes[transfer.src].transfers.pop(transfer, None)
         if transfer.flow >= 0:
             del self._by_flow[transfer.flow]
 
@@ -354,12 +358,17 @@ class Simulation:
         swarm = src.swarms.get(transfer.content)
         if not src.alive or swarm is None or not swarm.held(transfer.chunk):
             self._untrack(transfer)
-            self.nodes[transfer.dst].counters.failed_requests += 1
-            self._deliver(transfer.dst, transfer.content,
-                          ChunkFailed(transfer.chunk, src.peer, "chunk not held"))
+            if not transfer.orphan:
+                self.nodes[transfer.dst].counters.failed_requests += 1
+                self._deliver(transfer.dst, transfer.content,
+                              ChunkFailed(transfer.chunk, src.peer, "chunk not held"))
             return
-        links = self.top.peer_links(transfer.src, transfer.dst)
-        self._start_flow(transfer, links)
+        self._send(src.uploads.add(transfer))
+
+    def _send(self, transfers: list[Transfer]) -> None:
+        """Start the flows of peer transfers that just got an upload slot."""
+        for transfer in transfers:
+            self._start_flow(transfer, self.top.peer_links(transfer.src, transfer.dst))
 
     def _fetch_origin(self, n: int, c: int, chunk: int) -> None:
         content = self.contents[c]
@@ -390,6 +399,7 @@ class Simulation:
         if transfer.cancelled:
             self.origins[transfer.origin].release()
             return
+        transfer.stage = SENDING
         self._start_flow(transfer, self.top.origin_links(transfer.origin, transfer.dst))
 
     def _start_flow(self, transfer: Transfer, links: tuple[int, int, int, int]) -> None:
@@ -398,20 +408,26 @@ class Simulation:
         self._by_flow[flow] = transfer
 
     def _abort(self, transfer: Transfer) -> None:
-        """Stop a transfer that has not finished; its moved bytes are wasted."""
+        """Stop a transfer that has not finished (a node died, a link closed)."""
         transfer.cancelled = True
-        if transfer.flow >= 0:
-            moved = self.flows.cancel(transfer.flow, self.loop.now)
-            self.nodes[transfer.dst].counters.wasted_down += moved
-            if transfer.src == ORIGIN:
-                self.origins[transfer.origin].egress_bytes += moved
-            else:
-                self.nodes[transfer.src].counters.wasted_up += moved
-        if transfer.src == ORIGIN:
-            self.nodes[transfer.dst].origin_pending[transfer.content] &= ~(1 << transfer.chunk)
-            if transfer.flow >= 0:
-                self.origins[transfer.origin].release()
+        sending = transfer.stage == SENDING
+        moved = self.flows.cancel(transfer.flow, self.loop.now) if transfer.flow >= 0 else 0.0
         self._untrack(transfer)
+        if transfer.src == ORIGIN:
+            self.nodes[transfer.dst].counters.wasted_down += moved
+            self.origins[transfer.origin].egress_bytes += moved
+            self.nodes[transfer.dst].origin_pending[transfer.content] &= ~(1 << transfer.chunk)
+            if sending:
+                self.origins[transfer.origin].release()
+            return
+        self._waste(transfer, moved)
+        src = self.nodes[transfer.src]
+        if src.alive and transfer.stage != TRAVELLING:
+            self._send(src.uploads.finished(transfer) if sending else src.uploads.drop(transfer))
+
+    def _waste(self, transfer: Transfer, nbytes: float) -> None:
+        self.nodes[transfer.dst].counters.wasted_down += nbytes
+        self.nodes[transfer.src].counters.wasted_up += nbytes
 
     def _flow_done(self, flow: int) -> None:
         transfer = self._by_flow[flow]
@@ -427,6 +443,10 @@ class Simulation:
             source = None
         else:
             src = self.nodes[transfer.src]
+            self._send(src.uploads.finished(transfer))
+            if transfer.orphan:
+                self._waste(transfer, nbytes)
+                return
             src.counters.up += nbytes
             if src.rack_index == dst.rack_index:
                 dst.counters.down_same_rack += nbytes

@@ -131,3 +131,19 @@ def test_all_sources_dead_stops_and_says_so() -> None:
     assert "origins down: registry" in stop
     assert s["ready_nodes"] == 0
     assert sim.loop.now < 60.0
+
+
+def test_a_node_never_sends_more_pieces_at_once_than_its_upload_slots() -> None:
+    sim = Simulation(scenario("\n[agent]\nupload_slots = 2\n"))
+    start = sim._start_flow
+    most = 0
+
+    def counted(transfer, links):  # type: ignore[no-untyped-def]
+        nonlocal most
+        start(transfer, links)
+        if transfer.src >= 0:
+            sending = sum(1 for t in sim._by_flow.values() if t.src == transfer.src)
+            most = max(most, sending)
+    sim._start_flow = counted  # type: ignore[method-assign]
+    assert sim.run() == "complete"
+    assert most == 2

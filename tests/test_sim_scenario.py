@@ -49,6 +49,8 @@ def test_units() -> None:
         ('hot_fraction = 0.25', 'hot_fraction = 1.5', "workload.content[0].hot_fraction",
          "at most 1"),
         ('[tracker]', '[swarm]\nmax_peers = 0\n[tracker]', "swarm", "at least 1"),
+        ('[tracker]', '[agent]\nupload_slots = 0\n[tracker]', "agent.upload_slots",
+         "at least 1"),
     ],
 )
 def test_bad_scenario_names_key_and_file(tmp_path: Path, old: str, new: str, key: str,

@@ -1,0 +1,45 @@
+"""The agent's upload side as the simulator models it: a FIFO per link, node-wide slots."""
+
+from __future__ import annotations
+
+from p2p.config import AgentConfig
+from simulations.node import QUEUED, READY, SENDING, UPLOAD_SLOTS, Transfer, Uploads
+
+
+def t(dst: int, chunk: int) -> Transfer:
+    return Transfer(dst, 0, 9, chunk, 100)
+
+
+def test_the_default_slots_are_the_agents() -> None:
+    assert AgentConfig().upload_slots == UPLOAD_SLOTS
+
+
+def test_one_piece_at_a_time_per_link_and_slots_across_links() -> None:
+    up = Uploads(slots=2)
+    a1, a2, b1, c1 = t(1, 0), t(1, 1), t(2, 0), t(3, 0)
+    assert up.add(a1) == [a1]
+    assert up.add(a2) == []  # same link: waits behind a1
+    assert up.add(b1) == [b1]
+    assert up.add(c1) == []  # no slot left
+    assert (a2.stage, c1.stage) == (QUEUED, READY)
+    # a1 ends: its slot goes to c1, which waited first; a2 then waits for a slot
+    assert up.finished(a1) == [c1]
+    assert a2.stage == READY
+    assert up.finished(b1) == [a2]
+    assert up.finished(c1) == [] and up.finished(a2) == []
+    assert up.busy == 0 and not up.engaged and not up.ready and not up.queues
+
+
+def test_dropping_a_waiting_request_lets_its_link_move_on() -> None:
+    up = Uploads(slots=1)
+    a1, b1, b2 = t(1, 0), t(2, 0), t(2, 1)
+    assert up.add(a1) == [a1]
+    up.add(b1)
+    up.add(b2)
+    assert up.drop(b2) == []  # queued behind b1
+    assert up.drop(b1) == []  # ready: its link has nothing else
+    assert up.finished(a1) == []
+    assert up.busy == 0 and not up.engaged
+    c1, c2 = t(3, 0), t(3, 1)
+    assert up.add(c1) == [c1] and up.add(c2) == []
+    assert up.finished(c1) == [c2] and c2.stage == SENDING
