@@ -367,7 +367,8 @@ class Agent:
         if link is None or link.closed:
             self._loop.call_soon(self._feed, session, ChunkFailed(chunk, peer, "no link"))
             return
-        link.request(session.content, chunk)
+        link.request(session.content, chunk, session.manifest.chunk_length(chunk),
+                     self._download)
 
     def _disconnect(self, session: Session, peer: PeerId, reason: str, hostile: bool) -> None:
         """Leave the peer out of this content; close its link if it misbehaved."""
@@ -443,7 +444,7 @@ class Agent:
             raise RemoteProtocolError(f"piece of {msg.len} bytes for a {expected}-byte chunk")
         buf = self._buffers.take(msg.len)
         try:
-            await link.conn.recv_payload_into(memoryview(buf), self._download)
+            await link.conn.recv_payload_into(memoryview(buf))  # paid for at request time
             session.peer_bytes += msg.len
             self.metrics.peer_bytes.inc(msg.len)
             self._store_chunk(session, msg.chunk, buf, link.peer)
@@ -493,9 +494,9 @@ class Agent:
         log.debug("origin fetch %s/%d", session.content, chunk)
         buf = self._buffers.take(length)
         try:
+            await self._download.acquire(length)  # paid before asking, as for peers
             origin = self._origins.for_url(manifest.origin)
             await origin.read_into(manifest.origin, manifest.chunk_offset(chunk), memoryview(buf))
-            await self._download.acquire(length)  # paid on arrival, as for peers
         except OriginError as exc:
             log.warning("origin read of %s/%d failed: %s", session.content, chunk, exc)
             session.origin_tasks.pop(chunk, None)
@@ -577,7 +578,7 @@ class Agent:
 class BufferPool:
     """Chunk-sized receive buffers, reused: a fresh 4 MiB bytearray is zeroed first."""
 
-    def __init__(self, keep: int = 8) -> None:
+    def __init__(self, keep: int = 4) -> None:
         self._keep = keep
         self._free: dict[int, list[bytearray]] = {}
 

@@ -79,12 +79,27 @@ class Link:
         except (OSError, ConnectionClosed) as exc:
             self.close(f"send failed: {exc}")
 
-    def request(self, content: ContentId, chunk: int) -> None:
+    def request(self, content: ContentId, chunk: int, nbytes: int,
+                download: RateLimiter) -> None:
+        """Ask for a chunk once the node's download budget has room for it.
+
+        The download cap is enforced here, on requests, not by reading slowly:
+        a receiver that throttles its socket stalls the sender's upload slot,
+        and with caps on both sides a swarm then runs well below either cap.
+        """
         req = self._next_req
         self._next_req += 1
         self._asked[req] = (content, chunk)
         self._by_chunk[(content, chunk)] = req
-        self.send_soon(Request(content=content, chunk=chunk, req=req))
+        if not self._closed:
+            asyncio.get_running_loop().create_task(
+                self._paced_request(Request(content=content, chunk=chunk, req=req), nbytes,
+                                    download))
+
+    async def _paced_request(self, msg: Request, nbytes: int, download: RateLimiter) -> None:
+        await download.acquire(nbytes)
+        if msg.req in self._asked:  # not cancelled while waiting
+            await self._send(msg)
 
     def cancel(self, content: ContentId, chunk: int) -> None:
         """Forget a request: its piece, if it still comes, is dropped unread."""

@@ -80,9 +80,13 @@ class SwarmConfig:
     """Knobs of one swarm; every duration is in seconds."""
 
     max_peers: int = 30  # connections we open ourselves
-    per_peer_inflight: int = 4  # requests pipelined to one peer
+    # One request per peer at a time: the next is placed when a piece lands,
+    # with fresh knowledge, so busy peers get less. Deeper pipelines queue
+    # requests at whichever peer was picked first; measured with 50 MB/s caps on
+    # 8 nodes, a depth of 4 ran at 1.9x the lower bound, a depth of 1 at 1.35x.
+    per_peer_inflight: int = 1
     max_inflight: int = 16  # requests to peers, all together
-    max_origin_inflight: int = 4  # concurrent origin fetches by this node
+    max_origin_inflight: int = 2  # concurrent origin fetches by this node
     request_timeout_s: float = 15.0
     origin_timeout_s: float = 60.0
     origin_patience_s: float = 3.0  # starved this long, tracker silent -> go to the origin
