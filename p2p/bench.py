@@ -45,6 +45,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     s.add_argument("--agent-option", action="append", default=[], metavar="KEY=VALUE",
                    help="override an agent setting, e.g. upload_slots=2 or swarm.max_inflight=8")
     s.add_argument("--json", action="store_true", help="print only the JSON line")
+    s.add_argument("--workdir", type=Path, help="keep logs and stores here")
     s.set_defaults(run=_run)
 
 
@@ -64,7 +65,7 @@ def _run(args: argparse.Namespace) -> int:
 
 async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bootseer-bench-") as tmp:
-        cluster = LocalCluster(Path(tmp))
+        cluster = LocalCluster(args.workdir or Path(tmp))
         try:
             return await _rounds(cluster, args)
         finally:
