@@ -156,8 +156,13 @@ class Agent:
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._task_done)
         return task
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("task %s failed", task.get_name(), exc_info=task.exception())
 
     # ---- the local API's verbs ------------------------------------------------
 
@@ -501,6 +506,12 @@ class Agent:
             log.warning("origin read of %s/%d failed: %s", session.content, chunk, exc)
             session.origin_tasks.pop(chunk, None)
             self._feed(session, ChunkFailed(chunk, None, str(exc)))
+        except Exception as exc:
+            # A bug in an adapter must not leave the chunk "in flight" until the
+            # origin time-out: report it loudly and let the swarm retry.
+            log.exception("origin read of %s/%d crashed", session.content, chunk)
+            session.origin_tasks.pop(chunk, None)
+            self._feed(session, ChunkFailed(chunk, None, f"origin adapter crashed: {exc!r}"))
         else:
             session.origin_tasks.pop(chunk, None)
             session.origin_bytes += length

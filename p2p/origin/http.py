@@ -7,7 +7,7 @@ import aiohttp
 from p2p.origin.base import OriginError
 
 CONNECT_TIMEOUT_S = 10.0
-READ_TIMEOUT_S = 60.0
+READ_TIMEOUT_S = 20.0  # no byte for this long: the read is stuck, retry it
 
 
 class HttpOrigin:
@@ -38,7 +38,7 @@ class HttpOrigin:
                     done += len(block)
                 if done != len(view):
                     raise OriginError(f"origin {url} sent {done} of {len(view)} bytes")
-        except (aiohttp.ClientError, TimeoutError) as exc:
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise OriginError(f"origin {url} unreachable: {exc or type(exc).__name__}") from exc
 
     async def close(self) -> None:
