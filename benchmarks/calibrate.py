@@ -6,7 +6,7 @@ For each N in --nodes (default 4, 8, 16, 32) this runs the real swarm bench
         --chunk-size-mb K --racks R --json
 
 (real agents, tracker and origin on loopback), then simulates the very same
-setup: N nodes in R racks, C MB/s up and down per node, one origin of O MB/s,
+setup: N nodes in R racks, agents capped at C MB/s up and down, one origin of O MB/s,
 K MiB chunks, every node starting at once, the agent's default swarm and
 tracker settings. It compares the time until the last node completes and the
 origin egress ratio, for the swarm and for the origin-only baseline, and
@@ -39,7 +39,7 @@ from typing import Any
 from p2p.swarm import SwarmConfig
 from simulations import report
 from simulations.network import NetworkSpec, OriginSpec
-from simulations.node import UPLOAD_SLOTS
+from simulations.node import UPLOAD_SLOTS, AgentSpec
 from simulations.scenario import Scenario, parse_size
 from simulations.simulation import Simulation
 from simulations.tracker import TrackerSpec
@@ -49,6 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LOOPBACK_LATENCY_S = 100e-6  # one message between two local agents (asyncio, loopback)
 ORIGIN_LATENCY_S = 1e-3  # first byte from the local HTTP origin
 ORIGIN_CONCURRENCY = 256  # the local origin does not queue requests
+LOOPBACK_BPS = 1e9  # per agent, each way: well above any cap the calibration uses
 
 
 def bench(nodes: int, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
@@ -94,16 +95,20 @@ def scenario(nodes: int, args: argparse.Namespace, strategy: str) -> Scenario:
     size = int(parse_size(args.size))
     node_bps, origin_bps = args.node_cap * 1e6, args.origin_cap * 1e6
     network = NetworkSpec(
-        racks=min(args.racks, nodes), nic_up_Bps=node_bps, nic_down_Bps=node_bps,
+        racks=min(args.racks, nodes), nic_up_Bps=LOOPBACK_BPS, nic_down_Bps=LOOPBACK_BPS,
         oversubscription=1.0, same_rack_latency_s=LOOPBACK_LATENCY_S,
         cross_rack_latency_s=LOOPBACK_LATENCY_S, rate_update_s=args.rate_update_ms / 1000,
         origins=(OriginSpec("origin", origin_bps, ORIGIN_CONCURRENCY, ORIGIN_LATENCY_S),))
     workload = Workload((ContentKind("content", size, args.chunk_mb * 2**20, ("origin",)),))
-    slots = UPLOAD_SLOTS if args.upload_slots is None else args.upload_slots
+    # The caps are the agents' token buckets (upload shared by the pieces being
+    # sent, download pacing the requests), not the NICs: loopback is far faster.
+    agent = AgentSpec(upload_slots=UPLOAD_SLOTS if args.upload_slots is None
+                      else args.upload_slots,
+                      upload_cap_Bps=node_bps, download_cap_Bps=node_bps)
     return Scenario(name="calibration", source="benchmarks/calibrate.py", nodes=nodes,
                     seed=args.seed, strategy=strategy, network=network,
                     tracker=TrackerSpec(), workload=workload,
-                    swarm_overrides=swarm_overrides(args), upload_slots=slots)
+                    swarm_overrides=swarm_overrides(args), agent=agent)
 
 
 def simulate(s: Scenario) -> tuple[dict[str, Any], list[float]]:

@@ -86,7 +86,8 @@ def _table(s: dict[str, object], out: Path) -> None:
         ("last node ready at", f"{s['makespan_s']:.2f} s"),
         ("origin egress", f"{gib('origin_egress_bytes')} ({s['origin_egress_ratio']:.2f} x)"),
         ("same / cross rack", f"{gib('same_rack_bytes')} / {gib('cross_rack_bytes')}"),
-        ("wall, peak RSS", f"{s['wall_seconds']:.1f} s, {s['peak_rss_mb']:.0f} MB"),
+        ("wall, CPU, peak RSS", f"{s['wall_seconds']:.1f} s, {s['cpu_seconds']:.1f} s, "
+                                f"{s['peak_rss_mb']:.0f} MB"),
         ("results", str(out)),
     ]
     for name, value in rows:

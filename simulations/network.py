@@ -75,7 +75,8 @@ class NetworkSpec:
 class Topology:
     """Which node is in which rack, and the index of every link."""
 
-    def __init__(self, spec: NetworkSpec, nodes: int) -> None:
+    def __init__(self, spec: NetworkSpec, nodes: int, upload_cap_Bps: float | None = None
+                 ) -> None:
         if spec.racks > nodes:
             raise ValueError(f"{spec.racks} racks for {nodes} nodes: some racks would be empty")
         self.spec, self.nodes, self.racks = spec, nodes, spec.racks
@@ -86,7 +87,8 @@ class Topology:
         n, r = nodes, spec.racks
         self.padding = 2 * n + 2 * r + len(spec.origins)
         caps = np.empty(self.padding + 1)
-        caps[:n] = spec.nic_up_Bps
+        # The agent's upload cap is shared by its concurrent pieces like a slower NIC.
+        caps[:n] = min(spec.nic_up_Bps, upload_cap_Bps or spec.nic_up_Bps)
         caps[n:2 * n] = spec.nic_down_Bps
         tor = np.array(size, dtype=float) / spec.oversubscription
         caps[2 * n:2 * n + r] = tor * spec.nic_up_Bps

@@ -31,6 +31,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from p2p.content import PeerId
+from p2p.ratelimit import TokenBucket
 from p2p.swarm import Swarm
 
 ORIGIN = -1  # the `src` of a transfer from an origin
@@ -39,6 +40,24 @@ TransferKey = tuple[int, int, int, int]  # (dst node, content, src node or ORIGI
 
 
 UPLOAD_SLOTS = 4  # p2p.config.AgentConfig.upload_slots (a test keeps them equal)
+BURST_BYTES = 4 << 20  # p2p.agent.BURST_BYTES, the rate limiters' burst (likewise)
+
+
+@dataclass(frozen=True, slots=True)
+class AgentSpec:
+    """The agent settings the simulation models (p2p.config.AgentConfig's names).
+
+    `upload_cap_Bps` caps the bytes a node serves: its NIC's upload link in
+    the network model gets the smaller of the two. `download_cap_Bps` paces
+    the node's requests, as the agent does: a request (or origin read) goes out
+    only when the node's download token bucket has room for the chunk, so a
+    piece itself then arrives at whatever rate the network gives it. None: no cap.
+    """
+
+    upload_slots: int = UPLOAD_SLOTS
+    upload_cap_Bps: float | None = None
+    download_cap_Bps: float | None = None
+    burst_bytes: int = BURST_BYTES
 
 
 class Transfer:
@@ -152,13 +171,13 @@ class Counters:
 
 
 class SimNode:
-    __slots__ = ("alive", "complete_s", "conns", "counters", "fail_s", "hot_left", "index",
-                 "needs", "origin_pending", "peer", "rack", "rack_index", "ready_left",
-                 "ready_s", "start_s", "swarms", "timer_at", "transfers", "unfinished",
-                 "uploads")
+    __slots__ = ("alive", "complete_s", "conns", "counters", "download", "fail_s", "finished",
+                 "hot_left", "index", "needs", "origin_pending", "peer", "rack", "rack_index",
+                 "ready_left", "ready_s", "start_s", "swarms", "timer_at", "transfers",
+                 "unfinished", "uploads")
 
     def __init__(self, index: int, rack_index: int, needs: tuple[int, ...], start_s: float,
-                 fail_s: float | None, upload_slots: int = UPLOAD_SLOTS) -> None:
+                 fail_s: float | None, agent: AgentSpec = AgentSpec()) -> None:
         self.index = index
         self.peer = PeerId(f"n{index:06d}")
         self.rack_index = rack_index
@@ -171,8 +190,11 @@ class SimNode:
         self.conns: dict[int, dict[int, None]] = {}  # content -> connected nodes, in order
         self.origin_pending: dict[int, int] = {}  # content -> mask of chunks from the origin
         self.transfers: dict[Transfer, None] = {}  # as sender or receiver, in start order
-        self.uploads = Uploads(upload_slots)
+        self.uploads = Uploads(agent.upload_slots)
+        self.download = (None if agent.download_cap_Bps is None
+                         else TokenBucket(agent.download_cap_Bps, agent.burst_bytes))
         self.timer_at: dict[int, float] = {}
+        self.finished: set[int] = set()  # contents whose swarm finished (complete or aborted)
         self.hot_left: dict[int, int] = {}  # content -> hot chunks still missing (prefetch)
         self.ready_left = len(needs)  # contents not yet ready to start on
         self.unfinished = len(needs)  # contents not yet complete
@@ -182,8 +204,8 @@ class SimNode:
 
     def have_flags(self, content: int) -> tuple[bool, ...]:
         swarm = self.swarms[content]
-        mask = swarm.have
-        return tuple(bool(mask >> i & 1) for i in range(swarm.chunks))
+        bits = f"{swarm.have:0{swarm.chunks}b}"[::-1]  # bit i is chunk i
+        return tuple([b == "1" for b in bits])
 
     def pending_chunks(self, content: int) -> tuple[int, ...]:
         mask = self.origin_pending.get(content, 0)

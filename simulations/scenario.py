@@ -15,8 +15,8 @@ Layout (see simulations/scenarios/*.toml for complete examples):
                same_rack_latency, cross_rack_latency, rate_update
     [[origin]] name, egress, max_concurrent, latency, down_at
     [tracker]  handout_limit, announce_interval, peer_ttl, origin_fetchers
-    [agent]    upload_slots (pieces a node sends at once, as the agent's
-               setting of that name)
+    [agent]    upload_slots, upload_cap, download_cap, burst: the agent's
+               settings of those names (caps are bandwidths; absent = no cap)
     [swarm]    overrides of p2p.swarm.SwarmConfig fields; "_s" fields drop
                the suffix and take a duration (request_timeout = "15s"):
                origin_patience, appointed_patience and settle among them
@@ -38,7 +38,7 @@ from typing import Any
 
 from p2p.swarm import SwarmConfig
 from simulations.network import NetworkSpec, OriginSpec
-from simulations.node import UPLOAD_SLOTS
+from simulations.node import BURST_BYTES, UPLOAD_SLOTS, AgentSpec
 from simulations.strategy import STRATEGIES
 from simulations.tracker import TrackerSpec
 from simulations.workload import ContentKind, Workload
@@ -63,7 +63,7 @@ class Scenario:
     swarm_overrides: dict[str, Any] = field(default_factory=dict)
     max_time_s: float = 6 * 3600.0
     stall_after_s: float = 120.0
-    upload_slots: int = UPLOAD_SLOTS
+    agent: AgentSpec = field(default_factory=AgentSpec)
 
 
 # ---- units --------------------------------------------------------------------
@@ -272,11 +272,18 @@ def _swarm(top: _Table) -> dict[str, Any]:
     return overrides
 
 
-def _agent(top: _Table) -> int:
+def _agent(top: _Table) -> AgentSpec:
     t = top.table("agent")
-    slots: int = t.get("upload_slots", _int, UPLOAD_SLOTS, minimum=1)
+    none = -1.0  # absent: no cap
+    up = t.get("upload_cap", parse_bandwidth, none, above=0)
+    down = t.get("download_cap", parse_bandwidth, none, above=0)
+    spec = AgentSpec(
+        upload_slots=t.get("upload_slots", _int, UPLOAD_SLOTS, minimum=1),
+        upload_cap_Bps=None if up == none else up,
+        download_cap_Bps=None if down == none else down,
+        burst_bytes=int(t.get("burst", parse_size, float(BURST_BYTES), minimum=0)))
     t.done()
-    return slots
+    return spec
 
 
 def _workload(top: _Table, origin_names: set[str]) -> Workload:
@@ -327,7 +334,7 @@ def parse(data: dict[str, Any], source: str, name: str) -> Scenario:
         swarm_overrides=_swarm(top),
         max_time_s=run.get("max_time", parse_duration, 6 * 3600.0, above=0),
         stall_after_s=run.get("stall_after", parse_duration, 120.0, above=0),
-        upload_slots=_agent(top))
+        agent=_agent(top))
     run.done()
     top.done()
     check(scenario)

@@ -10,14 +10,16 @@ actions the swarm returns as scheduled callbacks and network flows:
 | action              | what happens                                             |
 |---------------------|----------------------------------------------------------|
 | Connect(p)          | after one latency, PeerJoined to both sides (or PeerLost) |
-| Request(p, c)       | after one latency, a place in p's uploads (one piece at a |
+| Request(p, c)       | once the node's download cap (if any) has room for it,    |
+|                     | after one latency, a place in p's uploads (one piece at a |
 |                     | time per link, `upload_slots` per node; p must hold c),   |
 |                     | then a flow; ChunkArrived(c, p) when its last byte lands  |
-| FetchFromOrigin(c)  | after the origin latency, a slot in the origin's queue,   |
-|                     | then a flow; ChunkArrived(c, None); ChunkFailed if down   |
+| FetchFromOrigin(c)  | the same pacing, the origin latency, a slot in the        |
+|                     | origin's queue, then a flow; ChunkArrived(c, None), or    |
+|                     | ChunkFailed if the origin is down                         |
 | Advertise(c)        | PeerHas (PeerPending) to every connected peer, one batch  |
-| Cancel(p, c)        | forgotten here; p still sends it (no cancel on the wire)  |
-|                     | and its bytes count as wasted                             |
+| Cancel(p, c)        | not sent if still paced; else p still sends the piece     |
+|                     | (the wire has no cancel) and its bytes count as wasted    |
 | Disconnect(p)       | PeerLost to the other side; their transfers stop          |
 | Report / Complete / Abort | counted / completion time / failure recorded        |
 
@@ -75,7 +77,7 @@ class Simulation:
         self.scenario = scenario
         self.strategy = get_strategy(scenario.strategy, scenario.swarm_overrides)
         self.loop = Loop()
-        self.top = Topology(scenario.network, scenario.nodes)
+        self.top = Topology(scenario.network, scenario.nodes, scenario.agent.upload_cap_Bps)
         self.flows = Flows(self.top, self.loop.at)
         self.origins = [Origin(i, o) for i, o in enumerate(scenario.network.origins)]
         rng = random.Random(f"{scenario.seed}/workload")
@@ -86,7 +88,7 @@ class Simulation:
         self.tracker = SimTracker(scenario.tracker, self.strategy.handout,
                                   random.Random(f"{scenario.seed}/tracker"))
         self.nodes = [SimNode(i, self.top.rack_of[i], self.plan.needs[i], self.plan.start_s[i],
-                              self.plan.fail_s[i], scenario.upload_slots)
+                              self.plan.fail_s[i], scenario.agent)
                       for i in range(scenario.nodes)]
         self._index = {node.peer: node.index for node in self.nodes}
         self._transfers: dict[tuple[int, int, int, int], Transfer] = {}
@@ -279,6 +281,7 @@ class Simulation:
                 self.tracker.report(peer, node.peer, reason, self.loop.now)
             case Abort():
                 node.counters.aborts += 1
+                node.finished.add(c)
             case _:
                 raise AssertionError(f"unexpected action {action!r}")
 
@@ -317,12 +320,28 @@ class Simulation:
         self.loop.after(self._control_latency, self._fan_out, (n, c, event))
 
     def _fan_out(self, arg: tuple[int, int, Event]) -> None:
+        """One have (or pending) to every connected peer: `_deliver`, inlined for speed.
+
+        Most swarm calls of a big run come through here. A swarm that has
+        finished ignores every event and has no timer, so it is not called.
+        """
         n, c, event = arg
-        node = self.nodes[n]
-        if not node.alive:
+        nodes = self.nodes
+        if not nodes[n].alive:
             return
-        for q in list(node.conns[c]):
-            self._deliver(q, c, event)
+        now, calls = self.loop.now, 0
+        for q in list(nodes[n].conns[c]):
+            other = nodes[q]
+            if c in other.finished or not other.alive:
+                continue
+            swarm = other.swarms[c]
+            calls += 1
+            actions = swarm.handle(event, now)
+            if actions:
+                self._execute(q, c, actions)
+            if c not in other.timer_at:
+                self._rearm(other, c, swarm)
+        self.events_delivered += calls
 
     # ---- transfers -----------------------------------------------------------------
 
@@ -348,8 +367,23 @@ class Simulation:
         nbytes = self.contents[c].chunk_bytes(chunk)
         transfer = Transfer(n, c, p, chunk, nbytes)
         self._track(transfer)
-        self.nodes[n].counters.requests += 1
-        self.loop.after(self.top.latency(n, p), self._request_arrived, transfer)
+        node = self.nodes[n]
+        node.counters.requests += 1
+        wait = 0.0 if node.download is None else node.download.reserve(nbytes, self.loop.now)
+        if wait > 0:
+            self.loop.after(wait, self._request_paced, transfer)
+        else:
+            self.loop.after(self.top.latency(n, p), self._request_arrived, transfer)
+
+    def _request_paced(self, transfer: Transfer) -> None:
+        """The download budget has room: the request goes out, unless cancelled meanwhile."""
+        if transfer.cancelled:
+            return
+        if transfer.orphan:
+            self._untrack(transfer)
+            return
+        latency = self.top.latency(transfer.dst, transfer.src)
+        self.loop.after(latency, self._request_arrived, transfer)
 
     def _request_arrived(self, transfer: Transfer) -> None:
         if transfer.cancelled:
@@ -380,7 +414,9 @@ class Simulation:
         node = self.nodes[n]
         node.counters.origin_fetches += 1
         node.origin_pending[c] |= 1 << chunk
-        self.loop.after(self.origins[o].spec.latency_s, self._origin_request, transfer)
+        wait = 0.0 if node.download is None else node.download.reserve(transfer.nbytes,
+                                                                      self.loop.now)
+        self.loop.after(wait + self.origins[o].spec.latency_s, self._origin_request, transfer)
 
     def _origin_request(self, transfer: Transfer) -> None:
         if transfer.cancelled:
@@ -465,6 +501,7 @@ class Simulation:
     # ---- readiness ------------------------------------------------------------------
 
     def _completed(self, node: SimNode, c: int) -> None:
+        node.finished.add(c)
         if c not in node.hot_left:
             self._ready(node)
         node.unfinished -= 1

@@ -152,3 +152,18 @@ def test_a_node_never_sends_more_pieces_at_once_than_its_upload_slots() -> None:
     sim._start_flow = counted  # type: ignore[method-assign]
     assert sim.run() == "complete"
     assert most == 2
+
+
+def test_a_download_cap_paces_every_node_and_an_upload_cap_slows_the_swarm() -> None:
+    cap = 100e6  # bytes per second
+    burst = 4 * 2**20
+    sim, stop, _ = run(scenario(f'\n[agent]\ndownload_cap = "{cap:.0f}B/s"\n'))
+    assert stop == "complete"
+    size = 256 * 2**20
+    for node in sim.nodes:
+        assert node.complete_s is not None
+        # the bucket starts full, then grants `cap` bytes a second
+        assert node.complete_s - node.start_s >= (size - burst) / cap - 1e-9
+    _, _, fast = run(scenario())
+    _, _, slow = run(scenario('\n[agent]\nupload_cap = "100MB/s"\n'))
+    assert slow["p50"] > fast["p50"]  # type: ignore[operator]

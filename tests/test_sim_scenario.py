@@ -51,6 +51,10 @@ def test_units() -> None:
         ('[tracker]', '[swarm]\nmax_peers = 0\n[tracker]', "swarm", "at least 1"),
         ('[tracker]', '[agent]\nupload_slots = 0\n[tracker]', "agent.upload_slots",
          "at least 1"),
+        ('[tracker]', '[agent]\ndownload_cap = "5GB"\n[tracker]', "agent.download_cap",
+         "a size, not a bandwidth"),
+        ('[tracker]', '[agent]\nupload_cap = "0Gbps"\n[tracker]', "agent.upload_cap",
+         "impossible"),
     ],
 )
 def test_bad_scenario_names_key_and_file(tmp_path: Path, old: str, new: str, key: str,
