@@ -13,7 +13,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from prometheus_client.parser import text_string_to_metric_families
+from promtext import metric
 
 from p2p.content import CHUNK_SIZE, MiB
 from p2p.demo import distribute
@@ -25,14 +25,6 @@ ROUND_TIMEOUT_S = 240.0
 MAX_ORIGIN_RATIO = 1.1
 
 
-def metric(text: str, name: str, **labels: str) -> float:
-    """The sum of the samples called `name` whose labels include `labels` (0 if none)."""
-    total = 0.0
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and labels.items() <= sample.labels.items():
-                total += sample.value
-    return total
 
 
 async def start_swarm(cluster: LocalCluster, tmp_path: Path,

@@ -24,7 +24,7 @@ from typing import Any
 import aiohttp
 import pytest
 from hostile import HostilePeer, RawClient, fetch_chunk
-from prometheus_client.parser import text_string_to_metric_families
+from promtext import metric
 
 from p2p.auth import AuthError
 from p2p.content import ContentId, Manifest, MiB, PeerId
@@ -118,14 +118,6 @@ def chunk_files(agent: AgentHandle, content: ContentId) -> list[Path]:
             if p.name.endswith(".chunk") and not p.name.startswith(".")]
 
 
-def metric(text: str, name: str, **labels: str) -> float:
-    """The sum of the samples called `name` whose labels include `labels` (0 if none)."""
-    total = 0.0
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and labels.items() <= sample.labels.items():
-                total += sample.value
-    return total
 
 
 async def agent_metrics(agent: AgentHandle) -> str:
