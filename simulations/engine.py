@@ -40,6 +40,14 @@ class Loop:
         self._seq += 1
         heapq.heappush(self._heap, (when if when > self.now else self.now, self._seq, fn, arg))
 
+    def at_many(self, whens: list[float], fn: Callback, args: list[Any]) -> None:
+        """`at(when, fn, arg)` for each pair, in order: one call for a whole batch."""
+        heap, push, now, seq = self._heap, heapq.heappush, self.now, self._seq
+        for when, arg in zip(whens, args, strict=True):
+            seq += 1
+            push(heap, (when if when > now else now, seq, fn, arg))
+        self._seq = seq
+
     def after(self, delay: float, fn: Callback, arg: Any = None) -> None:
         self.at(self.now + delay, fn, arg)
 

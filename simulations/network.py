@@ -40,13 +40,15 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
+
+from simulations.engine import Loop
 
 FAIR_ROUNDS = 3
 _UNLIMITED = 1e30  # capacity of the padding link of flows that cross fewer than 4 links
 _INITIAL_FLOWS = 1024
+_NO_LINKS = (0, 0, 0, 0)  # links of a free flow slot
 
 Done = Callable[[int], None]  # called with the flow id when its last byte arrives
 
@@ -120,10 +122,10 @@ class Topology:
 class Flows:
     """Every transfer in progress, and the fluid model that shares the links."""
 
-    def __init__(self, topology: Topology, at: Callable[[float, Callable[[Any], None], Any], None]
-                 ) -> None:
+    def __init__(self, topology: Topology, loop: Loop) -> None:
         self.top = topology
-        self._at = at  # schedules a callback on the event loop
+        self._at = loop.at  # schedules a callback on the event loop
+        self._at_many = loop.at_many
         self._cap = topology.capacity
         self._count = np.zeros(len(self._cap), dtype=np.int64)
         size = _INITIAL_FLOWS
@@ -135,6 +137,7 @@ class Flows:
         self._active = np.zeros(size, dtype=bool)
         self._due = np.zeros(size, dtype=bool)  # its completion event is scheduled
         self._done: list[Done | None] = [None] * size
+        self._flow_links: list[tuple[int, int, int, int]] = [_NO_LINKS] * size
         self._generation = [0] * size  # bumped when a slot is freed: stale events see it
         self._free: list[int] = list(range(size - 1, -1, -1))
         self._now = 0.0
@@ -151,6 +154,7 @@ class Flows:
             self._grow()
         f = self._free.pop()
         self._links[:, f] = links
+        self._flow_links[f] = links
         count, cap = self._count, self._cap
         rate = _UNLIMITED
         for link in links:
@@ -199,8 +203,9 @@ class Flows:
     def _finish(self, f: int) -> None:
         if not self._active[f]:
             raise RuntimeError(f"flow {f} finished twice")
-        for link in self._links[:, f].tolist():
-            self._count[link] -= 1
+        count = self._count
+        for link in self._flow_links[f]:
+            count[link] -= 1
         self._active[f] = self._due[f] = False
         self._done[f] = None
         self._generation[f] += 1
@@ -222,6 +227,7 @@ class Flows:
             flags[:old] = getattr(self, name)
             setattr(self, name, flags)
         self._done.extend([None] * (new - old))
+        self._flow_links.extend([_NO_LINKS] * (new - old))
         self._generation.extend([0] * (new - old))
         self._free.extend(range(new - 1, old - 1, -1))
 
@@ -248,8 +254,8 @@ class Flows:
             soon = np.flatnonzero(ends <= self._tick_at)
             self._due[live[soon]] = True
             gen = self._generation
-            for f, end in zip(live[soon].tolist(), ends[soon].tolist(), strict=True):
-                self._at(end, self._arrived, (f, gen[f]))
+            due = live[soon].tolist()
+            self._at_many(ends[soon].tolist(), self._arrived, [(f, gen[f]) for f in due])
 
 
 def fair_rates(links: np.ndarray, capacity: np.ndarray, rounds: int = FAIR_ROUNDS) -> np.ndarray:

@@ -167,3 +167,34 @@ def test_a_download_cap_paces_every_node_and_an_upload_cap_slows_the_swarm() -> 
     _, _, fast = run(scenario())
     _, _, slow = run(scenario('\n[agent]\nupload_cap = "100MB/s"\n'))
     assert slow["p50"] > fast["p50"]  # type: ignore[operator]
+
+
+def _per_node(sim: Simulation) -> list[tuple[object, ...]]:
+    return [(n.ready_s, n.complete_s, n.counters) for n in sim.nodes]
+
+
+@pytest.mark.parametrize("strategy", ["random_peers", "rack_aware_prefetch"])
+def test_skipping_haves_of_held_chunks_changes_no_result(
+        strategy: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    churn = '\nfail_fraction = 0.25\nfail_window_start = "100ms"\nfail_window_end = "1s"\n'
+    text = BASE.replace('start_jitter = "500ms"\n', 'start_jitter = "500ms"' + churn)
+    s = scenario(text=text, strategy=strategy)
+    fast, _, a = run(s)
+    monkeypatch.setattr(Simulation, "skip_redundant_haves", False)
+    slow, _, b = run(s)
+    assert _per_node(fast) == _per_node(slow)
+    assert a["swarm_calls"] < b["swarm_calls"]  # type: ignore[operator]
+
+
+def test_a_run_makes_no_reference_cycles() -> None:
+    """Simulation.run switches the cyclic garbage collector off; this is why that is safe."""
+    import gc
+
+    sim = Simulation(scenario(strategy="rack_aware_prefetch"))
+    gc.collect()
+    gc.disable()
+    try:
+        assert sim.run() == "complete"
+        assert gc.collect() == 0
+    finally:
+        gc.enable()

@@ -54,7 +54,7 @@ def spec(**origin: object) -> NetworkSpec:
 def test_a_lone_flow_ends_at_size_over_capacity() -> None:
     loop, done = Loop(), []
     top = Topology(spec(), nodes=4)
-    flows = Flows(top, loop.at)
+    flows = Flows(top, loop)
     flows.start(top.peer_links(0, 1), 1 * GB, 0.0, lambda f: done.append(loop.now))
     loop.run()
     assert done == [pytest.approx(0.5)]
@@ -63,7 +63,7 @@ def test_a_lone_flow_ends_at_size_over_capacity() -> None:
 def test_two_flows_into_one_nic_share_it_and_the_survivor_speeds_up() -> None:
     loop, done = Loop(), {}
     top = Topology(spec(), nodes=4)
-    flows = Flows(top, loop.at)
+    flows = Flows(top, loop)
     flows.start(top.peer_links(0, 1), 1 * GB, 0.0, lambda f: done.setdefault("a", loop.now))
     flows.start(top.peer_links(2, 1), 2 * GB, 0.0, lambda f: done.setdefault("b", loop.now))
     loop.run()
@@ -75,7 +75,7 @@ def test_two_flows_into_one_nic_share_it_and_the_survivor_speeds_up() -> None:
 def test_cancel_reports_the_bytes_moved() -> None:
     loop = Loop()
     top = Topology(spec(), nodes=4)
-    flows = Flows(top, loop.at)
+    flows = Flows(top, loop)
     f = flows.start(top.peer_links(0, 1), 1 * GB, 0.0, lambda f: pytest.fail("cancelled"))
     moved: list[float] = []
     loop.at(0.25, lambda _: moved.append(flows.cancel(f, loop.now)))
