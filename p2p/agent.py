@@ -94,6 +94,7 @@ class Session:
     peer_bytes: int = 0
     started: float = 0.0
     finished: float | None = None
+    pinned: bool = True  # attached in the store: not evictable
 
     @property
     def content(self) -> ContentId:
@@ -105,7 +106,8 @@ class Agent:
         self.config = config
         self._secret = secret
         self.metrics = AgentMetrics()
-        self.store = ChunkStore(Path(config.store_dir), config.store_budget_bytes)
+        self.store = ChunkStore(Path(config.store_dir), config.store_budget_bytes,
+                                on_evict=self._evicted)
         self.sessions: dict[ContentId, Session] = {}
         self._links: dict[PeerId, Link] = {}
         self._addrs: dict[PeerId, str] = {}
@@ -269,11 +271,31 @@ class Agent:
 
     def _completed(self, session: Session) -> None:
         session.finished = self._loop.time()
+        if session.pinned:
+            # Complete contents are seeded while they stay, but are not "in use":
+            # the store may evict them, least recently used first, for new ones.
+            self.store.detach(session.content)
+            session.pinned = False
         if not session.done.done():
             session.done.set_result(None)
         self._wake(session, range(session.manifest.chunks))
         self._spawn(self._announce_once(session.content))
         log.info("content %s complete", session.content)
+
+    def _evicted(self, content: ContentId) -> None:
+        """The store deleted a complete content to make room: stop seeding it."""
+        session = self.sessions.pop(content, None)
+        if session is not None:
+            log.info("content %s evicted from the store; no longer serving it", content)
+            self._close_session(session)
+            self.metrics.contents.set(len(self.sessions))
+            self._spawn(self._announce_gone(session))
+
+    async def _announce_gone(self, session: Session) -> None:
+        assert self.me is not None
+        with contextlib.suppress(TrackerUnavailable, TrackerError):
+            await self.tracker.announce(session.content, self.me.peer, self.me.addr,
+                                        self.me.rack, 0, False, event="stopped")
 
     def _failed(self, session: Session, reason: str) -> None:
         error = ContentFailed(f"content {session.content} cannot be completed: {reason}")

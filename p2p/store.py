@@ -41,6 +41,7 @@ import shutil
 import tempfile
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 
 from p2p.content import ContentId, Manifest, ManifestError
@@ -84,12 +85,16 @@ class _Content:
 class ChunkStore:
     """Verified chunks of many contents under `root`, within `budget_bytes`."""
 
-    def __init__(self, root: Path, budget_bytes: int) -> None:
+    def __init__(self, root: Path, budget_bytes: int,
+                 on_evict: Callable[[ContentId], None] | None = None) -> None:
+        """`on_evict` is called (under the store's lock) with each content evicted
+        to make room, so the owner can stop serving it."""
         if budget_bytes <= 0:
             raise ValueError(f"store budget must be positive, got {budget_bytes} bytes")
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self._budget = budget_bytes
+        self._on_evict = on_evict
         self._used = 0
         self._lock = threading.RLock()
         self._contents: OrderedDict[ContentId, _Content] = OrderedDict()  # oldest use first
@@ -330,6 +335,8 @@ class ChunkStore:
         for cid, entry in self._contents.items():
             if entry.pins == 0 and cid != keep:
                 self._evict(cid, entry)
+                if self._on_evict is not None:
+                    self._on_evict(cid)
                 return True
         return False
 
