@@ -353,3 +353,13 @@ def test_peer_failing_authentication_is_reported_and_not_redialled_soon() -> Non
     acts = s.handle(PeerLost(A, "connect failed: bad secret", hostile=True), 0.1)
     assert Report(A, "connect failed: bad secret") in acts
     assert not any(isinstance(a, Connect) for a in s.handle_timer(5.0))
+
+
+def test_origin_order_lists_each_chunk_once_demand_first_then_from_region() -> None:
+    from p2p.swarm.origin import origin_order, owned_chunks
+
+    assert origin_order(0b11111111, [3, 3], start=5, limit=8) == [3, 5, 6, 7, 0, 1, 2, 4]
+    assert origin_order(0b1111, [9], start=0, limit=2) == [0, 1]
+    assert owned_chunks(8, 2, 4, filled=4) == 0b01000100
+    assert owned_chunks(8, 0, 4, filled=2) == 0b11011101
+    assert owned_chunks(8, None, 4, filled=2) == 0

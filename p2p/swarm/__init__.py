@@ -4,6 +4,7 @@ May import only the standard library and `p2p.content`. The agent (asyncio)
 and the simulator (virtual time) both drive these objects unchanged.
 """
 
-from p2p.swarm.swarm import Swarm, SwarmConfig
+from p2p.swarm.config import SwarmConfig
+from p2p.swarm.swarm import Swarm
 
 __all__ = ["Swarm", "SwarmConfig"]

@@ -45,11 +45,11 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
 from itertools import chain
 
 from p2p.content import PeerId
 from p2p.swarm import bits
+from p2p.swarm.config import SwarmConfig
 from p2p.swarm.events import (
     Abort,
     Action,
@@ -72,47 +72,8 @@ from p2p.swarm.events import (
     Report,
     Request,
 )
+from p2p.swarm.origin import origin_order, owned_chunks, region_start
 from p2p.swarm.policy import CHUNK_PICKERS, PEER_CHOOSERS, PeerLoad
-
-
-@dataclass(frozen=True, slots=True)
-class SwarmConfig:
-    """Knobs of one swarm; every duration is in seconds."""
-
-    max_peers: int = 30  # connections we open ourselves
-    # One request per peer at a time: the next is placed when a piece lands,
-    # with fresh knowledge, so busy peers get less. Deeper pipelines queue
-    # requests at whichever peer was picked first; measured with 50 MB/s caps on
-    # 8 nodes, a depth of 4 ran at 1.9x the lower bound, a depth of 1 at 1.35x.
-    per_peer_inflight: int = 1
-    max_inflight: int = 16  # requests to peers, all together
-    max_origin_inflight: int = 2  # concurrent origin fetches by this node
-    request_timeout_s: float = 15.0
-    origin_timeout_s: float = 60.0
-    origin_patience_s: float = 3.0  # starved this long, tracker silent -> go to the origin
-    appointed_patience_s: float = 20.0  # the same, when the tracker appointed others
-    settle_s: float = 0.5  # wait this long to hear peers' pending lists before fetching
-    pending_ttl_s: float = 30.0  # how long a peer's "fetching from origin" counts
-    backoff_base_s: float = 0.5
-    backoff_max_s: float = 30.0
-    max_peer_failures: int = 4  # consecutive; then disconnect
-    endgame_duplicates: int = 1  # extra copies of a tail request
-    endgame_tail: int = 2  # duplicate only when this few chunks are missing
-    max_origin_corrupt: int = 3  # bad chunks from the origin before aborting
-    use_peers: bool = True  # False: the origin-only baseline
-    chunk_picker: str = "rarest_first"
-    peer_chooser: str = "rack_aware"
-
-    def __post_init__(self) -> None:
-        if self.chunk_picker not in CHUNK_PICKERS:
-            raise ValueError(f"unknown chunk picker {self.chunk_picker!r}; "
-                             f"choose from {sorted(CHUNK_PICKERS)}")
-        if self.peer_chooser not in PEER_CHOOSERS:
-            raise ValueError(f"unknown peer chooser {self.peer_chooser!r}; "
-                             f"choose from {sorted(PEER_CHOOSERS)}")
-        if min(self.max_peers, self.per_peer_inflight, self.max_inflight,
-               self.max_origin_inflight) < 1:
-            raise ValueError("peer and in-flight limits must be at least 1")
 
 
 class _Peer:
@@ -255,22 +216,11 @@ class Swarm:
             self._unheard = {h.peer for h in event.peers
                              if h.peer != self.me and h.peer not in self._peers}
             self._settle_until = now + self.config.settle_s if self._unheard else now
-        self._owned = self._owned_chunks(event)
+        self._owned = owned_chunks(self.chunks, event.origin_slot, event.origin_slots,
+                                   event.origin_filled)
         self._fetchers_appointed = event.origin_filled is None or event.origin_filled > 0
         if event.origin_slot is not None:
-            slots = max(1, event.origin_slots)
-            self._origin_start = event.origin_slot % slots * self.chunks // slots
-
-    def _owned_chunks(self, event: PeersFound) -> int:
-        slot, slots = event.origin_slot, max(1, event.origin_slots)
-        if slot is None:
-            return 0
-        filled = slots if event.origin_filled is None else max(1, event.origin_filled)
-        residues = [slot % slots] + (list(range(filled, slots)) if slot == 0 else [])
-        owned = 0
-        for residue in residues:
-            owned |= bits.every_kth(self.chunks, slots, residue)
-        return owned
+            self._origin_start = region_start(self.chunks, event.origin_slot, event.origin_slots)
 
     def _on_peer_joined(self, event: PeerJoined, now: float) -> list[Action]:
         peer = event.peer
@@ -595,7 +545,8 @@ class Swarm:
         if not todo:
             return []
         actions: list[Action] = []
-        for chunk in self._origin_order(todo, room):
+        for chunk in origin_order(todo, self._demand + self._prefetch, self._origin_start,
+                                  room):
             self._origin[chunk] = now + self.config.origin_timeout_s
             actions.append(FetchFromOrigin(chunk))
             if self.config.use_peers:
@@ -611,21 +562,6 @@ class Swarm:
     def _settled(self, now: float) -> bool:
         until = self._settle_until
         return until is not None and (not self._unheard or now >= until)
-
-    def _origin_order(self, todo: int, limit: int) -> list[int]:
-        """Demand and prefetch first, then upwards from our own region of the content.
-
-        Fetcher `i` of `k` starts at `i * n / k`: while nodes still disagree about
-        `k` (the swarm is forming), their first fetches fall in different regions
-        instead of colliding, and each region reaches peers in order.
-        """
-        head = [c for c in self._demand + self._prefetch if todo >> c & 1][:limit]
-        for chunk in head:
-            todo &= ~(1 << chunk)
-        start = self._origin_start
-        upper = todo >> start << start
-        rest = [*bits.indices(upper), *bits.indices(todo & ~upper)]
-        return head + rest[:limit - len(head)]
 
     def _origin_mask(self) -> int:
         return bits.from_indices(self._origin)

@@ -1,0 +1,47 @@
+"""The knobs of one swarm, with their defaults and why they are what they are."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from p2p.swarm.policy import CHUNK_PICKERS, PEER_CHOOSERS
+
+
+@dataclass(frozen=True, slots=True)
+class SwarmConfig:
+    """Knobs of one swarm; every duration is in seconds."""
+
+    max_peers: int = 30  # connections we open ourselves
+    # One request per peer at a time: the next is placed when a piece lands,
+    # with fresh knowledge, so busy peers get less. Deeper pipelines queue
+    # requests at whichever peer was picked first; measured with 50 MB/s caps on
+    # 8 nodes, a depth of 4 ran at 1.9x the lower bound, a depth of 1 at 1.35x.
+    per_peer_inflight: int = 1
+    max_inflight: int = 16  # requests to peers, all together
+    max_origin_inflight: int = 2  # concurrent origin fetches by this node
+    request_timeout_s: float = 15.0
+    origin_timeout_s: float = 60.0
+    origin_patience_s: float = 3.0  # starved this long, tracker silent -> go to the origin
+    appointed_patience_s: float = 20.0  # the same, when the tracker appointed others
+    settle_s: float = 0.5  # wait this long to hear peers' pending lists before fetching
+    pending_ttl_s: float = 30.0  # how long a peer's "fetching from origin" counts
+    backoff_base_s: float = 0.5
+    backoff_max_s: float = 30.0
+    max_peer_failures: int = 4  # consecutive; then disconnect
+    endgame_duplicates: int = 1  # extra copies of a tail request
+    endgame_tail: int = 2  # duplicate only when this few chunks are missing
+    max_origin_corrupt: int = 3  # bad chunks from the origin before aborting
+    use_peers: bool = True  # False: the origin-only baseline
+    chunk_picker: str = "rarest_first"
+    peer_chooser: str = "rack_aware"
+
+    def __post_init__(self) -> None:
+        if self.chunk_picker not in CHUNK_PICKERS:
+            raise ValueError(f"unknown chunk picker {self.chunk_picker!r}; "
+                             f"choose from {sorted(CHUNK_PICKERS)}")
+        if self.peer_chooser not in PEER_CHOOSERS:
+            raise ValueError(f"unknown peer chooser {self.peer_chooser!r}; "
+                             f"choose from {sorted(PEER_CHOOSERS)}")
+        if min(self.max_peers, self.per_peer_inflight, self.max_inflight,
+               self.max_origin_inflight) < 1:
+            raise ValueError("peer and in-flight limits must be at least 1")
