@@ -22,7 +22,6 @@ import logging
 import random
 import socket
 from collections.abc import Coroutine
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, assert_never
 
@@ -41,6 +40,7 @@ from p2p.peer import (
     connect,
     listen_socket,
 )
+from p2p.session import BufferPool, ContentFailed, Session
 from p2p.store import ChunkStore, CorruptChunk, StoreFullError
 from p2p.swarm import Swarm, bits
 from p2p.swarm.events import (
@@ -73,32 +73,6 @@ log = logging.getLogger(__name__)
 BURST_BYTES = 4 << 20  # a chunk's worth: idle moments are not lost to the cap
 JOIN_TIMEOUT_S = 10.0
 EARLY_ANNOUNCE_GAP_S = 0.2  # announces prompted by new peers come no faster
-
-
-class ContentFailed(Exception):
-    """A content cannot be completed; the message says why."""
-
-
-@dataclass(eq=False)
-class Session:
-    manifest: Manifest
-    swarm: Swarm
-    done: asyncio.Future[None]
-    links: dict[PeerId, Link] = field(default_factory=dict)
-    waiters: dict[int, list[asyncio.Future[None]]] = field(default_factory=dict)
-    origin_tasks: dict[int, asyncio.Task[None]] = field(default_factory=dict)
-    timer: asyncio.TimerHandle | None = None
-    wake_announcer: asyncio.Event = field(default_factory=asyncio.Event)
-    announcer: asyncio.Task[None] | None = None
-    origin_bytes: int = 0
-    peer_bytes: int = 0
-    started: float = 0.0
-    finished: float | None = None
-    pinned: bool = True  # attached in the store: not evictable
-
-    @property
-    def content(self) -> ContentId:
-        return self.manifest.content_id
 
 
 class Agent:
@@ -606,23 +580,6 @@ class Agent:
         return {"peer": self.me.peer if self.me else None, "port": self.port,
                 "rack": self.config.rack, "peers_connected": len(self._links),
                 "contents": contents}
-
-
-class BufferPool:
-    """Chunk-sized receive buffers, reused: a fresh 4 MiB bytearray is zeroed first."""
-
-    def __init__(self, keep: int = 4) -> None:
-        self._keep = keep
-        self._free: dict[int, list[bytearray]] = {}
-
-    def take(self, size: int) -> bytearray:
-        free = self._free.get(size)
-        return free.pop() if free else bytearray(size)
-
-    def give(self, buf: bytearray) -> None:
-        free = self._free.setdefault(len(buf), [])
-        if len(free) < self._keep:
-            free.append(buf)
 
 
 def _bps(mbps: float | None) -> float | None:

@@ -20,9 +20,10 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from p2p.agent import Agent, ContentFailed
+from p2p.agent import Agent
 from p2p.auth import AuthError
 from p2p.content import ContentId, ManifestError
+from p2p.session import ContentFailed
 from p2p.store import MissingChunk, StoreFullError
 from p2p.tracker_client import TrackerError, TrackerUnavailable
 
