@@ -19,12 +19,31 @@ class UserError(Exception):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="bootseer", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="bootseer",
+        description="Fast startup for large training jobs: images, dependencies and "
+                    "checkpoints from peers, not from the origin.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for ep in sorted(entry_points(group="bootseer.commands"), key=lambda e: e.name):
-        add: Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None] = ep.load()
+        try:
+            add: Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None] = ep.load()
+        except ImportError as exc:
+            # One package's missing optional dependency must not take the agent down.
+            _unavailable(sub, ep.name, exc)
+            continue
         add(sub)
     return parser
+
+
+def _unavailable(sub: argparse._SubParsersAction[argparse.ArgumentParser], name: str,
+                 exc: ImportError) -> None:
+    def run(args: argparse.Namespace) -> int:
+        raise UserError(f"the {name} commands need a module that is not installed ({exc.name}); "
+                        f"install the extra, e.g. pip install 'bootseer[sim]'")
+
+    p = sub.add_parser(name, help=f"(unavailable: {exc.name} is not installed)")
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(run=run)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
