@@ -58,6 +58,9 @@ class AgentSpec:
     upload_cap_Bps: float | None = None
     download_cap_Bps: float | None = None
     burst_bytes: int = BURST_BYTES
+    # Not the agent's behaviour today, a proposal to measure: a cancel travels to
+    # the sender, which drops the request if queued and stops the piece if sending.
+    cancel_on_wire: bool = False
 
 
 class Transfer:

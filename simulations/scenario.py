@@ -16,7 +16,8 @@ Layout (see simulations/scenarios/*.toml for complete examples):
     [[origin]] name, egress, max_concurrent, latency, down_at
     [tracker]  handout_limit, announce_interval, peer_ttl, origin_fetchers
     [agent]    upload_slots, upload_cap, download_cap, burst: the agent's
-               settings of those names (caps are bandwidths; absent = no cap)
+               settings of those names (caps are bandwidths; absent = no cap);
+               cancel_on_wire = true models a proposed change (see AgentSpec)
     [swarm]    overrides of p2p.swarm.SwarmConfig fields; "_s" fields drop
                the suffix and take a duration (request_timeout = "15s"):
                origin_patience, appointed_patience and settle among them
@@ -179,6 +180,12 @@ def _int(raw: object) -> int:
     return raw
 
 
+def _bool(raw: object) -> bool:
+    if not isinstance(raw, bool):
+        raise ValueError(f"{raw!r} is not true or false")
+    return raw
+
+
 def _number(raw: object) -> float:
     if isinstance(raw, bool) or not isinstance(raw, int | float):
         raise ValueError(f"{raw!r} is not a number")
@@ -281,7 +288,8 @@ def _agent(top: _Table) -> AgentSpec:
         upload_slots=t.get("upload_slots", _int, UPLOAD_SLOTS, minimum=1),
         upload_cap_Bps=None if up == none else up,
         download_cap_Bps=None if down == none else down,
-        burst_bytes=int(t.get("burst", parse_size, float(BURST_BYTES), minimum=0)))
+        burst_bytes=int(t.get("burst", parse_size, float(BURST_BYTES), minimum=0)),
+        cancel_on_wire=t.get("cancel_on_wire", _bool, False))
     t.done()
     return spec
 

@@ -273,6 +273,9 @@ class Simulation:
                 key = (n, c, self._index[action.peer], action.chunk)
                 if (transfer := self._transfers.pop(key, None)) is not None:
                     transfer.orphan = True  # the agent forgets it; the sender still sends
+                    if self.scenario.agent.cancel_on_wire:
+                        latency = self.top.latency(n, transfer.src)
+                        self.loop.after(latency, self._cancel_arrived, transfer)
             elif kind is FetchFromOrigin:
                 assert isinstance(action, FetchFromOrigin)
                 self._fetch_origin(n, c, action.chunk)
@@ -494,6 +497,11 @@ class Simulation:
         src = self.nodes[transfer.src]
         if src.alive and transfer.stage != TRAVELLING:
             self._send(src.uploads.finished(transfer) if sending else src.uploads.drop(transfer))
+
+    def _cancel_arrived(self, transfer: Transfer) -> None:
+        """A proposed agent change: the sender drops a cancelled request (see AgentSpec)."""
+        if not transfer.cancelled and transfer in self.nodes[transfer.dst].transfers:
+            self._abort(transfer)
 
     def _waste(self, transfer: Transfer, nbytes: float) -> None:
         self.nodes[transfer.dst].counters.wasted_down += nbytes

@@ -198,3 +198,12 @@ def test_a_run_makes_no_reference_cycles() -> None:
         assert gc.collect() == 0
     finally:
         gc.enable()
+
+
+def test_cancel_on_wire_drops_cancelled_requests_at_the_sender() -> None:
+    _, _, today = run(scenario())
+    _, stop, proposed = run(scenario("\n[agent]\ncancel_on_wire = true\n"))
+    assert stop == "complete"
+    assert 0 < proposed["wasted_bytes"] < today["wasted_bytes"]  # type: ignore[operator]
+    assert proposed["uploaded_bytes"] == (proposed["same_rack_bytes"]  # type: ignore[operator]
+                                          + proposed["cross_rack_bytes"])
