@@ -15,7 +15,6 @@ import socket
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from pathlib import Path
 from typing import Any
 
 from p2p.content import GiB
@@ -125,7 +124,3 @@ def _coerce(value: Any, annotation: Any, key: str, source: str) -> Any:
         return str(value)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{key} in {source}: {value!r} is not valid ({exc})") from exc
-
-
-def data_path(path: str) -> Path:
-    return Path(path).expanduser()

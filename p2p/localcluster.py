@@ -70,7 +70,6 @@ class AgentHandle:
     child: Child
     api_socket: str
     store_dir: Path
-    config_path: Path
 
     @property
     def peer(self) -> str:
@@ -140,7 +139,7 @@ class LocalCluster:
                                 "rack": rack, "peer_id": name, "store_dir": str(store),
                                 "api_socket": sock, **(config or {})}))
         child = await self.spawn(name, ["agent", "--config", str(cfg)])
-        return AgentHandle(index, child, sock, store, cfg)
+        return AgentHandle(index, child, sock, store)
 
     async def publish(self, path: Path, chunk_size: int = CHUNK_SIZE,
                       origin: str | None = None) -> Manifest:

@@ -154,9 +154,6 @@ class Swarm:
     def held(self, chunk: int) -> bool:
         return bool(self._have >> chunk & 1)
 
-    def _holds_index(self, chunk: int) -> bool:
-        return 0 <= chunk < self.chunks and self.held(chunk)
-
     @property
     def peers(self) -> list[PeerId]:
         return sorted(self._peers)
@@ -245,8 +242,10 @@ class Swarm:
     def _may_request(self, peer: PeerId, chunk: int, now: float) -> bool:
         """Could a have of `chunk` from `peer` lead to a request right now?"""
         state = self._peers.get(peer)
-        if state is None or not 0 <= chunk < self.chunks or self.held(chunk):
-            return state is None or not 0 <= chunk < self.chunks  # let handle() complain
+        if state is None or not 0 <= chunk < self.chunks:
+            return True  # the full path handles (or rejects) it
+        if self.held(chunk):
+            return False
         return (len(state.inflight) < self.config.per_peer_inflight
                 and state.backoff_until <= now
                 and self._inflight_total < self.config.max_inflight
