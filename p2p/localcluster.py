@@ -70,6 +70,7 @@ class AgentHandle:
     child: Child
     api_socket: str
     store_dir: Path
+    config_path: Path
 
     @property
     def peer(self) -> str:
@@ -139,7 +140,7 @@ class LocalCluster:
                                 "rack": rack, "peer_id": name, "store_dir": str(store),
                                 "api_socket": sock, **(config or {})}))
         child = await self.spawn(name, ["agent", "--config", str(cfg)])
-        return AgentHandle(index, child, sock, store)
+        return AgentHandle(index, child, sock, store, cfg)
 
     async def publish(self, path: Path, chunk_size: int = CHUNK_SIZE,
                       origin: str | None = None) -> Manifest:
