@@ -685,7 +685,7 @@ class Agent:
                 "have": bits.count(s.swarm.have),
                 "complete": s.swarm.complete,
                 "failed": s.failed is not None,
-                "error": s.failed,
+                "failure": s.failed,
                 "origin_bytes": s.origin_bytes,
                 "peer_bytes": s.peer_bytes,
                 "peers": len(s.links),
