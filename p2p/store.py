@@ -62,17 +62,14 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from p2p.chunkfile import CHUNK_SUFFIX, BufferPool, StatKey, chunk_index, read_full, stat_key
 from p2p.content import ContentId, Manifest, ManifestError
 
 log = logging.getLogger(__name__)
 
 MANIFEST_NAME = "manifest.json"
-CHUNK_SUFFIX = ".chunk"
 TEMP_SUFFIX = ".tmp"
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
-_KEEP_BUFFERS = 4  # check buffers kept for reuse, per size
-
-StatKey = tuple[int, int, int, int]  # st_ino, st_size, st_mtime_ns, st_ctime_ns
 
 
 class StoreError(Exception):
@@ -133,7 +130,7 @@ class ChunkStore:
         self.damaged_chunks = 0
         self._lock = threading.RLock()
         self._contents: OrderedDict[ContentId, _Content] = OrderedDict()  # oldest use first
-        self._buffers: dict[int, list[bytearray]] = {}
+        self._buffers = BufferPool()
         self._scan()
 
     @property
@@ -244,9 +241,9 @@ class ChunkStore:
         manifest, fd = self._open(content_id, index)
         length = manifest.chunk_length(index)
         try:
-            key = _stat_key(os.fstat(fd))
-            with self._buffer(length + 1) as buf:
-                n = _read_full(fd, buf)
+            key = stat_key(os.fstat(fd))
+            with self._buffers.buffer(length + 1) as buf:
+                n = read_full(fd, buf)
                 ok = manifest.verify(index, buf[:n])
         except OSError as exc:
             os.close(fd)
@@ -277,13 +274,13 @@ class ChunkStore:
             os.close(fd)
             raise ValueError(f"range {lo}..{hi} outside chunk {index} of {length} bytes")
         try:
-            key = _stat_key(os.fstat(fd))
+            key = stat_key(os.fstat(fd))
             if self._is_checked(content_id, index, key):
                 out = bytearray(hi - lo)
-                if _read_full(fd, memoryview(out), lo) == hi - lo:
+                if read_full(fd, memoryview(out), lo) == hi - lo:
                     return memoryview(out)
             whole = bytearray(length + 1)  # one byte more: a too-long file shows
-            n = _read_full(fd, memoryview(whole))
+            n = read_full(fd, memoryview(whole))
             ok = manifest.verify(index, memoryview(whole)[:n])
         except OSError as exc:
             raise self._damaged(content_id, index, None, f"unreadable ({exc.strerror})") \
@@ -383,19 +380,6 @@ class ChunkStore:
         return DamagedChunk(f"chunk {index} of {content_id} was damaged on disk ({why}); "
                             "it is being fetched again")
 
-    @contextlib.contextmanager
-    def _buffer(self, size: int) -> Iterator[memoryview]:
-        with self._lock:
-            free = self._buffers.get(size)
-            buf = free.pop() if free else bytearray(size)
-        try:
-            yield memoryview(buf)
-        finally:
-            with self._lock:
-                free = self._buffers.setdefault(size, [])
-                if len(free) < _KEEP_BUFFERS:
-                    free.append(buf)
-
     def _scan(self) -> None:
         """Load the contents already on disk, oldest-modified first, and drop temp files."""
         dirs = [d for d in self.root.iterdir() if d.is_dir() and not d.name.startswith(".")]
@@ -426,13 +410,13 @@ class ChunkStore:
         directory = self._dir(manifest.content_id)
         entry.checked.clear()
         try:
-            with self._buffer(manifest.chunk_size + 1) as buf:
+            with self._buffers.buffer(manifest.chunk_size + 1) as buf:
                 for item in os.scandir(directory):
                     if not item.name.endswith(CHUNK_SUFFIX) or item.name.startswith("."):
                         continue
-                    index = _chunk_index(item.name, manifest.chunks)
+                    index = chunk_index(item.name, manifest.chunks)
                     with open(item.path, "rb", buffering=0) as f:
-                        key = _stat_key(os.fstat(f.fileno()))
+                        key = stat_key(os.fstat(f.fileno()))
                         n = f.readinto(buf)
                     if index is not None and not present[index] and manifest.verify(index,
                                                                                     buf[:n]):
@@ -537,26 +521,3 @@ def _store_error(exc: OSError, doing: str, path: Path) -> StoreError:
         f"chunk store failed {doing} in {path}: {exc.strerror or exc} ({name}); check that "
         "the store directory exists, is a directory writable by the agent, and that its disk "
         "is healthy; the content is checked and fetched again on the next request")
-
-
-def _stat_key(st: os.stat_result) -> StatKey:
-    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-
-
-def _read_full(fd: int, buf: memoryview, offset: int = 0) -> int:
-    """pread into `buf` until it is full or the file ends; returns the bytes read."""
-    got = 0
-    while got < len(buf):
-        n = os.preadv(fd, [buf[got:]], offset + got)
-        if n == 0:
-            break
-        got += n
-    return got
-
-
-def _chunk_index(name: str, chunks: int) -> int | None:
-    """The index in "<index>.chunk" if it is a canonical decimal below `chunks`."""
-    stem = name[: -len(CHUNK_SUFFIX)]
-    if not stem.isdigit() or str(int(stem)) != stem or int(stem) >= chunks:
-        return None
-    return int(stem)
