@@ -122,7 +122,11 @@ class ChunkStore:
         if budget_bytes <= 0:
             raise ValueError(f"store budget must be positive, got {budget_bytes} bytes")
         self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            os.listdir(self.root)
+        except OSError as exc:
+            raise _store_error(exc, "opening the store", self.root) from exc
         self._budget = budget_bytes
         self._on_evict = on_evict
         self._on_damaged = on_damaged

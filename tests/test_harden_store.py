@@ -419,3 +419,20 @@ def test_has_is_false_outside_the_content(tmp_path: Path) -> None:
     assert store.has(manifest.content_id, 2)
     for index in (-1, 3, 2**32 - 1, -(2**63)):
         assert not store.has(manifest.content_id, index)
+
+
+def test_api_socket_group_is_applied_to_socket_and_directory(tmp_path: Path) -> None:
+    import grp
+
+    from p2p.localapi import bind_api_socket, release_api_socket
+
+    path = tmp_path / "run" / "agent.sock"
+    sock, bound = bind_api_socket(path, "daemon")
+    try:
+        gid = grp.getgrnam("daemon").gr_gid
+        assert (path.stat().st_gid, path.parent.stat().st_gid) == (gid, gid)
+        assert stat.S_IMODE(path.stat().st_mode) == 0o660
+    finally:
+        sock.close()
+        release_api_socket(path, bound)
+    assert not path.exists()
