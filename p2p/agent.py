@@ -128,7 +128,6 @@ class Agent:
 
     async def stop(self) -> None:
         """Fail every waiter at once, say goodbye within GOODBYE_S, cancel everything."""
-        self._server_sock.close()
         for session in list(self.sessions.values()):
             self._close_session(session)
         with contextlib.suppress(TrackerUnavailable, TrackerError, TimeoutError):
@@ -138,6 +137,7 @@ class Agent:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._server_sock.close()
         await self._origins.close()
         await self.tracker.close()
 
