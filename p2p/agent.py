@@ -354,7 +354,7 @@ class Agent:
             raise IdentityError(f"{addr} is banned here for misbehaviour")
         assert self.me is not None
         return await connect(addr, self.me, self._secret, self._timeouts, expect=peer,
-                             bind_host=self.config.host)
+                             bind_host=self.config.host, known_host=self._known_host)
 
     def _dial_failed(self, peer: PeerId, exc: Exception) -> None:
         hostile = isinstance(exc, AuthError | RemoteProtocolError)

@@ -5,8 +5,8 @@ after accept, before any buffer is allocated for it, by `ConnectionGuard.admit`:
 
 - an address banned for misbehaviour is refused until its ban expires;
 - at most `max_handshakes` connections may be authenticating at once, and
-  at most `max_handshakes_per_ip` from one address, so one flooding host
-  cannot take every handshake slot from honest peers;
+  at most `max_handshakes_per_ip` from one address (other than our own), so
+  one flooding host cannot take every handshake slot from honest peers;
 - at most `max_connections` connections in all (handshakes plus links).
 
 A node's identity is its address (see p2p.handshake), so a ban names an
@@ -67,7 +67,7 @@ class ConnectionGuard:
             return "connections"
         if self.handshakes >= limits.max_handshakes:
             return "handshakes"
-        if self._handshakes[ip] >= limits.max_handshakes_per_ip:
+        if self._handshakes[ip] >= limits.max_handshakes_per_ip and ip not in self._own:
             return "handshakes_per_ip"
         self._handshakes[ip] += 1
         return None
@@ -84,8 +84,9 @@ class ConnectionGuard:
         self._links = max(0, self._links - 1)
 
     def ban(self, ip: str, now: float) -> bool:
-        """Refuse `ip` for `ban_s`; False if it is our own address (never banned)."""
-        if ip in self._own:
+        """Refuse `ip` for `ban_s`; False if it is our own address (never banned) or is
+        banned already (the ban is not extended)."""
+        if ip in self._own or self.banned(ip, now):
             return False
         for old in [i for i, until in self._bans.items() if until <= now]:
             del self._bans[old]

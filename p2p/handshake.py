@@ -11,8 +11,10 @@ against what the socket shows.
   come from that host too. Either mismatch is an `IdentityError`: a node that
   holds the secret and claims to be someone else.
 - Client side: the peer id the server proves must be the one we meant to
-  dial (`WrongPeer` otherwise: a stale address, not an attack), and the
-  address it claims must name the host we reached (`IdentityError`).
+  dial. If it is not, and we know the proven id at another host, the server
+  claims to be someone else (`IdentityError`); otherwise the address was
+  stale (`WrongPeer`, not an attack). The address it claims must name the
+  host we reached (`IdentityError`).
 
 The checks run after the MACs: only a node that holds the secret can make an
 identity claim worth checking, and the peer ids the MACs cover are the ones
@@ -120,7 +122,7 @@ async def check_claim(who: str, claimed_addr: str, seen_ip: str) -> None:
 
 
 async def client_handshake(conn: PeerConnection, me: PeerInfo, secret: bytes,
-                           expect: PeerId | None) -> PeerInfo:
+                           expect: PeerId | None, known_host: KnownHost | None) -> PeerInfo:
     """Run the client side; the server's PeerInfo. See the module docstring for checks."""
     nonce = os.urandom(wire.NONCE_SIZE)
     await conn.send(wire.Hello(wire.PROTOCOL_VERSION, me.peer, me.addr, me.rack, nonce))
@@ -130,9 +132,11 @@ async def client_handshake(conn: PeerConnection, me: PeerInfo, secret: bytes,
                                          me.peer), reply.mac, reply.peer)
     await conn.send(wire.Auth(handshake_mac(secret, "client", nonce, reply.nonce, me.peer,
                                             reply.peer)))
+    who = f"peer {reply.peer!r}"
     if expect is not None and reply.peer != expect:
+        await _check_known(conn, who, PeerId(reply.peer), known_host)
         raise WrongPeer(f"dialed {expect} at {conn.peername}, reached {reply.peer!r}")
-    await check_claim(f"peer {reply.peer!r}", reply.addr, conn.remote_ip)
+    await check_claim(who, reply.addr, conn.remote_ip)
     return PeerInfo(PeerId(reply.peer), reply.addr, reply.rack)
 
 
@@ -160,9 +164,16 @@ async def _check_client(conn: PeerConnection, hello: wire.Hello,
                         known_host: KnownHost | None) -> None:
     who = f"peer {hello.peer!r}"
     await check_claim(who, hello.addr, conn.remote_ip)
-    known = known_host(PeerId(hello.peer)) if known_host is not None else None
+    await _check_known(conn, who, PeerId(hello.peer), known_host)
+
+
+async def _check_known(conn: PeerConnection, who: str, peer: PeerId,
+                       known_host: KnownHost | None) -> None:
+    """IdentityError if we know `peer` at a host other than the one on this connection."""
+    known = known_host(peer) if known_host is not None else None
     if known is not None and is_specific(known) and conn.remote_ip not in await host_ips(known):
-        raise IdentityError(f"{who} is known at {known} but connects from {conn.remote_ip}")
+        raise IdentityError(f"{who} is known at {known} but is on a connection "
+                            f"with {conn.remote_ip}")
 
 
 async def _expect(conn: PeerConnection, kind: type[_M]) -> _M:

@@ -131,12 +131,13 @@ def listen_socket(host: str, port: int, backlog: int = 1024) -> socket.socket:
 
 async def connect(addr: str, me: PeerInfo, secret: bytes, timeouts: Timeouts,
                   expect: PeerId | None = None, bind_host: str | None = None,
-                  ) -> PeerConnection:
+                  known_host: KnownHost | None = None) -> PeerConnection:
     """Dial `addr` ("host:port") and run the client handshake.
 
     With `bind_host` (a specific address) the socket is bound to it first, so
     the peer sees us at the address we claim. With `expect`, the server must
-    prove that peer id (WrongPeer otherwise). OSError if the TCP connection
+    prove that peer id (WrongPeer otherwise; IdentityError if `known_host`
+    places the id it proved elsewhere). OSError if the TCP connection
     fails (TimeoutError after handshake_s), AuthError if the server does not
     prove the secret or rejects ours, IdentityError if it claims an address
     it does not answer from, RemoteProtocolError if it breaks the protocol.
@@ -158,7 +159,7 @@ async def connect(addr: str, me: PeerInfo, secret: bytes, timeouts: Timeouts,
         sock.close()
         raise
     conn = PeerConnection(sock, timeouts)
-    await conn._handshake(client_handshake(conn, me, secret, expect))
+    await conn._handshake(client_handshake(conn, me, secret, expect, known_host))
     return conn
 
 

@@ -81,6 +81,7 @@ class HostilePeer:
         self._listener = listen_socket(host, 0)
         self.addr = f"{host}:{self._listener.getsockname()[1]}"
         self.info = PeerInfo(PeerId(peer_id), self.addr, rack)
+        self.claim: str | None = None  # the peer id to prove to those who dial us, if not ours
         self._garbage = _garbage_fd(manifest.chunk_size)
         self._tasks: set[asyncio.Task[None]] = set()
         self.announce_errors: list[str] = []
@@ -159,7 +160,9 @@ class HostilePeer:
 
     async def _serve(self, sock: socket.socket) -> None:
         try:
-            conn = await accept(sock, self.info, self._secret, TIMEOUTS)
+            me = self.info if self.claim is None else PeerInfo(PeerId(self.claim), self.addr,
+                                                               self.info.rack)
+            conn = await accept(sock, me, self._secret, TIMEOUTS)
         except AuthError as exc:
             self.log.auth_failures.append(str(exc))
             return
@@ -241,9 +244,19 @@ class RawClient:
     async def send(self, data: bytes) -> None:
         await self._loop.sock_sendall(self.sock, data)
 
+    async def first_bytes(self) -> bytes:
+        """What the agent sends first (b"" if it closes or resets without a word)."""
+        try:
+            return await self._loop.sock_recv(self.sock, 65536)
+        except ConnectionResetError:
+            return b""
+
     async def recv_message(self) -> wire.Message:
         prefix = await self._exactly(wire.PREFIX_SIZE)
         return wire.parse_header(await self._exactly(wire.parse_length(prefix)))
+
+    async def recv_exactly(self, n: int) -> bytes:
+        return await self._exactly(n)
 
     async def _exactly(self, n: int) -> bytes:
         data = bytearray()
