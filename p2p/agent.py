@@ -12,6 +12,12 @@ limits.
 A chunk's bytes are verified by the store before they are stored, served or
 read, whatever their source. Peers that send bad bytes are dropped and
 reported by the swarm's decision; the agent only carries that out.
+
+Peer connections are admitted by a `ConnectionGuard` (p2p.guard) right after
+accept: caps on handshakes and connections, and addresses banned for
+misbehaviour. A node is known by the address it is seen at (p2p.handshake
+checks every claim against it); a hostile drop bans that address, and reports
+to the tracker name it.
 """
 
 from __future__ import annotations
@@ -106,7 +112,10 @@ class Agent:
         self._origins = OriginPool(config.origin_concurrency)
         self._timeouts = Timeouts()
         self._rng = random.Random()
-        self.tracker = TrackerClient(config.tracker, secret)
+        # Tracker requests leave from our own address, as peer dials do (when the
+        # client can bind; older ones cannot).
+        self.tracker = TrackerClient(config.tracker, secret,
+                                     **_accepted(TrackerClient, bind_host=config.host))
         self.me: PeerInfo | None = None
         self._server_sock = listen_socket(config.host, config.port)
         self.port = self._server_sock.getsockname()[1]
@@ -116,7 +125,6 @@ class Agent:
         self._quiet = LogLimiter()
         self._seen_at: OrderedDict[PeerId, str] = OrderedDict()  # peer -> IP last seen at
         self._reported: dict[tuple[PeerId, ContentId, str], float] = {}  # -> quiet until
-        self._report_takes_addr = "addr" in inspect.signature(self.tracker.report).parameters
 
     # ---- lifecycle ------------------------------------------------------------
 
@@ -679,10 +687,10 @@ class Agent:
         if len(self._reported) >= MAX_REMEMBERED_PEERS:
             self._reported = {k: t for k, t in self._reported.items() if t > now}
         self._reported[key] = now + REPORT_EVERY_S
-        ip = self._seen_at.get(peer) or normal_ip(addr_host(self._addrs.get(peer, "")))
-        extra = {"addr": ip} if self._report_takes_addr and ip else {}
+        ip = self._seen_at.get(peer) or normal_ip(addr_host(self._addrs.get(peer, ""))) or None
         try:
-            await self.tracker.report(self.me.peer, peer, content, reason, **extra)
+            await self.tracker.report(self.me.peer, peer, content, reason,
+                                      **_accepted(self.tracker.report, addr=ip))
         except (TrackerUnavailable, TrackerError) as exc:
             log.warning("could not report %s: %s", peer, exc)
 
@@ -707,6 +715,13 @@ class Agent:
         return {"peer": self.me.peer if self.me else None, "port": self.port,
                 "rack": self.config.rack, "peers_connected": len(self._links),
                 "contents": contents}
+
+
+def _accepted(function: Any, **kwargs: Any) -> dict[str, Any]:
+    """The keyword arguments `function` takes (for a tracker client with or without
+    the identity parameters `bind_host` and `addr`)."""
+    names = inspect.signature(function).parameters
+    return {k: v for k, v in kwargs.items() if k in names}
 
 
 def _bps(mbps: float | None) -> float | None:
