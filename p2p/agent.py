@@ -19,15 +19,24 @@ Store work that can block (put, reads, attach) runs in worker threads.
 A session that fails (the store cannot write, no source within the
 deadline) says why to every waiter, stops, and unpins its bytes; the next
 request for the content opens a fresh session, so no failure is sticky.
+
+Peer connections are admitted by a `ConnectionGuard` (p2p.guard) right after
+accept: caps on handshakes and connections, and addresses banned for
+misbehaviour. A node is known by the address it is seen at (p2p.handshake
+checks every claim against it); a hostile drop bans that address, and reports
+to the tracker name it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import inspect
 import logging
 import random
 import socket
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Coroutine
 from pathlib import Path
 from typing import Any, assert_never
@@ -35,10 +44,13 @@ from typing import Any, assert_never
 from p2p.auth import AuthError
 from p2p.config import AgentConfig
 from p2p.content import ContentId, Manifest, PeerId
+from p2p.guard import ConnectionGuard, ConnectionLimits, LogLimiter
+from p2p.handshake import IdentityError, WrongPeer, addr_host, is_specific, normal_ip
 from p2p.link import Link
 from p2p.metrics import AgentMetrics
 from p2p.origin import OriginError, OriginPool
 from p2p.peer import (
+    ConnectionClosed,
     PeerConnection,
     PeerInfo,
     RateLimiter,
@@ -83,6 +95,10 @@ JOIN_TIMEOUT_S = 10.0
 EARLY_ANNOUNCE_GAP_S = 0.2  # announces prompted by new peers come no faster
 GOODBYE_S = 1.5  # of the 5 s a stop may take: the tracker hears "stopped" within this
 READ_ATTEMPTS = 3  # a chunk damaged this many times in a row during one read fails it
+ACCEPT_BACKOFF_S = 0.1  # first pause after a failed accept (out of descriptors, memory)
+ACCEPT_BACKOFF_MAX_S = 1.0
+REPORT_EVERY_S = 60.0  # one report per peer, content and kind of fault
+MAX_REMEMBERED_PEERS = 4096  # where peers were last seen, for reports
 
 
 class Agent:
@@ -108,10 +124,19 @@ class Agent:
         self._origins = OriginPool(config.origin_concurrency)
         self._timeouts = Timeouts()
         self._rng = random.Random()
-        self.tracker = TrackerClient(config.tracker, secret)
+        # Tracker requests leave from our own address, as peer dials do (when the
+        # client can bind; older ones cannot).
+        self.tracker = TrackerClient(config.tracker, secret,
+                                     **_accepted(TrackerClient, bind_host=config.host))
         self.me: PeerInfo | None = None
         self._server_sock = listen_socket(config.host, config.port)
         self.port = self._server_sock.getsockname()[1]
+        own = frozenset({normal_ip(config.host)} if is_specific(config.host) else ())
+        self._guard = ConnectionGuard(
+            ConnectionLimits(config.max_connections, config.max_handshakes), own)
+        self._quiet = LogLimiter()
+        self._seen_at: OrderedDict[PeerId, str] = OrderedDict()  # peer -> IP last seen at
+        self._reported: dict[tuple[PeerId, ContentId, str], float] = {}  # -> quiet until
 
     # ---- lifecycle ------------------------------------------------------------
 
@@ -418,18 +443,9 @@ class Agent:
 
     async def _dial(self, peer: PeerId) -> None:
         try:
-            addr = self._addrs.get(peer)
-            if addr is None:
-                raise OSError(f"no address known for {peer}")
-            assert self.me is not None
-            conn = await connect(addr, self.me, self._secret, self._timeouts)
+            conn = await self._dial_checked(peer)
         except Exception as exc:  # any dial failure is a lost peer
-            hostile = isinstance(exc, AuthError | RemoteProtocolError)
-            log.log(logging.WARNING if hostile else logging.DEBUG,
-                    "cannot connect to %s: %s", peer, exc)
-            for session in self._sessions_of(self._dial_for.pop(peer, set())):
-                if peer not in session.links:
-                    self._feed(session, PeerLost(peer, f"connect failed: {exc}", hostile))
+            self._dial_failed(peer, exc)
             return
         finally:
             self._dialing.pop(peer, None)
@@ -437,25 +453,108 @@ class Agent:
         for session in self._sessions_of(self._dial_for.pop(peer, set())):
             self._send_join(session, link)
 
+    async def _dial_checked(self, peer: PeerId) -> PeerConnection:
+        """A connection to `peer` from our own address, unless its address is banned here."""
+        addr = self._addrs.get(peer)
+        if addr is None:
+            raise OSError(f"no address known for {peer}")
+        ip = normal_ip(addr_host(addr))
+        self._saw(peer, ip)
+        if self._guard.banned(ip, self._loop.time()):
+            raise IdentityError(f"{addr} is banned here for misbehaviour")
+        assert self.me is not None
+        return await connect(addr, self.me, self._secret, self._timeouts, expect=peer,
+                             bind_host=self.config.host, known_host=self._known_host)
+
+    def _dial_failed(self, peer: PeerId, exc: Exception) -> None:
+        hostile = isinstance(exc, AuthError | RemoteProtocolError)
+        log.log(logging.WARNING if hostile else logging.DEBUG,
+                "cannot connect to %s: %s", peer, exc)
+        contents = self._dial_for.pop(peer, set())
+        if isinstance(exc, IdentityError) and (ip := self._seen_at.get(peer)):
+            self._ban(ip, f"{peer}: {exc}")
+        if isinstance(exc, OSError | WrongPeer) and peer in self._addrs_known_by_tracker:
+            for content in sorted(contents):  # it may hold an origin-fetcher slot
+                self._spawn(self._report(content, peer, "unreachable"))
+        for session in self._sessions_of(contents):
+            if peer not in session.links:
+                self._feed(session, PeerLost(peer, f"connect failed: {exc}", hostile))
+
     def _sessions_of(self, contents: set[ContentId]) -> list[Session]:
         return [self.sessions[c] for c in sorted(contents) if c in self.sessions]
 
     async def _accept_loop(self) -> None:
+        pause = 0.0
         while True:
-            sock, _ = await self._loop.sock_accept(self._server_sock)
-            self._spawn(self._accept_one(sock))
+            try:
+                sock, addr = await self._loop.sock_accept(self._server_sock)
+            except OSError as exc:
+                pause = self._accept_failed(exc, pause)
+                await asyncio.sleep(pause)
+                continue
+            if pause:
+                log.warning("accepting peer connections again")
+                pause = 0.0
+            self._admit(sock, normal_ip(str(addr[0])))
 
-    async def _accept_one(self, sock: socket.socket) -> None:
+    def _accept_failed(self, exc: OSError, pause: float) -> float:
+        """The next pause before accepting again; one log line per episode of failures.
+
+        Out of descriptors or memory, the listening socket stays readable: without
+        a pause the loop would spin; without the loop nothing is accepted again.
+        """
+        self.metrics.accept_errors.inc()
+        if not pause:
+            pressure = exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+            log.warning("cannot accept peer connections: %s%s; retrying every %gs at most",
+                        exc.strerror or exc, " (raise the nofile limit?)" if pressure else "",
+                        ACCEPT_BACKOFF_MAX_S)
+        return min(ACCEPT_BACKOFF_MAX_S, 2 * pause or ACCEPT_BACKOFF_S)
+
+    def _admit(self, sock: socket.socket, ip: str) -> None:
+        """Start the handshake, or close at once: banned address or a cap reached."""
+        refused = self._guard.admit(ip, self._loop.time())
+        if refused is None:
+            self._spawn(self._accept_one(sock, ip))
+            return
+        sock.close()
+        self.metrics.connections_refused.labels(refused).inc()
+        self._quietly(f"refused:{refused}", "closed a peer connection from %s at once: %s",
+                      ip, refused.replace("_", " ") + ("" if refused == "banned" else " cap"))
+
+    def _quietly(self, key: str, fmt: str, *args: object) -> None:
+        """Log a warning, at most one per `key` every few seconds."""
+        held = self._quiet.allow(key, self._loop.time())
+        if held is not None:
+            log.warning(fmt + (f" (and {held} more like it)" if held else ""), *args)
+
+    async def _accept_one(self, sock: socket.socket, ip: str) -> None:
         assert self.me is not None
         try:
-            conn = await accept(sock, self.me, self._secret, self._timeouts)
-        except Exception as exc:
-            log.info("refused a peer connection: %s", exc)
+            conn = await accept(sock, self.me, self._secret, self._timeouts, self._known_host)
+        except IdentityError as exc:
+            self._ban(ip, str(exc))
+            return
+        except (AuthError, RemoteProtocolError, ConnectionClosed, OSError) as exc:
+            self._quietly("handshake", "refused a peer connection from %s: %s", ip, exc)
+            return
+        finally:
+            self._guard.handshake_ended(ip)
+        if self._guard.banned(ip, self._loop.time()):  # banned while it authenticated
+            conn.close()
             return
         self._adopt(conn)
 
+    def _known_host(self, peer: PeerId) -> str | None:
+        """The host the tracker hands `peer` out at, if it does."""
+        if peer in self._addrs_known_by_tracker and peer in self._addrs:
+            return addr_host(self._addrs[peer])
+        return None
+
     def _adopt(self, conn: PeerConnection) -> Link:
         link = Link(conn, self, self.store, self._upload, self._upload_slots)
+        self._guard.link_opened()
+        self._saw(link.peer, conn.remote_ip)
         old = self._links.get(link.peer)
         self._links[link.peer] = link
         self._addrs.setdefault(link.peer, conn.remote.addr)
@@ -464,6 +563,31 @@ class Agent:
         if old is not None and old.closed:
             self._links[link.peer] = link
         return link
+
+    def _saw(self, peer: PeerId, ip: str) -> None:
+        self._seen_at[peer] = ip
+        self._seen_at.move_to_end(peer)
+        if len(self._seen_at) > MAX_REMEMBERED_PEERS:
+            self._seen_at.popitem(last=False)
+
+    def _ban(self, ip: str, reason: str) -> None:
+        """Refuse `ip` for a while (see ConnectionGuard) and drop every link from it."""
+        if not self._guard.ban(ip, self._loop.time()):
+            return
+        self.metrics.addresses_banned.inc()
+        log.warning("banning address %s for %gs: %s", ip, self._guard.limits.ban_s, reason)
+        for link in list(self._links.values()):
+            if link.conn.remote_ip == ip:
+                link.close(f"address {ip} is banned: {reason}", hostile=True)
+
+    def chunk_count(self, content: ContentId) -> int | None:
+        session = self.sessions.get(content)
+        return session.manifest.chunks if session is not None else None
+
+    def link_ending(self, link: Link, reason: str, hostile: bool) -> None:
+        self._guard.link_closed()
+        if hostile:
+            self._ban(link.conn.remote_ip, f"{link.peer}: {reason}")
 
     def _request(self, session: Session, peer: PeerId, chunk: int) -> None:
         link = session.links.get(peer)
@@ -667,9 +791,20 @@ class Agent:
         return reply.interval
 
     async def _report(self, content: ContentId, peer: PeerId, reason: str) -> None:
+        """Tell the tracker, naming the address we saw the peer at; at most one report per
+        peer, content and kind (unreachable or misbehaving) every REPORT_EVERY_S."""
         assert self.me is not None
+        now = self._loop.time()
+        key = (peer, content, "unreachable" if reason == "unreachable" else "hostile")
+        if self._reported.get(key, 0.0) > now:
+            return
+        if len(self._reported) >= MAX_REMEMBERED_PEERS:
+            self._reported = {k: t for k, t in self._reported.items() if t > now}
+        self._reported[key] = now + REPORT_EVERY_S
+        ip = self._seen_at.get(peer) or normal_ip(addr_host(self._addrs.get(peer, ""))) or None
         try:
-            await self.tracker.report(self.me.peer, peer, content, reason)
+            await self.tracker.report(self.me.peer, peer, content, reason,
+                                      **_accepted(self.tracker.report, addr=ip))
         except (TrackerUnavailable, TrackerError) as exc:
             log.warning("could not report %s: %s", peer, exc)
 
@@ -694,6 +829,13 @@ class Agent:
         return {"peer": self.me.peer if self.me else None, "port": self.port,
                 "rack": self.config.rack, "peers_connected": len(self._links),
                 "contents": contents}
+
+
+def _accepted(function: Any, **kwargs: Any) -> dict[str, Any]:
+    """The keyword arguments `function` takes (for a tracker client with or without
+    the identity parameters `bind_host` and `addr`)."""
+    names = inspect.signature(function).parameters
+    return {k: v for k, v in kwargs.items() if k in names}
 
 
 def _bps(mbps: float | None) -> float | None:

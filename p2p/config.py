@@ -42,6 +42,8 @@ class AgentConfig:
     download_mbps: float | None = None  # per-node cap on bytes fetched from peers and origins
     origin_concurrency: int = 4  # concurrent reads per origin from this node
     upload_slots: int = 4  # pieces sent at once, over all peers
+    max_connections: int = 1024  # peer connections, authenticating or not, at once
+    max_handshakes: int = 64  # unauthenticated peer connections at once (8 per address)
     announce_interval_s: float = 2.0  # until the tracker says otherwise
     swarm: SwarmConfig = field(default_factory=SwarmConfig)
 

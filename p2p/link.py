@@ -10,8 +10,16 @@ Requests we send are numbered per link, so a piece is matched to exactly the
 request that asked for it; a piece nobody asked for (a cancelled end-game
 duplicate) is read and dropped.
 
+A request is answered with a Piece or a Reject, never with silence: an
+index outside the content, a chunk not held, or any store error while
+opening it is a Reject with the reason (store errors are logged too), and the
+uploader goes on with the next request.
+
 Every failure of the peer (bad frame, slow drip, closed socket) ends the
-link; the owner hears about it once, through `link_closed`.
+link; the owner hears about it once, first through `link_ending` (while the
+link can still say where the peer is) and then through `link_closed`. A bug
+in either task is logged with its traceback and ends the link too: a link
+never lives on with a dead task.
 """
 
 from __future__ import annotations
@@ -20,12 +28,24 @@ import asyncio
 import contextlib
 import logging
 import os
-from typing import Protocol
+from collections.abc import Coroutine
+from typing import Any, Protocol
 
 from p2p.content import ContentId, PeerId
 from p2p.peer import ConnectionClosed, PeerConnection, RateLimiter
-from p2p.store import ChunkStore, MissingChunk
-from p2p.wire import Bye, Have, Join, Message, Pending, Piece, Reject, RemoteProtocolError, Request
+from p2p.store import ChunkStore, DamagedChunk, MissingChunk
+from p2p.wire import (
+    Bye,
+    Have,
+    Join,
+    LocalProtocolError,
+    Message,
+    Pending,
+    Piece,
+    Reject,
+    RemoteProtocolError,
+    Request,
+)
 
 log = logging.getLogger(__name__)
 MAX_QUEUED_UPLOADS = 64  # requests a peer may have waiting at our side
@@ -38,6 +58,8 @@ class LinkOwner(Protocol):
                        asked: tuple[ContentId, int] | None) -> None: ...
     def on_reject(self, link: Link, content: ContentId, chunk: int, reason: str) -> None: ...
     def on_served(self, nbytes: int) -> None: ...
+    def chunk_count(self, content: ContentId) -> int | None: ...
+    def link_ending(self, link: Link, reason: str, hostile: bool) -> None: ...
     def link_closed(self, link: Link, reason: str, hostile: bool) -> None: ...
 
 
@@ -59,8 +81,17 @@ class Link:
         self._closed = False
 
     def start(self) -> None:
-        self._tasks = [asyncio.create_task(self._read_loop(), name=f"read {self.peer}"),
-                       asyncio.create_task(self._upload_loop(), name=f"upload {self.peer}")]
+        self._tasks = [asyncio.create_task(self._supervised(self._read_loop()),
+                                           name=f"read {self.peer}"),
+                       asyncio.create_task(self._supervised(self._upload_loop()),
+                                           name=f"upload {self.peer}")]
+
+    async def _supervised(self, loop: Coroutine[Any, Any, None]) -> None:
+        try:
+            await loop
+        except Exception as exc:  # a bug here: say so loudly, and end the link
+            log.exception("link to %s failed", self.peer)
+            self.close(f"internal error: {exc!r}")
 
     @property
     def closed(self) -> bool:
@@ -76,7 +107,7 @@ class Link:
     async def _send(self, msg: Message) -> None:
         try:
             await self.conn.send(msg)
-        except (OSError, ConnectionClosed) as exc:
+        except (OSError, ConnectionClosed, RemoteProtocolError) as exc:
             self.close(f"send failed: {exc}")
 
     def request(self, content: ContentId, chunk: int, nbytes: int,
@@ -152,25 +183,53 @@ class Link:
                 raise RemoteProtocolError(f"unexpected {type(msg).__name__} after handshake")
 
     async def _upload_loop(self) -> None:
-        while True:
+        while not self._closed:
             req = await self._uploads.get()
             content = ContentId(req.content)
-            try:
-                fd, length = self._store.open_chunk(content, req.chunk)
-            except (MissingChunk, KeyError):
+            opened = await self._open(content, req.chunk)
+            if isinstance(opened, str):
                 await self._send(Reject(content=content, chunk=req.chunk, req=req.req,
-                                        reason="not held"))
-                continue
-            try:
-                async with self._upload_slots:
-                    await self.conn.send_piece(content, req.chunk, req.req, fd, 0, length,
-                                               self._upload)
-                self._owner.on_served(length)
-            except (OSError, ConnectionClosed) as exc:
+                                        reason=opened))
+            else:
+                await self._send_chunk(req, *opened)
+
+    async def _open(self, content: ContentId, chunk: int) -> tuple[int, int] | str:
+        """(fd, length) of the chunk to send, checked against its manifest just now (in
+        a worker thread: hashing and a cold read must not stall the loop), or why it
+        cannot be served."""
+        count = self._owner.chunk_count(content)
+        if count is None:
+            return "not held"
+        if not 0 <= chunk < count:
+            return f"no chunk {chunk} in a content of {count} chunks"
+        try:
+            return await asyncio.to_thread(self._store.open_verified, content, chunk)
+        except DamagedChunk:  # already deleted, logged, counted and refetched by the store
+            return "failed verification here"
+        except (MissingChunk, KeyError):
+            return "not held"
+        except Exception as exc:  # any store failure: refuse this request, serve the next
+            log.exception("cannot serve %s/%d to %s", content, chunk, self.peer)
+            return f"store error: {exc}"[:200]
+
+    async def _send_chunk(self, req: Request, fd: int, length: int) -> None:
+        content = ContentId(req.content)
+        try:
+            async with self._upload_slots:
+                await self.conn.send_piece(content, req.chunk, req.req, fd, 0, length,
+                                           self._upload)
+            self._owner.on_served(length)
+        except LocalProtocolError as exc:  # the file is shorter than the chunk
+            log.warning("cannot serve %s/%d to %s: %s", content, req.chunk, self.peer, exc)
+            if self.conn.closed:  # part of the piece went out: the stream is lost
                 self.close(f"upload failed: {exc}")
-                return
-            finally:
-                os.close(fd)
+            else:
+                await self._send(Reject(content=content, chunk=req.chunk, req=req.req,
+                                        reason="chunk unreadable here"))
+        except (OSError, ConnectionClosed, RemoteProtocolError) as exc:
+            self.close(f"upload failed: {exc}")
+        finally:
+            os.close(fd)
 
     def close(self, reason: str, hostile: bool = False) -> None:
         if self._closed:
@@ -182,4 +241,5 @@ class Link:
                 task.cancel()
         with contextlib.suppress(Exception):
             self.conn.close()
+        self._owner.link_ending(self, reason, hostile)
         self._owner.link_closed(self, reason, hostile)

@@ -24,6 +24,14 @@ class AgentMetrics:
                                      registry=r)
         self.peers_dropped = Counter("bootseer_peers_dropped",
                                      "Peer connections closed for misbehaviour", registry=r)
+        self.connections_refused = Counter(
+            "bootseer_connections_refused", "Inbound peer connections closed at accept",
+            ["reason"], registry=r)
+        self.accept_errors = Counter("bootseer_accept_errors",
+                                     "Accepts that failed for lack of descriptors or memory",
+                                     registry=r)
+        self.addresses_banned = Counter("bootseer_addresses_banned",
+                                        "Peer addresses banned for misbehaviour", registry=r)
         self.contents = Gauge("bootseer_contents", "Contents being fetched or served",
                               registry=r)
 

@@ -17,6 +17,12 @@ through Python objects:
 - Sends hold an asyncio.Lock for a whole frame, so frames never interleave.
   Receives are meant for one reader task.
 
+Memory before authentication. Until the handshake is done a connection owns
+a buffer of HANDSHAKE_BUFFER_BYTES (a Hello, Challenge or Auth fits; a bigger
+header is a RemoteProtocolError), so idle unauthenticated connections cost
+little; the full header buffer is allocated once the peer is authenticated.
+The handshake itself, with the identity checks, lives in p2p.handshake.
+
 Time limits (Timeouts): the whole handshake must finish within
 `handshake_s`; between frames the link may stay silent for `idle_s`; a
 header whose first byte has arrived must be complete within `frame_s`; a
@@ -43,19 +49,32 @@ import os
 import socket
 from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from p2p import wire
-from p2p.auth import AuthError, check_handshake_mac, handshake_mac
 from p2p.content import KiB, MiB, PeerId
+from p2p.handshake import (
+    AUTH_FAILED,
+    IdentityError,
+    KnownHost,
+    PeerInfo,
+    WrongPeer,
+    client_handshake,
+    is_specific,
+    normal_ip,
+    server_handshake,
+)
 from p2p.ratelimit import TokenBucket
 from p2p.wire import LocalProtocolError, Message, Piece, RemoteProtocolError
+
+__all__ = ["AUTH_FAILED", "ConnectionClosed", "IdentityError", "PeerConnection", "PeerIdle",
+           "PeerInfo", "RateLimiter", "Timeouts", "WrongPeer", "accept", "connect",
+           "listen_socket"]
 
 SLICE_BYTES = 256 * KiB  # payload bytes per limiter grant
 HEADER_READ_BYTES = 16 * KiB  # most bytes one header read asks for: bounds payload copying
 _BUFFER_BYTES = wire.PREFIX_SIZE + wire.MAX_HEADER + HEADER_READ_BYTES
-AUTH_FAILED = "auth failed"
-_M = TypeVar("_M", wire.Hello, wire.Challenge, wire.Auth)
+HANDSHAKE_BUFFER_BYTES = 2 * KiB  # the largest handshake message is about 900 bytes
 
 
 class ConnectionClosed(Exception):
@@ -64,15 +83,6 @@ class ConnectionClosed(Exception):
 
 class PeerIdle(ConnectionClosed):
     """The peer sent nothing for Timeouts.idle_s; the connection was closed."""
-
-
-@dataclass(frozen=True, slots=True)
-class PeerInfo:
-    """Who a node is on the wire: its id, where it listens ("host:port"), its rack."""
-
-    peer: PeerId
-    addr: str
-    rack: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,12 +129,18 @@ def listen_socket(host: str, port: int, backlog: int = 1024) -> socket.socket:
     return sock
 
 
-async def connect(addr: str, me: PeerInfo, secret: bytes, timeouts: Timeouts) -> PeerConnection:
+async def connect(addr: str, me: PeerInfo, secret: bytes, timeouts: Timeouts,
+                  expect: PeerId | None = None, bind_host: str | None = None,
+                  known_host: KnownHost | None = None) -> PeerConnection:
     """Dial `addr` ("host:port") and run the client handshake.
 
-    OSError if the TCP connection fails (TimeoutError after handshake_s),
-    AuthError if the server does not prove the secret or rejects ours,
-    RemoteProtocolError if it breaks the protocol.
+    With `bind_host` (a specific address) the socket is bound to it first, so
+    the peer sees us at the address we claim. With `expect`, the server must
+    prove that peer id (WrongPeer otherwise; IdentityError if `known_host`
+    places the id it proved elsewhere). OSError if the TCP connection
+    fails (TimeoutError after handshake_s), AuthError if the server does not
+    prove the secret or rejects ours, IdentityError if it claims an address
+    it does not answer from, RemoteProtocolError if it breaks the protocol.
     """
     host, port = wire.split_addr(addr)
     loop = asyncio.get_running_loop()
@@ -132,6 +148,8 @@ async def connect(addr: str, me: PeerInfo, secret: bytes, timeouts: Timeouts) ->
     sock = socket.socket(family, socket.SOCK_STREAM, proto)
     try:
         sock.setblocking(False)
+        if bind_host is not None and is_specific(bind_host) and _family(bind_host) == family:
+            sock.bind((bind_host, 0))
         async with asyncio.timeout(timeouts.handshake_s):
             await loop.sock_connect(sock, sockaddr)
     except TimeoutError:
@@ -141,16 +159,21 @@ async def connect(addr: str, me: PeerInfo, secret: bytes, timeouts: Timeouts) ->
         sock.close()
         raise
     conn = PeerConnection(sock, timeouts)
-    await conn._handshake(conn._client_handshake(me, secret))
+    await conn._handshake(client_handshake(conn, me, secret, expect, known_host))
     return conn
 
 
-async def accept(sock: socket.socket, me: PeerInfo, secret: bytes,
-                 timeouts: Timeouts) -> PeerConnection:
+def _family(host: str) -> int:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+async def accept(sock: socket.socket, me: PeerInfo, secret: bytes, timeouts: Timeouts,
+                 known_host: KnownHost | None = None) -> PeerConnection:
     """Run the server handshake on an accepted socket (which the connection then owns).
 
     A client that fails authentication gets Bye("auth failed") and the socket
-    is closed; AuthError is raised.
+    is closed; AuthError is raised. `known_host(peer)`: the host we know the
+    claimed peer id at, if any; a client elsewhere is an IdentityError.
     """
     try:
         sock.setblocking(False)
@@ -158,7 +181,7 @@ async def accept(sock: socket.socket, me: PeerInfo, secret: bytes,
     except BaseException:
         sock.close()
         raise
-    await conn._handshake(conn._server_handshake(me, secret))
+    await conn._handshake(server_handshake(conn, me, secret, known_host))
     return conn
 
 
@@ -175,8 +198,9 @@ def _wake(fut: asyncio.Future[None]) -> None:
 class PeerConnection:
     """A framed, authenticated connection; build it with `connect` or `accept`.
 
-    `remote` is the peer's PeerInfo as it stated it in the handshake;
-    `peername` is the address the socket is actually connected to.
+    `remote` is the peer's PeerInfo as it stated it in the handshake (and as
+    p2p.handshake checked it); `peername` is the address the socket is
+    actually connected to, `remote_ip` its host as a normalized IP.
     """
 
     remote: PeerInfo
@@ -186,7 +210,7 @@ class PeerConnection:
         self._fd = sock.fileno()
         self._t = timeouts
         self._loop = asyncio.get_running_loop()
-        self._buf = bytearray(_BUFFER_BYTES)
+        self._buf = bytearray(HANDSHAKE_BUFFER_BYTES)
         self._view = memoryview(self._buf)
         self._start = self._end = 0  # buffered, unconsumed bytes: _buf[_start:_end]
         self._payload_left = 0
@@ -197,9 +221,10 @@ class PeerConnection:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
             host, port = sock.getpeername()[:2]
-            self.peername = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         except OSError:
-            self.peername = "?"
+            host, port = "?", 0
+        self.remote_ip = normal_ip(host)
+        self.peername = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
     @property
     def closed(self) -> bool:
@@ -377,7 +402,18 @@ class PeerConnection:
         return budget
 
     def _header_length(self) -> int:
-        return wire.parse_length(self._view[self._start:self._start + wire.PREFIX_SIZE])
+        n = wire.parse_length(self._view[self._start:self._start + wire.PREFIX_SIZE])
+        if wire.PREFIX_SIZE + n > len(self._buf):
+            raise RemoteProtocolError(f"a {n}-byte header before the handshake is done")
+        return n
+
+    def _grow(self) -> None:
+        """The full header buffer, now that the peer is authenticated."""
+        kept = self._end - self._start
+        buf = bytearray(_BUFFER_BYTES)
+        buf[:kept] = self._buf[self._start:self._end]
+        self._buf, self._view = buf, memoryview(buf)
+        self._start, self._end = 0, kept
 
     def _header_buffered(self) -> bool:
         have = self._end - self._start
@@ -425,10 +461,10 @@ class PeerConnection:
             if self._closed and not self._busy:
                 self._sock.close()
 
-    async def _handshake(self, steps: Coroutine[Any, Any, None]) -> None:
+    async def _handshake(self, steps: Coroutine[Any, Any, PeerInfo]) -> None:
         try:
             async with asyncio.timeout(self._t.handshake_s):
-                await steps
+                self.remote = await steps
         except TimeoutError:
             self.close()
             raise RemoteProtocolError(
@@ -436,52 +472,4 @@ class PeerConnection:
         except BaseException:
             self.close()
             raise
-
-    async def _client_handshake(self, me: PeerInfo, secret: bytes) -> None:
-        nonce = os.urandom(wire.NONCE_SIZE)
-        await self.send(wire.Hello(wire.PROTOCOL_VERSION, me.peer, me.addr, me.rack, nonce))
-        reply = await self._expect(wire.Challenge)
-        await self._check_version(reply.version)
-        await self._check_mac(
-            handshake_mac(secret, "server", reply.nonce, nonce, reply.peer, me.peer), reply.mac,
-            reply.peer)
-        await self.send(wire.Auth(handshake_mac(secret, "client", nonce, reply.nonce, me.peer,
-                                           reply.peer)))
-        self.remote = PeerInfo(PeerId(reply.peer), reply.addr, reply.rack)
-
-    async def _server_handshake(self, me: PeerInfo, secret: bytes) -> None:
-        hello = await self._expect(wire.Hello)
-        await self._check_version(hello.version)
-        nonce = os.urandom(wire.NONCE_SIZE)
-        await self.send(wire.Challenge(
-            wire.PROTOCOL_VERSION, me.peer, me.addr, me.rack, nonce,
-            handshake_mac(secret, "server", nonce, hello.nonce, me.peer, hello.peer)))
-        auth = await self._expect(wire.Auth)
-        await self._check_mac(
-            handshake_mac(secret, "client", hello.nonce, nonce, hello.peer, me.peer), auth.mac,
-            hello.peer)
-        self.remote = PeerInfo(PeerId(hello.peer), hello.addr, hello.rack)
-
-    async def _expect(self, kind: type[_M]) -> _M:
-        msg = await self.recv()
-        if isinstance(msg, wire.Bye):
-            error = AuthError if msg.reason == AUTH_FAILED else RemoteProtocolError
-            raise error(f"{self.peername} ended the handshake: {msg.reason}")
-        if not isinstance(msg, kind):
-            raise RemoteProtocolError(f"expected {kind.TYPE} in the handshake, got {msg.TYPE}")
-        return msg
-
-    async def _check_version(self, version: int) -> None:
-        if version != wire.PROTOCOL_VERSION:
-            await self.bye(f"unsupported protocol version {version}; "
-                           f"I speak {wire.PROTOCOL_VERSION}")
-            raise RemoteProtocolError(f"{self.peername} speaks protocol version {version}")
-
-    async def _check_mac(self, expected: bytes, got: bytes, peer: str) -> None:
-        try:
-            check_handshake_mac(expected, got)
-        except AuthError:
-            await self.bye(AUTH_FAILED)
-            raise AuthError(
-                f"peer {peer!r} at {self.peername} failed the cluster-secret handshake; "
-                "check that both nodes use the same cluster secret") from None
+        self._grow()

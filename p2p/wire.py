@@ -36,7 +36,7 @@ from typing import Any, ClassVar
 
 import msgpack
 
-from p2p.content import MAX_CHUNK_SIZE, KiB
+from p2p.content import MAX_CHUNK_SIZE, KiB, ManifestError, check_content_id
 
 PROTOCOL_VERSION = 1
 PREFIX_SIZE = 4
@@ -80,10 +80,10 @@ def _check_bytes(name: str, value: object, lo: int, hi: int) -> None:
 
 
 def _check_content(value: object) -> None:
-    _check_str("content", value, min_len=1)
-    assert isinstance(value, str)
-    if "/" in value or "\0" in value or value in (".", ".."):
-        raise LocalProtocolError(f"content id {_show(value)} is not a plain name")
+    try:
+        check_content_id(value)
+    except ManifestError as exc:
+        raise LocalProtocolError(str(exc)) from None
 
 
 def _check_who(version: object, peer: object, addr: object, rack: object,

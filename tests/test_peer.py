@@ -8,6 +8,7 @@ format by hand. Rate limiting is checked on the TokenBucket with a fake clock.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 from collections.abc import Awaitable, Callable
@@ -23,18 +24,30 @@ from p2p.auth import AuthError, handshake_mac
 from p2p.content import KiB, MiB, PeerId
 from p2p.peer import (
     ConnectionClosed,
+    IdentityError,
     PeerConnection,
     PeerIdle,
     PeerInfo,
     RateLimiter,
     Timeouts,
+    WrongPeer,
     accept,
     connect,
     listen_socket,
 )
 from p2p.ratelimit import TokenBucket
-from p2p.wire import Auth, Bye, Have, Hello, LocalProtocolError, Piece, RemoteProtocolError
+from p2p.wire import (
+    Auth,
+    Bye,
+    Have,
+    Hello,
+    Join,
+    LocalProtocolError,
+    Piece,
+    RemoteProtocolError,
+)
 
+C = "c1-" + "ab" * 32  # a well-formed content id
 SERVER = PeerInfo(PeerId("server"), "127.0.0.1:7001", "rack-a")
 CLIENT = PeerInfo(PeerId("client"), "127.0.0.1:7002", "rack-b")
 SECRET = b"s" * 32
@@ -119,10 +132,10 @@ def test_handshake_tells_each_side_who_the_other_is(run: Run) -> None:
         server, client = await pair()
         assert server.remote == CLIENT
         assert client.remote == SERVER
-        await client.send(Have("c", 1))
-        await server.send(Have("c", 2))
-        assert await server.recv() == Have("c", 1)
-        assert await client.recv() == Have("c", 2)
+        await client.send(Have(C, 1))
+        await server.send(Have(C, 2))
+        assert await server.recv() == Have(C, 1)
+        assert await client.recv() == Have(C, 2)
         client.close()
         with pytest.raises(ConnectionClosed):
             await server.recv()
@@ -194,9 +207,9 @@ async def send_and_receive_piece(sender: PeerConnection, receiver: PeerConnectio
     fd = os.open(path, os.O_RDONLY)
     try:
         send = asyncio.create_task(
-            sender.send_piece("c", 3, 7, fd, 0, len(payload), limiter))
+            sender.send_piece(C, 3, 7, fd, 0, len(payload), limiter))
         header = await receiver.recv()
-        assert header == Piece("c", 3, 7, len(payload))
+        assert header == Piece(C, 3, 7, len(payload))
         buf = bytearray(len(payload))
         await receiver.recv_payload_into(memoryview(buf), limiter)
         await send
@@ -217,8 +230,8 @@ def test_8_mib_piece_arrives_intact(run: Run, tmp_path: Path, limited: bool) -> 
         # and in the other direction, while header-only messages share the link
         fd = os.open(path, os.O_RDONLY)
         try:
-            sends = [client.send(Have("c", i)) for i in range(50)]
-            sends.insert(25, client.send_piece("c", 3, 7, fd, 0, 8 * MiB, limiter))
+            sends = [client.send(Have(C, i)) for i in range(50)]
+            sends.insert(25, client.send_piece(C, 3, 7, fd, 0, 8 * MiB, limiter))
             tasks = [asyncio.create_task(s) for s in sends]
             haves, payload = [], bytearray(8 * MiB)
             for _ in range(51):
@@ -257,10 +270,10 @@ def test_payload_can_be_discarded_but_not_skipped(run: Run, tmp_path: Path) -> N
         server, client = await pair()
         fd = os.open(path, os.O_RDONLY)
         try:
-            await server.send_piece("c", 0, 1, fd, 100, 300 * KiB - 100)
+            await server.send_piece(C, 0, 1, fd, 100, 300 * KiB - 100)
         finally:
             os.close(fd)
-        await server.send(Have("c", 9))
+        await server.send(Have(C, 9))
         piece = await client.recv()
         assert isinstance(piece, Piece)
         with pytest.raises(LocalProtocolError):
@@ -268,7 +281,7 @@ def test_payload_can_be_discarded_but_not_skipped(run: Run, tmp_path: Path) -> N
         with pytest.raises(LocalProtocolError):
             await client.recv_payload_into(memoryview(bytearray(5)))
         await client.discard_payload(piece.len)
-        assert await client.recv() == Have("c", 9)
+        assert await client.recv() == Have(C, 9)
 
     run(scenario)
 
@@ -282,11 +295,11 @@ def test_piece_beyond_the_file_is_refused_before_sending(run: Run, tmp_path: Pat
         fd = os.open(path, os.O_RDONLY)
         try:
             with pytest.raises(LocalProtocolError):
-                await server.send_piece("c", 0, 1, fd, 50, 51)
+                await server.send_piece(C, 0, 1, fd, 50, 51)
         finally:
             os.close(fd)
-        await server.send(Have("c", 1))
-        assert await client.recv() == Have("c", 1)
+        await server.send(Have(C, 1))
+        assert await client.recv() == Have(C, 1)
 
     run(scenario)
 
@@ -309,7 +322,7 @@ def test_oversized_piece_length_is_a_protocol_error(run: Run) -> None:
         server, sock = await with_raw_client(FAST)
         with sock:
             raw: bytes = msgpack.packb(
-                {"t": "piece", "content": "c", "chunk": 0, "req": 0, "len": 2**40})
+                {"t": "piece", "content": C, "chunk": 0, "req": 0, "len": 2**40})
             await asyncio.get_running_loop().sock_sendall(sock, len(raw).to_bytes(4, "big") + raw)
             with pytest.raises(RemoteProtocolError, match="len"):
                 await server.recv()
@@ -329,9 +342,9 @@ def test_slow_drip_header_is_a_protocol_error(run: Run) -> None:
         with sock:
             # a long silence between frames is fine, a frame sent slowly is not
             await asyncio.sleep(1.2)
-            await asyncio.get_running_loop().sock_sendall(sock, Have("c", 1).encode())
-            assert await server.recv() == Have("c", 1)
-            dripper = asyncio.create_task(drip(sock, Have("c", 2).encode(), 0.5))
+            await asyncio.get_running_loop().sock_sendall(sock, Have(C, 1).encode())
+            assert await server.recv() == Have(C, 1)
+            dripper = asyncio.create_task(drip(sock, Have(C, 2).encode(), 0.5))
             with pytest.raises(RemoteProtocolError, match="header"):
                 await server.recv()
             dripper.cancel()
@@ -345,7 +358,7 @@ def test_slow_drip_payload_is_a_protocol_error(run: Run) -> None:
         server, sock = await with_raw_client(timeouts)
         with sock:
             loop = asyncio.get_running_loop()
-            await loop.sock_sendall(sock, Piece("c", 0, 0, 1000).encode() + b"x" * 100)
+            await loop.sock_sendall(sock, Piece(C, 0, 0, 1000).encode() + b"x" * 100)
             piece = await server.recv()
             assert isinstance(piece, Piece)
             dripper = asyncio.create_task(drip(sock, b"y" * 900, 0.2))
@@ -377,7 +390,7 @@ def test_close_wakes_a_blocked_reader(run: Run) -> None:
         with pytest.raises(ConnectionClosed):
             await reader
         with pytest.raises(ConnectionClosed):
-            await server.send(Have("c", 1))
+            await server.send(Have(C, 1))
         client.close()
 
     run(scenario)
@@ -391,7 +404,7 @@ def test_close_wakes_a_blocked_sender(run: Run, tmp_path: Path) -> None:
         server, client = await pair()
         fd = os.open(path, os.O_RDONLY)
         try:
-            sender = asyncio.create_task(server.send_piece("c", 0, 0, fd, 0, 64 * MiB))
+            sender = asyncio.create_task(server.send_piece(C, 0, 0, fd, 0, 64 * MiB))
             await asyncio.sleep(0.2)  # the client reads nothing: the sender is blocked
             assert not sender.done()
             server.close()
@@ -413,7 +426,7 @@ def test_peer_that_stops_reading_is_a_protocol_error(run: Run, tmp_path: Path) -
         fd = os.open(path, os.O_RDONLY)
         try:
             with pytest.raises(RemoteProtocolError, match="read nothing"):
-                await server.send_piece("c", 0, 0, fd, 0, 64 * MiB)
+                await server.send_piece(C, 0, 0, fd, 0, 64 * MiB)
         finally:
             os.close(fd)
         assert server.closed
@@ -428,6 +441,104 @@ def test_connect_to_a_closed_port_is_an_os_error(run: Run) -> None:
             addr = f"127.0.0.1:{listener.getsockname()[1]}"
         with pytest.raises(OSError):
             await connect(addr, CLIENT, SECRET, FAST)
+
+    run(scenario)
+
+
+# Identity: a claim is held against the address the connection comes from.
+
+
+async def serve_checked(listener: socket.socket, known: dict[str, str]) -> PeerConnection:
+    sock, _ = await asyncio.get_running_loop().sock_accept(listener)
+    return await accept(sock, SERVER, SECRET, FAST, lambda peer: known.get(peer))
+
+
+async def refused_by_server(client: PeerInfo, bind_host: str,
+                            known: dict[str, str]) -> BaseException:
+    """What the server raises when `client` (dialling from `bind_host`) connects."""
+    with listen_socket("127.0.0.1", 0) as listener:
+        addr = f"127.0.0.1:{listener.getsockname()[1]}"
+        served, dialled = await asyncio.gather(
+            serve_checked(listener, known),
+            connect(addr, client, SECRET, FAST, bind_host=bind_host), return_exceptions=True)
+    if isinstance(dialled, PeerConnection):
+        with contextlib.suppress(ConnectionClosed, RemoteProtocolError):
+            assert isinstance(await dialled.recv(), Bye)  # told why, then hung up
+        dialled.close()
+    assert isinstance(served, BaseException), "the server let the client in"
+    return served
+
+
+def test_client_claiming_an_address_it_does_not_connect_from_is_refused(run: Run) -> None:
+    async def scenario() -> None:
+        error = await refused_by_server(CLIENT, "127.0.0.2", {})  # claims 127.0.0.1:7002
+        assert isinstance(error, IdentityError) and "127.0.0.2" in str(error)
+
+    run(scenario)
+
+
+def test_client_claiming_an_id_known_at_another_address_is_refused(run: Run) -> None:
+    async def scenario() -> None:
+        impostor = PeerInfo(PeerId("client"), "", "rack-b")  # no address claimed
+        error = await refused_by_server(impostor, "127.0.0.2", {"client": "127.0.0.1"})
+        assert isinstance(error, IdentityError) and "known at 127.0.0.1" in str(error)
+
+    run(scenario)
+
+
+def test_client_at_the_address_it_claims_and_is_known_at_gets_in(run: Run) -> None:
+    async def scenario() -> None:
+        me = PeerInfo(PeerId("client"), "127.0.0.2:7002", "rack-b")
+        with listen_socket("127.0.0.1", 0) as listener:
+            addr = f"127.0.0.1:{listener.getsockname()[1]}"
+            server, client = await asyncio.gather(
+                serve_checked(listener, {"client": "127.0.0.2"}),
+                connect(addr, me, SECRET, FAST, bind_host="127.0.0.2"))
+        assert server.remote == me and server.remote_ip == "127.0.0.2"
+        server.close()
+        client.close()
+
+    run(scenario)
+
+
+def test_dialer_that_reaches_another_peer_is_told_so(run: Run) -> None:
+    async def scenario() -> None:
+        with listen_socket("127.0.0.1", 0) as listener:
+            addr = f"127.0.0.1:{listener.getsockname()[1]}"
+            # The server proves "server": a stale address for "someone" ...
+            served = asyncio.ensure_future(serve_one(listener))
+            with pytest.raises(WrongPeer):
+                await connect(addr, CLIENT, SECRET, FAST, expect=PeerId("someone"))
+            (await served).close()
+            # ... but an impostor if we know "server" at another address.
+            served = asyncio.ensure_future(serve_one(listener))
+            with pytest.raises(IdentityError, match=r"known at 10\.9\.9\.9"):
+                await connect(addr, CLIENT, SECRET, FAST, expect=PeerId("someone"),
+                              known_host=lambda peer: "10.9.9.9" if peer == "server" else None)
+            (await served).close()
+
+    run(scenario)
+
+
+def test_big_header_before_the_handshake_is_refused_but_fine_after(run: Run) -> None:
+    async def scenario() -> None:
+        with listen_socket("127.0.0.1", 0) as listener:
+            loop = asyncio.get_running_loop()
+            sock = socket.socket()
+            sock.setblocking(False)
+            with sock:
+                await loop.sock_connect(sock, listener.getsockname())
+                served = asyncio.ensure_future(serve_one(listener))
+                big = Hello(1, "a" * 200, "", "r" * 200, os.urandom(16)).encode()
+                await loop.sock_sendall(sock, (4096).to_bytes(4, "big") + big[4:] * 10)
+                with pytest.raises(RemoteProtocolError, match="before the handshake"):
+                    await served
+        server, client = await pair()
+        join = Join(C, bytes(60 * KiB), ())
+        await client.send(join)
+        assert await server.recv() == join
+        server.close()
+        client.close()
 
     run(scenario)
 
