@@ -26,7 +26,7 @@ from typing import Any
 import uvloop
 
 from p2p.cli import UserError
-from p2p.content import CHUNK_SIZE, MiB
+from p2p.content import CHUNK_SIZE, DEFAULT_DIGEST, DIGESTS, MiB
 from p2p.demo import distribute, parse_size, positive_int
 from p2p.localcluster import AgentHandle, LocalCluster, write_random_file
 
@@ -41,6 +41,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     s.add_argument("--node-cap", type=float, default=None, help="MB/s per node, each way")
     s.add_argument("--origin-cap", type=float, default=None, help="MB/s out of the origin")
     s.add_argument("--chunk-size-mb", type=positive_int, default=CHUNK_SIZE // MiB)
+    s.add_argument("--digest", choices=sorted(DIGESTS), default=DEFAULT_DIGEST,
+                   help="chunk digest algorithm of the generated content")
     s.add_argument("--no-baseline", action="store_true", help="skip the origin-only round")
     s.add_argument("--agent-option", action="append", default=[], metavar="KEY=VALUE",
                    help="override an agent setting, e.g. upload_slots=2 or swarm.max_inflight=8")
@@ -77,7 +79,7 @@ async def _rounds(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, 
     await asyncio.to_thread(write_random_file, source, args.size)
     await cluster.start_tracker()
     await cluster.start_origin(source.parent, args.origin_cap)
-    manifest = await cluster.publish(source, args.chunk_size_mb * MiB)
+    manifest = await cluster.publish(source, args.chunk_size_mb * MiB, digest=args.digest)
     caps = {"upload_mbps": args.node_cap, "download_mbps": args.node_cap}
 
     swarm_agents = await _agents(cluster, args, "swarm",
@@ -99,7 +101,7 @@ async def _rounds(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, 
     bound = bound_seconds(args.nodes, args.size, args.node_cap, args.origin_cap)
     return {
         "bench": "swarm", "nodes": args.nodes, "bytes": args.size,
-        "chunk_bytes": args.chunk_size_mb * MiB,
+        "chunk_bytes": args.chunk_size_mb * MiB, "digest": args.digest,
         "node_cap_mbps": args.node_cap, "origin_cap_mbps": args.origin_cap,
         "seconds": round(swarm.seconds, 3),
         "baseline_seconds": baseline_seconds,

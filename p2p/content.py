@@ -1,19 +1,37 @@
 """The content model: ids, manifests and chunk geometry.
 
 A content is an immutable byte sequence. Its manifest names it, gives its
-size and chunk size, the xxh3-128 digest of every chunk, and where the origin
-copy lives. Manifests come from trusted places only (the publisher, the origin,
-or the tracker over an authenticated channel), never from a peer: a peer can
-only ever hand us bytes that we check against a manifest we already trust.
+size and chunk size, the digest algorithm and the digest of every chunk, and
+where the origin copy lives. Manifests come from trusted places only (the
+publisher, the origin, or the tracker over an authenticated channel), never
+from a peer: a peer can only ever hand us bytes that we check against a
+manifest we already trust.
+
+Content ids certify themselves. An id is `c1-` and the SHA-256, in hex, of the
+manifest's canonical form: size, chunk size, digest algorithm and the chunk
+digests (not the kind or the origin URL, which say where the bytes are, not
+what they are). A manifest whose id does not match is refused wherever it is
+parsed, so whoever registers an id first cannot bind it to other bytes: the id
+pins every chunk. Human names (image references, snapshot keys) map to ids in
+the tracker's separate name space.
+
+Two chunk digests: `xxh3-128` (the default; non-cryptographic and very fast,
+enough when every node holding the cluster secret is trusted not to forge
+collisions) and `blake3` (cryptographic, for clusters that do not trust every
+node). The id's SHA-256 covers whichever digests the manifest lists.
 
 This module does no I/O; hashing a buffer is the only computation it does.
 """
 
 from __future__ import annotations
 
+import hashlib
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NewType
 
+import blake3
 import xxhash
 
 ContentId = NewType("ContentId", str)
@@ -24,16 +42,56 @@ MiB = 1024 * KiB
 GiB = 1024 * MiB
 CHUNK_SIZE = 4 * MiB
 MAX_CHUNK_SIZE = 64 * MiB
-DIGEST_SIZE = 16  # xxh3-128
+MAX_FIELD_CHARS = 4096
+MAX_CHUNKS = 1 << 20  # 4 TiB at the default chunk size; bounds a manifest's size
+ID_PREFIX = "c1-"
+_ID_PATTERN = re.compile(r"c1-[0-9a-f]{64}")
+
+Digester = Callable[[bytes | bytearray | memoryview], bytes]
+
+
+def _blake3_digest(data: bytes | bytearray | memoryview) -> bytes:
+    return blake3.blake3(data).digest()
+
+
+# Algorithm name -> (digest bytes, function). The name is a manifest field.
+DIGESTS: dict[str, tuple[int, Digester]] = {
+    "xxh3-128": (16, xxhash.xxh3_128_digest),
+    "blake3": (32, _blake3_digest),
+}
+DEFAULT_DIGEST = "xxh3-128"
+DIGEST_SIZE = DIGESTS[DEFAULT_DIGEST][0]
 
 
 class ManifestError(ValueError):
     """A manifest is malformed or inconsistent with itself."""
 
 
-def chunk_digest(data: bytes | bytearray | memoryview) -> bytes:
-    """The xxh3-128 digest that every chunk is verified against."""
-    return xxhash.xxh3_128_digest(data)
+def chunk_digest(data: bytes | bytearray | memoryview, algorithm: str = DEFAULT_DIGEST) -> bytes:
+    """The digest a chunk is verified against, under the manifest's algorithm."""
+    return DIGESTS[algorithm][1](data)
+
+
+def check_content_id(text: object) -> ContentId:
+    """`text` as a content id, or ManifestError if it is not a well-formed one.
+
+    Use it wherever an id arrives from outside (a URL, a request body, a file
+    name), so that nothing else (a path, `%2F`, `..`) ever passes for one.
+    """
+    if not isinstance(text, str) or not _ID_PATTERN.fullmatch(text):
+        shown = text[:80] if isinstance(text, str) else type(text).__name__
+        raise ManifestError(f"{shown!r} is not a content id ({ID_PREFIX} and 64 hex digits)")
+    return ContentId(text)
+
+
+def derive_content_id(size: int, chunk_size: int, digest: str,
+                      digests: tuple[bytes, ...]) -> ContentId:
+    """The id that certifies a manifest's bytes: SHA-256 over its canonical form."""
+    h = hashlib.sha256(b"bootseer-content-v1\0")
+    h.update(f"{size}\0{chunk_size}\0{digest}\0{len(digests)}\0".encode())
+    for d in digests:
+        h.update(d)
+    return ContentId(ID_PREFIX + h.hexdigest())
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,20 +104,30 @@ class Manifest:
     chunk_size: int
     digests: tuple[bytes, ...]
     origin: str  # URL of the origin copy: http(s)://... or file:///...
+    digest: str = DEFAULT_DIGEST  # the chunk digest algorithm, a key of DIGESTS
 
     def __post_init__(self) -> None:
-        if not self.content_id or "/" in self.content_id:
-            raise ManifestError(f"bad content id {self.content_id!r}")
         if self.size < 0:
             raise ManifestError(f"negative size {self.size}")
         if not 0 < self.chunk_size <= MAX_CHUNK_SIZE:
             raise ManifestError(f"chunk size {self.chunk_size} outside 1..{MAX_CHUNK_SIZE}")
-        if len(self.digests) != chunk_count(self.size, self.chunk_size):
-            raise ManifestError(
-                f"{len(self.digests)} digests for {chunk_count(self.size, self.chunk_size)} chunks"
-            )
-        if any(len(d) != DIGEST_SIZE for d in self.digests):
-            raise ManifestError("every digest must be 16 bytes (xxh3-128)")
+        chunks = chunk_count(self.size, self.chunk_size)
+        if chunks > MAX_CHUNKS:
+            raise ManifestError(f"{chunks} chunks is more than {MAX_CHUNKS}; use larger chunks")
+        if len(self.digests) != chunks:
+            raise ManifestError(f"{len(self.digests)} digests for {chunks} chunks")
+        if self.digest not in DIGESTS:
+            raise ManifestError(f"unknown digest algorithm {self.digest[:40]!r}; "
+                                f"known: {', '.join(DIGESTS)}")
+        width = DIGESTS[self.digest][0]
+        if any(len(d) != width for d in self.digests):
+            raise ManifestError(f"every digest must be {width} bytes ({self.digest})")
+        if len(self.kind) > MAX_FIELD_CHARS or len(self.origin) > MAX_FIELD_CHARS:
+            raise ManifestError(f"kind and origin are limited to {MAX_FIELD_CHARS} characters")
+        derived = derive_content_id(self.size, self.chunk_size, self.digest, self.digests)
+        if check_content_id(self.content_id) != derived:
+            raise ManifestError(f"content id {self.content_id} does not match its manifest "
+                                f"(the digests give {derived})")
 
     @property
     def chunks(self) -> int:
@@ -83,7 +151,8 @@ class Manifest:
         return range(offset // self.chunk_size, (offset + length - 1) // self.chunk_size + 1)
 
     def verify(self, index: int, data: bytes | bytearray | memoryview) -> bool:
-        return len(data) == self.chunk_length(index) and chunk_digest(data) == self.digests[index]
+        return (len(data) == self.chunk_length(index)
+                and chunk_digest(data, self.digest) == self.digests[index])
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -93,6 +162,7 @@ class Manifest:
             "chunk_size": self.chunk_size,
             "digests": [d.hex() for d in self.digests],
             "origin": self.origin,
+            "digest": self.digest,
         }
 
     @classmethod
@@ -106,8 +176,9 @@ class Manifest:
                 chunk_size=_typed(raw["chunk_size"], int),
                 digests=tuple(bytes.fromhex(_typed(d, str)) for d in _typed(raw["digests"], list)),
                 origin=_typed(raw["origin"], str),
+                digest=_typed(raw.get("digest", DEFAULT_DIGEST), str),
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             if isinstance(exc, ManifestError):
                 raise
             raise ManifestError(f"malformed manifest: {exc!r}") from exc
@@ -126,8 +197,12 @@ def chunk_count(size: int, chunk_size: int) -> int:
 class ManifestBuilder:
     """Builds a manifest from a byte stream fed in any block sizes."""
 
-    def __init__(self, chunk_size: int = CHUNK_SIZE) -> None:
+    def __init__(self, chunk_size: int = CHUNK_SIZE, digest: str = DEFAULT_DIGEST) -> None:
+        if digest not in DIGESTS:
+            raise ManifestError(f"unknown digest algorithm {digest!r}; known: {', '.join(DIGESTS)}")
         self.chunk_size = chunk_size
+        self.digest = digest
+        self._hash = DIGESTS[digest][1]
         self._digests: list[bytes] = []
         self._pending = bytearray()
         self._size = 0
@@ -138,22 +213,20 @@ class ManifestBuilder:
         while view:
             take = min(len(view), self.chunk_size - len(self._pending))
             if not self._pending and take == self.chunk_size:
-                self._digests.append(chunk_digest(view[:take]))
+                self._digests.append(self._hash(view[:take]))
             else:
                 self._pending += view[:take]
                 if len(self._pending) == self.chunk_size:
-                    self._digests.append(chunk_digest(self._pending))
+                    self._digests.append(self._hash(self._pending))
                     self._pending.clear()
             view = view[take:]
 
-    def finish(self, content_id: ContentId | None, kind: str, origin: str) -> Manifest:
-        """The manifest; without a content id, one is derived from the digests."""
+    def finish(self, kind: str, origin: str) -> Manifest:
+        """The manifest, with the content id its digests certify."""
         if self._pending:
-            self._digests.append(chunk_digest(self._pending))
+            self._digests.append(self._hash(self._pending))
             self._pending.clear()
-        if content_id is None:
-            h = xxhash.xxh3_128()
-            for d in self._digests:
-                h.update(d)
-            content_id = ContentId(f"x3-{h.hexdigest()}-{self._size}")
-        return Manifest(content_id, kind, self._size, self.chunk_size, tuple(self._digests), origin)
+        digests = tuple(self._digests)
+        content_id = derive_content_id(self._size, self.chunk_size, self.digest, digests)
+        return Manifest(content_id, kind, self._size, self.chunk_size, digests, origin,
+                        self.digest)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from p2p.cli import UserError
-from p2p.content import CHUNK_SIZE, ContentId, Manifest, ManifestBuilder
+from p2p.content import CHUNK_SIZE, DEFAULT_DIGEST, ContentId, Manifest, ManifestBuilder
 from p2p.localapi import AgentClient
 from p2p.tracker_client import TrackerClient
 
@@ -143,9 +143,9 @@ class LocalCluster:
         return AgentHandle(index, child, sock, store, cfg)
 
     async def publish(self, path: Path, chunk_size: int = CHUNK_SIZE,
-                      origin: str | None = None) -> Manifest:
+                      origin: str | None = None, digest: str = DEFAULT_DIGEST) -> Manifest:
         manifest = await asyncio.to_thread(manifest_of_file, path, chunk_size,
-                                           origin or f"{self.origin_url}/{path.name}")
+                                           origin or f"{self.origin_url}/{path.name}", digest)
         async with TrackerClient(self.tracker_url, self.secret) as tracker:
             await tracker.put_manifest(manifest)
         return manifest
@@ -162,12 +162,13 @@ class LocalCluster:
         self.children.clear()
 
 
-def manifest_of_file(path: Path, chunk_size: int, origin: str) -> Manifest:
-    builder = ManifestBuilder(chunk_size)
+def manifest_of_file(path: Path, chunk_size: int, origin: str,
+                     digest: str = DEFAULT_DIGEST) -> Manifest:
+    builder = ManifestBuilder(chunk_size, digest)
     with open(path, "rb") as f:
         while block := f.read(16 * chunk_size):
             builder.feed(block)
-    return builder.finish(None, "blob", origin)
+    return builder.finish("blob", origin)
 
 
 def write_random_file(path: Path, size: int, seed: int = 0) -> None:

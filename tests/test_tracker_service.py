@@ -31,6 +31,7 @@ BOOTSEER = Path(sys.executable).parent / "bootseer"
 SECRET = b"tracker-test-secret-0123456789"
 START_TIMEOUT_SECONDS = 30.0
 C = ContentId("content-1")
+UNKNOWN = ContentId("c1-" + "0" * 64)  # well formed, never published
 
 
 @dataclass
@@ -96,11 +97,10 @@ async def signed(http: aiohttp.ClientSession, tracker: Tracker, method: str, pat
         return r.status, json.loads(await r.read())
 
 
-def manifest(data: bytes = b"hello tracker " * 1000, content_id: str | None = "m-1") -> Manifest:
+def manifest(data: bytes = b"hello tracker " * 1000) -> Manifest:
     builder = ManifestBuilder(chunk_size=4096)
     builder.feed(data)
-    return builder.finish(ContentId(content_id) if content_id else None, "blob",
-                          "file:///tmp/origin")
+    return builder.finish("blob", "file:///tmp/origin")
 
 
 async def announce(client: TrackerClient, peer: str, rack: str = "r0", **kw: Any) -> list[str]:
@@ -190,17 +190,27 @@ async def test_manifest_round_trip(client: TrackerClient) -> None:
     assert await client.put_manifest(m) is True
     assert await client.put_manifest(m) is False  # identical: fine, not new
     assert await client.get_manifest(m.content_id) == m
-    with pytest.raises(TrackerError) as info:
-        await client.put_manifest(manifest(b"other bytes"))
-    assert info.value.status == 409
-    with pytest.raises(TrackerError, match="no manifest is published as nope") as info:
-        await client.get_manifest(ContentId("nope"))
+    with pytest.raises(TrackerError, match=f"no manifest is published as {UNKNOWN}") as info:
+        await client.get_manifest(UNKNOWN)
     assert info.value.status == 404
+
+
+async def test_an_id_cannot_be_bound_to_other_bytes(
+        tracker: Tracker, http: aiohttp.ClientSession) -> None:
+    """Ids certify their manifest: registering one first with another file's digests fails."""
+    real, other = manifest(), manifest(b"an attacker's file " * 500)
+    forged = {**other.to_dict(), "content_id": real.content_id}
+    status, reply = await signed(http, tracker, "PUT", f"/v1/manifests/{real.content_id}",
+                                 json.dumps(forged).encode())
+    assert status == 400
+    assert "does not match its manifest" in reply["error"]
+    async with TrackerClient(tracker.url, SECRET) as c:
+        assert await c.put_manifest(real) is True
 
 
 async def test_manifest_survives_a_restart(tmp_path: Path) -> None:
     state = str(tmp_path / "state")
-    m = manifest(content_id=None)
+    m = manifest()
     first = await start_tracker(tmp_path, "--state-dir", state)
     async with TrackerClient(first.url, SECRET) as c:
         assert await c.put_manifest(m)
@@ -230,7 +240,7 @@ async def test_client_rejects_an_unsigned_manifest(tmp_path: Path) -> None:
     try:
         async with TrackerClient(f"http://127.0.0.1:{runner.addresses[0][1]}", SECRET) as c:
             with pytest.raises(AuthError):
-                await c.get_manifest(ContentId("m-1"))
+                await c.get_manifest(UNKNOWN)
     finally:
         await runner.cleanup()
 
@@ -251,11 +261,11 @@ async def test_unsigned_and_wrongly_signed_requests_get_401(
     status, reply = await signed(http, tracker, "POST", "/v1/announce", body,
                                  now=time.time() - 3600)
     assert (status, "off the tracker's clock" in reply["error"]) == (401, True)
-    status, _ = await signed(http, tracker, "GET", "/v1/manifests/m-1", secret=b"x" * 20)
+    status, _ = await signed(http, tracker, "GET", f"/v1/manifests/{UNKNOWN}", secret=b"x" * 20)
     assert status == 401
     async with TrackerClient(tracker.url, b"another-secret-0123456789") as c:
         with pytest.raises(TrackerError) as info:
-            await c.get_manifest(ContentId("m-1"))
+            await c.get_manifest(UNKNOWN)
     assert info.value.status == 401
     assert await metric(http, tracker, "bootseer_tracker_auth_failures_total") == 5
 
@@ -297,9 +307,9 @@ async def test_malformed_announce_gets_400_naming_the_problem(
 @pytest.mark.parametrize("path, body, message", [
     ("/v1/report", json.dumps({"peer": "a", "content": "c", "reason": "r"}),
      'missing field "bad_peer"'),
-    ("/v1/manifests/m-1", "{}", "bad manifest"),
-    ("/v1/manifests/m-1", json.dumps({**manifest().to_dict(), "size": 1}), "bad manifest"),
-    ("/v1/manifests/m-2", json.dumps(manifest().to_dict()), "does not match the URL"),
+    (f"/v1/manifests/{UNKNOWN}", "{}", "bad manifest"),
+    (f"/v1/manifests/{UNKNOWN}", json.dumps({**manifest().to_dict(), "size": 1}), "bad manifest"),
+    (f"/v1/manifests/{UNKNOWN}", json.dumps(manifest().to_dict()), "does not match the URL"),
     ("/v1/manifests/.hidden", json.dumps(manifest().to_dict()), "content id '.hidden'"),
 ])
 async def test_malformed_report_and_manifest_get_400(

@@ -1,0 +1,95 @@
+"""Before and after, side by side: `bootseer bench swarm` at two git revisions.
+
+Exports each revision's tree (`git archive`) into a temporary directory and
+runs `bootseer bench swarm ... --json` from it, with PYTHONPATH pointing at
+that tree so the bench and every agent, tracker and origin it starts run that
+revision's code. Rounds alternate (before, after, before, after, ...) so both
+see the same machine load, and one JSON line gives each side's figures, their
+medians and the median ratio after/before. The figure compared is
+`aggregate_mbps` (uncapped runs: higher is better) or `seconds_over_bound`
+(capped runs: lower is better); the line says which.
+
+    python benchmarks/ab.py --before REV [--after REV] [--rounds 3] -- \
+        --nodes 8 --size 256MiB [--node-cap 50 --origin-cap 50] [--digest blake3]
+
+`--after` defaults to the working tree as committed at HEAD. Arguments after
+`--` go to `bootseer bench swarm` (both sides get the same ones; an option the
+old revision does not know fails that side with its own error message).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def export(rev: str, into: Path) -> Path:
+    """The tree of `rev`, unpacked under `into`."""
+    tree = into / rev.replace("/", "_")
+    tree.mkdir()
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", rev],
+                             check=True, capture_output=True).stdout
+    tar_path = into / f"{tree.name}.tar"
+    tar_path.write_bytes(archive)
+    with tarfile.open(tar_path) as tar:
+        tar.extractall(tree, filter="data")
+    return tree
+
+
+def bench(tree: Path, bench_args: list[str]) -> dict[str, Any]:
+    exe = Path(sys.executable).parent / "bootseer"
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    done = subprocess.run([str(exe), "bench", "swarm", *bench_args, "--json",
+                           "--no-baseline"], cwd=tree, env=env, capture_output=True,
+                          text=True, timeout=1800)
+    if done.returncode != 0:
+        raise SystemExit(f"bench at {tree.name} failed ({done.returncode}):\n"
+                         f"{done.stderr[-2000:]}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--before", required=True, help="git revision measured as 'before'")
+    parser.add_argument("--after", default="HEAD", help="git revision measured as 'after'")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("bench_args", nargs=argparse.REMAINDER,
+                        help="-- then arguments for `bootseer bench swarm`")
+    args = parser.parse_args()
+    bench_args = [a for a in args.bench_args if a != "--"]
+    capped = "--node-cap" in bench_args or "--origin-cap" in bench_args
+    figure = "seconds_over_bound" if capped else "aggregate_mbps"
+    with tempfile.TemporaryDirectory(prefix="bootseer-ab-") as tmp:
+        trees = {side: export(rev, Path(tmp)) for side, rev in
+                 (("before", args.before), ("after", args.after))}
+        runs: dict[str, list[dict[str, Any]]] = {"before": [], "after": []}
+        for _ in range(args.rounds):
+            for side, tree in trees.items():
+                runs[side].append(bench(tree, bench_args))
+                print(f"{side}: {runs[side][-1][figure]}", file=sys.stderr)
+    medians = {side: statistics.median(r[figure] for r in rs) for side, rs in runs.items()}
+    print(json.dumps({
+        "bench": "ab", "before": args.before, "after": args.after, "args": bench_args,
+        "figure": figure, "rounds": args.rounds,
+        "before_values": [r[figure] for r in runs["before"]],
+        "after_values": [r[figure] for r in runs["after"]],
+        "before_median": medians["before"], "after_median": medians["after"],
+        "after_over_before": round(medians["after"] / medians["before"], 3),
+        "after_rss_mb": max(r["max_agent_rss_mb"] for r in runs["after"]),
+        "load_average": round(os.getloadavg()[0], 2),
+    }))
+
+
+if __name__ == "__main__":
+    main()
