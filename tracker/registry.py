@@ -346,7 +346,7 @@ class Registry:
         a reporter node's repeated reports about the same node count once (the
         latest reason is kept).
         """
-        reporter_node = self._reporter_node(reporter, reporter_host)
+        reporter_node = self.reporter_node(reporter, reporter_host)
         offender = host or self._bound.get(peer) or peer
         if offender in (reporter_node, reporter):
             return False
@@ -359,7 +359,11 @@ class Registry:
         del self._reports[offender]  # the ban used them up; a new ban needs new reports
         return True
 
-    def _reporter_node(self, reporter: PeerId, reporter_host: str) -> str:
+    def reporter_node(self, reporter: PeerId, reporter_host: str) -> str:
+        """The node a report counts for; IdentityError if `reporter` may not report.
+
+        With a host, the reporter must be a member bound to that host.
+        """
         if not reporter_host:
             return reporter
         bound = self._bound.get(reporter)
