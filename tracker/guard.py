@@ -32,7 +32,7 @@ import asyncio
 import ipaddress
 import logging
 import time
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 from prometheus_client import Counter
@@ -169,8 +169,7 @@ class _Busy(asyncio.Protocol):
     """A connection beyond the cap: one 503, then closed."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.WriteTransport)
-        transport.write(BUSY_REPLY)
+        cast(asyncio.Transport, transport).write(BUSY_REPLY)
         transport.close()
 
 
