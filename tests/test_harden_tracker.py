@@ -9,6 +9,7 @@ Every wait is bounded; nothing asserts on wall-clock durations.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import time
@@ -30,6 +31,7 @@ from test_tracker_service import (
 
 from p2p.auth import AUTH_HEADER, TIME_HEADER, sign_request
 from p2p.content import ContentId, ManifestError, MiB, PeerId
+from p2p.localcluster import LocalCluster, wait_all_complete, write_random_file
 from p2p.tracker_client import TrackerClient, TrackerError
 
 C = ContentId("c1-" + "2" * 64)
@@ -390,3 +392,58 @@ def free_port(host: str) -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+# -- origin-fetcher slots -------------------------------------------------------------
+
+
+async def test_fake_members_holding_the_fetcher_slots_lose_them(tmp_path: Path) -> None:
+    """4 never-progressing members, at unreachable addresses, take every slot first."""
+    cluster = LocalCluster(tmp_path / "cluster")
+    fakes: list[TrackerClient] = []
+    slots: dict[str, int | None] = {}
+    try:
+        await cluster.start_tracker("--fetcher-stall", "1", "--announce-interval", "0.5")
+        source = tmp_path / "origin" / "content.bin"
+        await asyncio.to_thread(write_random_file, source, 16 * MiB, 3)
+        await cluster.start_origin(source.parent)
+        m = await cluster.publish(source, 1 * MiB)
+        fakes = [TrackerClient(cluster.tracker_url, cluster.secret, bind_host=f"127.0.0.{i + 2}")
+                 for i in range(4)]
+
+        async def fake_announce(i: int) -> None:
+            host = f"127.0.0.{i + 2}"
+            reply = await fakes[i].announce(m.content_id, PeerId(f"fake{i}"),
+                                            f"{host}:{free_port(host)}", "rack0", 0, False)
+            slots[f"fake{i}"] = reply.origin_slot
+
+        for i in range(4):
+            await fake_announce(i)
+        assert slots == {"fake0": 0, "fake1": 1, "fake2": 2, "fake3": 3}
+
+        async def keep_announcing() -> None:
+            while True:
+                await asyncio.gather(*(fake_announce(i) for i in range(4)))
+                await asyncio.sleep(0.3)
+
+        announcer = asyncio.create_task(keep_announcing())
+        try:
+            agents = [await cluster.start_agent(i, "rack0") for i in range(2)]
+            results = await wait_all_complete(agents, m.content_id, 120)
+        finally:
+            announcer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await announcer
+        assert all(r.get("complete") for r in results.values()), results
+        assert set(slots.values()) == {None}, slots  # every fake lost its slot
+        async with aiohttp.ClientSession() as http, \
+                http.get(cluster.tracker_url + "/metrics") as r:
+            text = await r.text()
+        reassigned = next(float(line.split()[1]) for line in text.splitlines()
+                          if line.startswith("bootseer_tracker_fetchers_reassigned "))
+        assert reassigned >= 4
+        assert await cluster.origin_bytes() <= 2 * m.size
+    finally:
+        for c in fakes:
+            await c.close()
+        await cluster.stop()
