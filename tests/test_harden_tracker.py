@@ -32,7 +32,7 @@ from test_tracker_service import (
 from p2p.auth import AUTH_HEADER, TIME_HEADER, sign_request
 from p2p.content import ContentId, ManifestError, MiB, PeerId
 from p2p.localcluster import LocalCluster, wait_all_complete, write_random_file
-from p2p.tracker_client import TrackerClient, TrackerError
+from p2p.tracker_client import UNREACHABLE, TrackerClient, TrackerError
 
 C = ContentId("c1-" + "2" * 64)
 D = ContentId("c1-" + "3" * 64)
@@ -156,6 +156,20 @@ async def test_a_banned_address_gets_nothing_under_a_new_peer_id(
     await attacker.announce(D)
     assert await z.announce(D) == []  # banned in every content
     assert "now banned" in tracker.log.read_text()
+
+
+async def test_a_report_of_unreachable_frees_the_fetchers_slot_without_a_ban(
+        tracker: Tracker, nodes: dict[str, Node]) -> None:
+    honest, x, attacker = nodes["honest"], nodes["x"], nodes["attacker"]
+    for n in (honest, x):
+        await n.announce()
+    with pytest.raises(TrackerError, match="only members may report") as info:
+        await attacker.client.report(attacker.peer, honest.peer, C, UNREACHABLE)
+    assert info.value.status == 403
+    assert not await x.client.report(x.peer, honest.peer, C, UNREACHABLE)
+    reply = await x.client.announce(C, x.peer, x.addr, "r0", 0, False)
+    assert (reply.origin_slot, reply.origin_filled) == (0, 1)  # x took the freed slot
+    assert [p.peer for p in reply.peers] == ["honest"]  # not banned
 
 
 # -- bounded resources ----------------------------------------------------------------
