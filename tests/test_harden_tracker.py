@@ -12,14 +12,19 @@ import asyncio
 import contextlib
 import json
 import socket
+import threading
 import time
-from collections.abc import AsyncIterator
+import urllib.parse
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+import yarl
 from aiohttp import web
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from test_tracker_service import (
     SECRET,
     Tracker,
@@ -33,6 +38,8 @@ from p2p.auth import AUTH_HEADER, TIME_HEADER, sign_request
 from p2p.content import ContentId, ManifestError, MiB, PeerId
 from p2p.localcluster import LocalCluster, wait_all_complete, write_random_file
 from p2p.tracker_client import UNREACHABLE, TrackerClient, TrackerError
+from tracker.app import make_app
+from tracker.config import TrackerConfig
 
 C = ContentId("c1-" + "2" * 64)
 D = ContentId("c1-" + "3" * 64)
@@ -461,3 +468,110 @@ async def test_fake_members_holding_the_fetcher_slots_lose_them(tmp_path: Path) 
         for c in fakes:
             await c.close()
         await cluster.stop()
+
+
+# -- fuzzing the request parsing ------------------------------------------------------
+
+
+class InProcessTracker:
+    """The tracker app on a real loopback port, run by a loop in a thread of its own.
+
+    Hypothesis calls a synchronous test body once per example; each example
+    sends its requests to the loop with `send` and waits for the status.
+    """
+
+    def __init__(self, state_dir: Path) -> None:
+        self.config = TrackerConfig(port=0, state_dir=str(state_dir), seed=1,
+                                    announce_rate_per_second=1e6, announce_burst=10**6,
+                                    report_rate_per_second=1e6, report_burst=10**6,
+                                    host_rate_per_second=1e6, host_burst=10**6)
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.url = self._call(self._start())
+
+    def _call(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(60)
+
+    async def _start(self) -> str:
+        self.app = make_app(self.config, SECRET)
+        self.runner = web.AppRunner(self.app)
+        await self.runner.setup()
+        await web.TCPSite(self.runner, "127.0.0.1", 0).start()
+        self.http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
+        return f"http://127.0.0.1:{self.runner.addresses[0][1]}"
+
+    async def _send(self, method: str, path: str, body: bytes) -> int:
+        url = yarl.URL(self.url + path, encoded=True)  # signed over the decoded path
+        headers = sign_request(SECRET, method, url.path, body, time.time())
+        async with self.http.request(method, url, data=body, headers=headers) as r:
+            await r.read()
+            return r.status
+
+    def send(self, method: str, path: str, body: bytes) -> int:
+        return int(self._call(self._send(method, path, body)))
+
+    def close(self) -> None:
+        async def stop() -> None:
+            await self.http.close()
+            await self.runner.cleanup()
+
+        self._call(stop())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
+
+
+@pytest.fixture(scope="module")
+def in_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessTracker]:
+    served = InProcessTracker(tmp_path_factory.mktemp("fuzz"))
+    yield served
+    served.close()
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
+                                                                 max_size=4),
+    max_leaves=12)
+REAL = manifest()
+
+
+def near(good: dict[str, Any]) -> st.SearchStrategy[dict[str, Any]]:
+    """Dicts shaped like `good`: each field kept, dropped or replaced by any JSON."""
+    return st.fixed_dictionaries({}, optional={k: st.just(v) | JSON for k, v in good.items()})
+
+
+BODIES = st.one_of(st.binary(max_size=64).map(lambda b: ("raw", b)),
+                   JSON.map(lambda v: ("json", v)))
+ANNOUNCE = near({"content": C, "peer": "p", "addr": "127.0.0.1:7000", "rack": "r",
+                 "have": 1, "complete": False, "event": "started", "want": 3})
+REPORT = near({"peer": "p", "bad_peer": "q", "content": C, "reason": "bad chunk",
+               "addr": "127.0.0.2"})
+MANIFEST = near(REAL.to_dict())
+NAME = near({"content_id": REAL.content_id})
+EXPECTED = {200, 201, 400, 403, 404, 409}
+
+
+def encode(value: Any) -> bytes:
+    if isinstance(value, tuple):
+        kind, inner = value
+        return inner if kind == "raw" else json.dumps(inner).encode()
+    return json.dumps(value).encode()
+
+
+@settings(max_examples=200, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(announce=ANNOUNCE | BODIES, report=REPORT | BODIES, manifest_body=MANIFEST | BODIES,
+       name=NAME | BODIES, name_path=st.text(max_size=12) | st.just("team/image:1"))
+def test_no_request_body_makes_the_tracker_fail(
+        in_process: InProcessTracker, announce: Any, report: Any, manifest_body: Any,
+        name: Any, name_path: str) -> None:
+    quoted = urllib.parse.quote(name_path, safe="") or "x"
+    for method, path, body in [
+            ("POST", "/v1/announce", announce), ("POST", "/v1/report", report),
+            ("PUT", f"/v1/manifests/{REAL.content_id}", manifest_body),
+            ("PUT", f"/v1/names/{quoted}", name)]:
+        status = in_process.send(method, path, encode(body))
+        assert status in EXPECTED, (method, path, body, status)
+    assert in_process.send("GET", "/healthz", b"") == 200
