@@ -11,7 +11,14 @@ limits.
 
 A chunk's bytes are verified by the store before they are stored, served or
 read, whatever their source. Peers that send bad bytes are dropped and
-reported by the swarm's decision; the agent only carries that out.
+reported by the swarm's decision; the agent only carries that out. A chunk
+file that fails its check on the way out is reported by the store
+(`on_damaged`) and fed to the swarm as `ChunkLost`, which fetches it again.
+Store work that can block (put, reads, attach) runs in worker threads.
+
+A session that fails (the store cannot write, no source within the
+deadline) says why to every waiter, stops, and unpins its bytes; the next
+request for the content opens a fresh session, so no failure is sticky.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import contextlib
 import logging
 import random
 import socket
-from collections.abc import Coroutine
+from collections.abc import AsyncIterator, Coroutine
 from pathlib import Path
 from typing import Any, assert_never
 
@@ -41,7 +48,7 @@ from p2p.peer import (
     listen_socket,
 )
 from p2p.session import BufferPool, ContentFailed, Session
-from p2p.store import ChunkStore, CorruptChunk, StoreFullError
+from p2p.store import ChunkStore, CorruptChunk, MissingChunk, StoreError, UnknownContent
 from p2p.swarm import Swarm, bits
 from p2p.swarm.events import (
     Abort,
@@ -50,6 +57,7 @@ from p2p.swarm.events import (
     Cancel,
     ChunkArrived,
     ChunkFailed,
+    ChunkLost,
     Complete,
     Connect,
     Disconnect,
@@ -73,6 +81,8 @@ log = logging.getLogger(__name__)
 BURST_BYTES = 4 << 20  # a chunk's worth: idle moments are not lost to the cap
 JOIN_TIMEOUT_S = 10.0
 EARLY_ANNOUNCE_GAP_S = 0.2  # announces prompted by new peers come no faster
+GOODBYE_S = 1.5  # of the 5 s a stop may take: the tracker hears "stopped" within this
+READ_ATTEMPTS = 3  # a chunk damaged this many times in a row during one read fails it
 
 
 class Agent:
@@ -81,8 +91,10 @@ class Agent:
         self._secret = secret
         self.metrics = AgentMetrics()
         self.store = ChunkStore(Path(config.store_dir), config.store_budget_bytes,
-                                on_evict=self._evicted)
+                                on_evict=self._from_store(self._evicted),
+                                on_damaged=self._from_store(self._damaged))
         self.sessions: dict[ContentId, Session] = {}
+        self._opening: dict[ContentId, asyncio.Future[Session]] = {}
         self._links: dict[PeerId, Link] = {}
         self._addrs: dict[PeerId, str] = {}
         self._addrs_known_by_tracker: set[PeerId] = set()
@@ -109,13 +121,17 @@ class Agent:
         self.me = PeerInfo(peer, f"{self.config.host}:{self.port}", self.config.rack)
         self._spawn(self._accept_loop())
         for manifest in self.store.known():
-            self._open_session(manifest)  # resume or seed what survived a restart
+            try:  # resume or seed what survived a restart
+                await self._open_session(manifest)
+            except StoreError as exc:
+                log.error("cannot resume %s: %s", manifest.content_id, exc)
 
     async def stop(self) -> None:
+        """Fail every waiter at once, say goodbye within GOODBYE_S, cancel everything."""
         for session in list(self.sessions.values()):
             self._close_session(session)
-        with contextlib.suppress(TrackerUnavailable, TrackerError):
-            await asyncio.wait_for(self._say_goodbye(), timeout=2.0)
+        with contextlib.suppress(TrackerUnavailable, TrackerError, TimeoutError):
+            await asyncio.wait_for(self._say_goodbye(), timeout=GOODBYE_S)
         for link in list(self._links.values()):
             link.close("agent stopping")
         for task in list(self._tasks):
@@ -126,8 +142,14 @@ class Agent:
         await self.tracker.close()
 
     async def _say_goodbye(self) -> None:
-        for content in list(self.sessions):
-            await self._announce_once(content, event="stopped")
+        await asyncio.gather(*(self._announce_once(content, event="stopped")
+                               for content in list(self.sessions)))
+
+    def _from_store(self, callback: Any) -> Any:
+        """A store callback, carried out on the event loop whichever thread calls it."""
+        def hop(*args: Any) -> None:
+            self._loop.call_soon_threadsafe(callback, *args)
+        return hop
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = asyncio.ensure_future(coro)
@@ -142,27 +164,68 @@ class Agent:
 
     # ---- the local API's verbs ------------------------------------------------
 
-    async def ensure(self, content: ContentId) -> Session:
-        """The session for `content`, fetching its manifest from the tracker if new."""
-        if content in self.sessions:
-            return self.sessions[content]
-        manifest = await self.tracker.get_manifest(content)
-        return self.sessions.get(content) or self._open_session(manifest)
+    async def ensure(self, content: ContentId, manifest: Manifest | None = None) -> Session:
+        """The live session for `content`: a failed one is replaced by a fresh one, and
+        a new content's manifest comes from the tracker unless given."""
+        session = self.sessions.get(content)
+        if session is not None and session.failed is None:
+            return session
+        if content in self._opening:
+            return await asyncio.shield(self._opening[content])
+        opening: asyncio.Future[Session] = self._loop.create_future()
+        opening.add_done_callback(lambda f: f.exception() if not f.cancelled() else None)
+        self._opening[content] = opening
+        try:
+            if manifest is None:
+                manifest = (session.manifest if session is not None
+                            else await self.tracker.get_manifest(content))
+            if session is not None:
+                log.info("content %s failed before (%s); trying again", content, session.failed)
+            opened = await self._open_session(manifest)
+        except BaseException as exc:
+            opening.set_exception(exc)
+            raise
+        finally:
+            del self._opening[content]
+        opening.set_result(opened)
+        return opened
 
     async def wait_complete(self, content: ContentId) -> Session:
         session = await self.ensure(content)
-        await asyncio.shield(session.done)
+        while not session.swarm.complete:  # `done` is renewed when a chunk is lost
+            await asyncio.shield(session.done)
         return session
 
-    async def read(self, content: ContentId, offset: int, length: int) -> bytes:
+    async def read(self, content: ContentId, offset: int,
+                   length: int) -> AsyncIterator[memoryview]:
+        """Verified bytes [offset, offset + length), one chunk's piece at a time.
+
+        Missing chunks are asked for at once (reader demand goes first), then each
+        piece is read and checked in a worker thread as its chunk lands. A chunk found
+        damaged on disk is fetched again and read again.
+        """
         session = await self.ensure(content)
-        chunks = session.manifest.chunks_for_range(offset, length)
-        missing = [c for c in chunks if not session.swarm.held(c)]
+        pieces = list(self.store.read_range(content, offset, length))
+        missing = tuple(c for c, _, _ in pieces if not session.swarm.held(c))
         if missing:
-            waits = [self._waiter(session, c) for c in missing]
-            self._feed(session, ReaderWants(tuple(missing)))
-            await asyncio.gather(*waits)
-        return self.store.read(content, offset, length)
+            self._feed(session, ReaderWants(missing))
+        for chunk, lo, hi in pieces:
+            yield await self._read_piece(session, chunk, lo, hi)
+
+    async def _read_piece(self, session: Session, chunk: int, lo: int, hi: int) -> memoryview:
+        for _ in range(READ_ATTEMPTS):
+            if not session.swarm.held(chunk):
+                waiter = self._waiter(session, chunk)
+                self._feed(session, ReaderWants((chunk,)))
+                await waiter
+            try:
+                return await asyncio.to_thread(self.store.read_chunk, session.content, chunk,
+                                               lo, hi)
+            except MissingChunk as exc:
+                log.info("read of %s: %s", session.content, exc)
+        raise ContentFailed(f"chunk {chunk} of {session.content} failed its check on disk "
+                            f"{READ_ATTEMPTS} times in a row during one read; the disk under "
+                            f"{self.store.root} may be failing")
 
     def prefetch(self, session: Session, chunks: tuple[int, ...]) -> None:
         self._feed(session, PrefetchGiven(chunks))
@@ -171,35 +234,63 @@ class Agent:
         fut: asyncio.Future[None] = self._loop.create_future()
         if session.done.done() and session.done.exception() is not None:
             fut.set_exception(session.done.exception())  # type: ignore[arg-type]
+        elif session.swarm.held(chunk):
+            fut.set_result(None)
         else:
             session.waiters.setdefault(chunk, []).append(fut)
         return fut
 
     # ---- sessions -------------------------------------------------------------
 
-    def _open_session(self, manifest: Manifest) -> Session:
-        present = self.store.attach(manifest)
+    async def _open_session(self, manifest: Manifest) -> Session:
+        """Attach the content in the store (checking its files) and start its swarm.
+        StoreError if the store cannot hold it."""
+        present = await asyncio.to_thread(self.store.attach, manifest)
+        old = self.sessions.get(manifest.content_id)
+        if old is not None:
+            self._close_session(old)
+            for link in self._links.values():  # the new session introduces itself again
+                link.joined_out.discard(manifest.content_id)
         assert self.me is not None
         swarm = Swarm(self.me.peer, self.config.rack, manifest.chunks, present,
                       manifest.chunk_size, self.config.swarm, random.Random(self._rng.random()),
                       self._loop.time())
-        session = Session(manifest, swarm, self._loop.create_future(), started=self._loop.time())
-        session.done.add_done_callback(lambda f: f.exception() if not f.cancelled() else None)
+        session = Session(manifest, swarm, self._new_done(), started=self._loop.time())
         self.sessions[manifest.content_id] = session
         self.metrics.contents.set(len(self.sessions))
         self._execute(session, swarm.start(self._loop.time()))
         session.announcer = self._spawn(self._announce_loop(session))
         return session
 
-    def _close_session(self, session: Session) -> None:
+    def _new_done(self) -> asyncio.Future[None]:
+        done: asyncio.Future[None] = self._loop.create_future()
+        done.add_done_callback(lambda f: f.exception() if not f.cancelled() else None)
+        return done
+
+    def _close_session(self, session: Session, why: str = "the agent is stopping") -> None:
+        """Stop the session's work and fail whoever still waits on it."""
         if session.timer:
             session.timer.cancel()
+            session.timer = None
+        current = asyncio.current_task()
         for task in session.origin_tasks.values():
-            task.cancel()
+            if task is not current:
+                task.cancel()
+        session.origin_tasks.clear()
         if session.announcer:
             session.announcer.cancel()
+        error = ContentFailed(why)
         if not session.done.done():
-            session.done.set_exception(ContentFailed("the agent is stopping"))
+            session.done.set_exception(error)
+        for futs in session.waiters.values():
+            for fut in futs:
+                if not fut.done():
+                    fut.set_exception(error)
+        session.waiters.clear()
+        if session.pinned:
+            session.pinned = False
+            with contextlib.suppress(ValueError):
+                self.store.detach(session.content)
 
     def _feed(self, session: Session, event: Event) -> None:
         self._execute(session, session.swarm.handle(event, self._loop.time()))
@@ -261,7 +352,7 @@ class Agent:
         session = self.sessions.pop(content, None)
         if session is not None:
             log.info("content %s evicted from the store; no longer serving it", content)
-            self._close_session(session)
+            self._close_session(session, f"content {content} was evicted from the store")
             self.metrics.contents.set(len(self.sessions))
             self._spawn(self._announce_gone(session))
 
@@ -272,15 +363,26 @@ class Agent:
                                         self.me.rack, 0, False, event="stopped")
 
     def _failed(self, session: Session, reason: str) -> None:
-        error = ContentFailed(f"content {session.content} cannot be completed: {reason}")
-        log.error("%s", error)
-        if not session.done.done():
-            session.done.set_exception(error)
-        for futs in session.waiters.values():
-            for fut in futs:
-                if not fut.done():
-                    fut.set_exception(error)
-        session.waiters.clear()
+        """The content cannot be completed now: say why, stop, unpin; the next request
+        for it opens a new session."""
+        if session.failed is not None:
+            return
+        message = f"content {session.content} cannot be completed: {reason}"
+        log.error("%s", message)
+        session.failed = reason
+        self._close_session(session, message)
+        self._spawn(self._announce_gone(session))
+
+    def _damaged(self, content: ContentId, chunk: int) -> None:
+        """The store deleted a chunk file that failed its check: fetch it again."""
+        self.metrics.chunks_damaged.inc()
+        session = self.sessions.get(content)
+        if session is None or session.failed is not None:
+            return
+        if session.swarm.complete:
+            session.finished = None
+            session.done = self._new_done()  # not complete until the chunk is back
+        self._feed(session, ChunkLost(chunk))
 
     def _wake(self, session: Session, chunks: range | list[int]) -> None:
         for chunk in chunks:
@@ -424,7 +526,15 @@ class Agent:
         """A peer asks about a content we hold but are not swarming on: seed it."""
         manifests = {m.content_id: m for m in self.store.known()}
         if content in manifests:
-            session = self._open_session(manifests[content])
+            self._spawn(self._seed_from_store(link, manifests[content]))
+
+    async def _seed_from_store(self, link: Link, manifest: Manifest) -> None:
+        try:
+            session = await self.ensure(manifest.content_id, manifest)
+        except StoreError as exc:
+            log.error("cannot seed %s: %s", manifest.content_id, exc)
+            return
+        if not link.closed:
             self._send_join(session, link)
 
     def on_have(self, link: Link, msg: Have | Pending) -> None:
@@ -448,7 +558,7 @@ class Agent:
             await link.conn.recv_payload_into(memoryview(buf))  # paid for at request time
             session.peer_bytes += msg.len
             self.metrics.peer_bytes.inc(msg.len)
-            self._store_chunk(session, msg.chunk, buf, link.peer)
+            await self._store_chunk(session, msg.chunk, buf, link.peer)
         finally:
             self._buffers.give(buf)
 
@@ -473,18 +583,22 @@ class Agent:
 
     # ---- chunks ---------------------------------------------------------------
 
-    def _store_chunk(self, session: Session, chunk: int, data: bytearray,
-                     source: PeerId | None) -> None:
+    async def _store_chunk(self, session: Session, chunk: int, data: bytearray,
+                           source: PeerId | None) -> None:
         try:
-            self.store.put(session.content, chunk, memoryview(data))
+            await asyncio.to_thread(self.store.put, session.content, chunk, memoryview(data))
+        except UnknownContent:
+            return  # the session failed or was evicted while the chunk was written
         except CorruptChunk:
             self.metrics.chunks_rejected.labels("origin" if source is None else "peer").inc()
             log.warning("chunk %s/%d from %s failed verification", session.content, chunk,
                         source or "the origin")
             self._feed(session, ChunkArrived(chunk, source, ok=False))
             return
-        except StoreFullError as exc:
+        except StoreError as exc:
             self._failed(session, str(exc))
+            return
+        if self.sessions.get(session.content) is not session or session.failed is not None:
             return
         self.metrics.chunks_verified.inc()
         self._feed(session, ChunkArrived(chunk, source, ok=True))
@@ -512,7 +626,7 @@ class Agent:
             session.origin_tasks.pop(chunk, None)
             session.origin_bytes += length
             self.metrics.origin_bytes.inc(length)
-            self._store_chunk(session, chunk, buf, None)
+            await self._store_chunk(session, chunk, buf, None)
         finally:
             self._buffers.give(buf)
 
@@ -570,8 +684,8 @@ class Agent:
                 "chunks": s.manifest.chunks,
                 "have": bits.count(s.swarm.have),
                 "complete": s.swarm.complete,
-                "failed": bool(s.done.done() and not s.done.cancelled()
-                               and s.done.exception() is not None),
+                "failed": s.failed is not None,
+                "failure": s.failed,
                 "origin_bytes": s.origin_bytes,
                 "peer_bytes": s.peer_bytes,
                 "peers": len(s.links),

@@ -71,6 +71,7 @@ def _agent_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.add_argument("--store-dir", dest="store_dir")
     p.add_argument("--store-budget-gb", dest="store_budget_gb", type=float)
     p.add_argument("--api-socket", dest="api_socket")
+    p.add_argument("--api-group", dest="api_group", help="group that may use the API socket")
     p.add_argument("--metrics-port", dest="metrics_port", type=int,
                    help="serve Prometheus /metrics on this TCP port too")
     p.add_argument("--secret-file", dest="secret_file")
@@ -98,27 +99,38 @@ def _run_agent(args: argparse.Namespace) -> int:
     return uvloop.run(_serve_agent(config, secret))
 
 
+STOP_BUDGET_S = 4.0  # SIGTERM to exit: the agent's stop, then the API's (under 5 s)
+
+
 async def _serve_agent(config: Any, secret: bytes) -> int:
     from aiohttp import web
 
     from p2p.agent import Agent
-    from p2p.localapi import make_app
+    from p2p.localapi import (
+        ApiSocketError,
+        bind_api_socket,
+        make_app,
+        release_api_socket,
+    )
+    from p2p.store import StoreError
 
+    sock_path = Path(config.api_socket)
+    try:  # before anything else: a second agent on the same path must not start at all
+        api_sock, bound = bind_api_socket(sock_path, config.api_group)
+    except ApiSocketError as exc:
+        raise UserError(str(exc)) from exc
     try:
         agent = Agent(config, secret)
     except OSError as exc:
+        release_api_socket(sock_path, bound)
         raise UserError(f"cannot listen on {config.host}:{config.port}: {exc.strerror}") from exc
+    except StoreError as exc:
+        release_api_socket(sock_path, bound)
+        raise UserError(str(exc)) from exc
     await agent.start()
-    runner = web.AppRunner(make_app(agent), access_log=None)
+    runner = web.AppRunner(make_app(agent), access_log=None, shutdown_timeout=0.5)
     await runner.setup()
-    sock_path = Path(config.api_socket)
-    try:
-        sock_path.parent.mkdir(parents=True, exist_ok=True)
-        sock_path.unlink(missing_ok=True)
-        await web.UnixSite(runner, str(sock_path)).start()
-    except OSError as exc:
-        await agent.stop()
-        raise UserError(f"cannot open the local API socket {sock_path}: {exc.strerror}") from exc
+    await web.SockSite(runner, api_sock).start()
     metrics_url = None
     if config.metrics_port is not None:
         try:
@@ -132,9 +144,14 @@ async def _serve_agent(config: Any, secret: bytes) -> int:
                       "api_socket": str(sock_path), "metrics": metrics_url,
                       "pid": os.getpid()}), flush=True)
     await _until_signalled()
-    await runner.cleanup()
-    await agent.stop()
-    sock_path.unlink(missing_ok=True)
+    release_api_socket(sock_path, bound)
+    try:
+        async with asyncio.timeout(STOP_BUDGET_S):
+            await agent.stop()  # fails every waiter: open requests are answered at once
+            await runner.cleanup()
+    except TimeoutError:
+        logging.getLogger(__name__).warning("stop took over %.0f s; exiting anyway",
+                                            STOP_BUDGET_S)
     return 0
 
 
@@ -214,7 +231,7 @@ def _run_get(args: argparse.Namespace) -> int:
                 with open(args.out, "wb") as out:
                     for offset in range(0, info["size"], 64 * MiB):
                         n = min(64 * MiB, info["size"] - offset)
-                        out.write(await client.read(args.content, offset, n))
+                        await client.read_to(args.content, offset, n, out.write)
             return info
 
     try:

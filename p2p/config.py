@@ -34,7 +34,8 @@ class AgentConfig:
     peer_id: str = ""  # default: hostname:port
     store_dir: str = "/var/cache/bootseer"
     store_budget_gb: float = 50.0
-    api_socket: str = "/run/bootseer/agent.sock"  # local API (Unix socket)
+    api_socket: str = "/run/bootseer/agent.sock"  # local API (Unix socket), mode 0660
+    api_group: str | None = None  # group of the socket and its 0750 directory (readers)
     metrics_port: int | None = None  # also serve GET /metrics on host:metrics_port
     secret_file: str | None = None  # else BOOTSEER_SECRET / BOOTSEER_SECRET_FILE
     upload_mbps: float | None = None  # per-node cap on bytes served to peers (MB/s)

@@ -17,6 +17,9 @@ class AgentMetrics:
                                        "Chunks that matched the manifest", registry=r)
         self.chunks_rejected = Counter("bootseer_chunks_rejected",
                                        "Chunks that failed verification", ["source"], registry=r)
+        self.chunks_damaged = Counter("bootseer_chunks_damaged",
+                                      "Stored chunk files that failed their check on the way "
+                                      "out (deleted and fetched again)", registry=r)
         self.peers_connected = Gauge("bootseer_peers_connected", "Open peer connections",
                                      registry=r)
         self.peers_dropped = Counter("bootseer_peers_dropped",

@@ -30,6 +30,7 @@ class Session:
     started: float = 0.0
     finished: float | None = None
     pinned: bool = True  # attached in the store: not evictable
+    failed: str | None = None  # why it stopped; the next request opens a new session
 
     @property
     def content(self) -> ContentId:

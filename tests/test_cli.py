@@ -70,6 +70,18 @@ def test_get_without_agent_explains(tmp_path: Path) -> None:
     assert "no agent is listening" in result.stderr and "Traceback" not in result.stderr
 
 
+def test_agent_with_a_file_for_a_store_or_an_unknown_api_group(tmp_path: Path) -> None:
+    (tmp_path / "s").write_text("not a directory")
+    result = run("agent", "--port", "0", "--store-dir", str(tmp_path / "s"),
+                 "--api-socket", str(tmp_path / "api" / "a.sock"))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert f"{tmp_path / 's'}" in result.stderr and "File exists" in result.stderr
+    result = run("agent", "--port", "0", "--store-dir", str(tmp_path / "s2"),
+                 "--api-socket", str(tmp_path / "api" / "a.sock"), "--api-group", "no-such-gr")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "'no-such-gr' is not a group" in result.stderr
+
+
 def test_demo_rejects_bad_size() -> None:
     result = run("demo", "--size", "lots")
     assert result.returncode == 2 and "not a size" in result.stderr

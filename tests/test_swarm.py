@@ -14,6 +14,7 @@ from p2p.swarm.events import (
     Cancel,
     ChunkArrived,
     ChunkFailed,
+    ChunkLost,
     Complete,
     Connect,
     Disconnect,
@@ -363,3 +364,67 @@ def test_origin_order_lists_each_chunk_once_demand_first_then_from_region() -> N
     assert owned_chunks(8, 2, 4, filled=4) == 0b01000100
     assert owned_chunks(8, 0, 4, filled=2) == 0b11011101
     assert owned_chunks(8, None, 4, filled=2) == 0
+
+
+# ---- a chunk lost from the store; a content with no source --------------------------
+
+
+def test_lost_chunk_of_a_complete_content_is_fetched_again() -> None:
+    s, _ = alone("11")
+    assert s.complete
+    acts = s.handle(ChunkLost(1), 10.0)
+    assert not s.complete and not s.held(1)
+    assert origin_fetches(acts) == [1]
+    acts = s.handle(ChunkArrived(1, None, ok=True), 11.0)
+    assert Complete() in acts and s.complete
+
+
+def test_lost_chunk_goes_to_a_peer_that_holds_it() -> None:
+    s = swarm("11")
+    join(s, A, "11")
+    acts = s.handle(ChunkLost(0), 5.0)
+    assert requests(acts) == [("a", 0)]
+
+
+def test_lost_chunk_out_of_range_or_not_held_is_ignored() -> None:
+    s = swarm("10")
+    assert s.handle(ChunkLost(1), 1.0) == []
+    assert s.handle(ChunkLost(-1), 1.0) == []
+    assert s.handle(ChunkLost(2), 1.0) == []
+    assert s.held(0)
+
+
+def test_no_source_aborts_after_the_deadline_saying_what_was_tried() -> None:
+    s, acts = alone("000", no_source_deadline_s=60.0, max_origin_inflight=1)
+    now = 0.0
+    while True:
+        for chunk in origin_fetches(acts):
+            acts = s.handle(ChunkFailed(chunk, None, "connection refused"), now)
+            break
+        else:
+            when = s.next_timer()
+            assert when is not None and when <= 60.0
+            now = when
+            acts = s.handle_timer(now)
+        if any(isinstance(a, Abort) for a in acts):
+            break
+    assert now == 60.0
+    (abort,) = [a for a in acts if isinstance(a, Abort)]
+    assert "3 of 3 chunks missing" in abort.reason
+    assert "last: connection refused" in abort.reason
+    assert "no peer offered" in abort.reason
+    assert s.next_timer() is None and s.handle(ChunkLost(0), now) == []
+
+
+def test_deadline_names_the_peers_tried_and_restarts_on_progress() -> None:
+    s = swarm("000", no_source_deadline_s=30.0, request_timeout_s=100.0)
+    ((_, first),) = requests(join(s, A, "111"))
+    assert s.handle(ChunkArrived(first, A, ok=True), 20.0)  # progress: the clock restarts
+    now, acts = 30.0, s.handle_timer(30.0)
+    while not any(isinstance(a, Abort) for a in acts):
+        when = s.next_timer()
+        assert when is not None
+        now, acts = when, s.handle_timer(when)
+    assert now == 50.0
+    (abort,) = [a for a in acts if isinstance(a, Abort)]
+    assert "2 of 3 chunks missing" in abort.reason and "asked peers a" in abort.reason

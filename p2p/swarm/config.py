@@ -31,6 +31,9 @@ class SwarmConfig:
     endgame_duplicates: int = 1  # extra copies of a tail request
     endgame_tail: int = 2  # duplicate only when this few chunks are missing
     max_origin_corrupt: int = 3  # bad chunks from the origin before aborting
+    # No chunk arrived for this long while chunks are wanted: abort, saying what was
+    # tried. Generous: a slow origin or a swarm at a cold start is not a dead one.
+    no_source_deadline_s: float = 180.0
     use_peers: bool = True  # False: the origin-only baseline
     chunk_picker: str = "rarest_first"
     peer_chooser: str = "rack_aware"
@@ -45,3 +48,5 @@ class SwarmConfig:
         if min(self.max_peers, self.per_peer_inflight, self.max_inflight,
                self.max_origin_inflight) < 1:
             raise ValueError("peer and in-flight limits must be at least 1")
+        if self.no_source_deadline_s <= 0:
+            raise ValueError("no_source_deadline_s must be positive")

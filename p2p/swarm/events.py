@@ -97,6 +97,13 @@ class ChunkFailed:
 
 
 @dataclass(frozen=True, slots=True)
+class ChunkLost:
+    """A held chunk failed its check on disk (or vanished) and was deleted: want it again."""
+
+    chunk: int
+
+
+@dataclass(frozen=True, slots=True)
 class ReaderWants:
     """A local reader is blocked on these chunks: they go before everything else."""
 
@@ -112,7 +119,7 @@ class PrefetchGiven:
 
 Event = (
     PeersFound | PeerJoined | PeerHas | PeerPending | PeerLost | ChunkArrived | ChunkFailed
-    | ReaderWants | PrefetchGiven
+    | ChunkLost | ReaderWants | PrefetchGiven
 )
 
 

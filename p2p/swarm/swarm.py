@@ -35,6 +35,9 @@ Failures: a request that times out or is rejected counts against the peer,
 which then backs off exponentially; a peer that sends bytes failing
 verification is banned, disconnected and reported. An origin that fails is
 retried with backoff; one that keeps serving bad bytes aborts the content.
+When no chunk arrives for `no_source_deadline_s` while chunks are wanted, the
+content aborts with what was tried (see `stall.py`). A held chunk that the
+store later finds damaged (`ChunkLost`) is wanted again, even after Complete.
 
 It never reads a clock, touches a socket or a file, or uses the global random
 module: `now` comes with every call and the rng is passed in. That is why the
@@ -57,6 +60,7 @@ from p2p.swarm.events import (
     Cancel,
     ChunkArrived,
     ChunkFailed,
+    ChunkLost,
     Complete,
     Connect,
     Disconnect,
@@ -74,6 +78,7 @@ from p2p.swarm.events import (
 )
 from p2p.swarm.origin import origin_order, owned_chunks, region_start
 from p2p.swarm.policy import CHUNK_PICKERS, PEER_CHOOSERS, PeerLoad
+from p2p.swarm.stall import Stall
 
 
 class _Peer:
@@ -136,8 +141,10 @@ class Swarm:
         self._demand: list[int] = []
         self._prefetch: list[int] = []
         self._last_progress = now
+        self._stall = Stall(config.no_source_deadline_s, now)
         self._now = now
         self._finished = False
+        self._aborted = False
         self.stats = {"origin_chunks": 0, "peer_chunks": 0, "corrupt": 0, "timeouts": 0}
 
     # ---- queries --------------------------------------------------------------
@@ -169,6 +176,8 @@ class Swarm:
 
     def handle(self, event: Event, now: float) -> list[Action]:
         self._now = now
+        if isinstance(event, ChunkLost):
+            return self._on_chunk_lost(event.chunk, now)
         if self._finished:
             return []
         if isinstance(event, PeerHas) and not self._may_request(event.peer, event.chunk, now):
@@ -195,6 +204,8 @@ class Swarm:
                 actions += self._on_chunk_arrived(event, now)
             case ChunkFailed():
                 actions += self._on_chunk_failed(event, now)
+            case ChunkLost():
+                pass  # handled above: it may reopen a finished swarm
             case ReaderWants(chunks):
                 self._demand = [c for c in chunks if 0 <= c < self.chunks] + self._demand
             case PrefetchGiven(chunks):
@@ -202,6 +213,14 @@ class Swarm:
         if self._finished:
             return actions
         return actions + self._schedule(now)
+
+    def _on_chunk_lost(self, chunk: int, now: float) -> list[Action]:
+        if self._aborted or not 0 <= chunk < self.chunks or not self.held(chunk):
+            return []
+        self._have &= ~(1 << chunk)
+        self._finished = False
+        self._stall.progressed(now)  # the deadline counts from when we want it again
+        return self._schedule(now)
 
     def _on_peers_found(self, event: PeersFound, now: float) -> None:
         for hint in event.peers:
@@ -300,6 +319,7 @@ class Swarm:
             return actions
         self._have |= 1 << chunk
         self._last_progress = now
+        self._stall.progressed(now)
         self.stats["origin_chunks" if source is None else "peer_chunks"] += 1
         actions.append(Advertise(chunk))
         if self.complete:
@@ -312,8 +332,9 @@ class Swarm:
         if source is None:
             self._origin.pop(chunk, None)
             self._origin_corrupt += 1
+            self._stall.origin_failed(f"chunk {chunk} did not match the manifest")
             if self._origin_corrupt >= self.config.max_origin_corrupt:
-                self._finished = True
+                self._finished = self._aborted = True
                 return [Abort(f"the origin served {self._origin_corrupt} chunks that do not "
                               "match the manifest")]
             self._origin_backoff(now)
@@ -327,6 +348,7 @@ class Swarm:
     def _on_chunk_failed(self, event: ChunkFailed, now: float) -> list[Action]:
         if event.source is None:
             if self._origin.pop(event.chunk, None) is not None:
+                self._stall.origin_failed(event.reason)
                 self._origin_backoff(now)
             return []
         if self._clear_request(event.chunk, event.source) is None:
@@ -353,7 +375,7 @@ class Swarm:
             (s.backoff_until for s in peers),
             self._retry_at.values(),
             (self._origin_backoff_until, self._last_progress + self._patience(),
-             settle),
+             settle, self._stall.due),
         )
         return min((t for t in times if t > self._now), default=None)
 
@@ -361,6 +383,10 @@ class Swarm:
         self._now = now
         if self._finished:
             return []
+        if now >= self._stall.due and not self.complete:
+            self._finished = self._aborted = True
+            missing = bits.count(self._all & ~self._have)
+            return [Abort(self._stall.reason(missing, self.chunks))]
         actions: list[Action] = []
         for peer, state in list(self._peers.items()):
             late = [c for c, (_, deadline) in state.inflight.items() if deadline <= now]
@@ -374,6 +400,8 @@ class Swarm:
                 del state.pending[chunk]
         for chunk in [c for c, deadline in self._origin.items() if deadline <= now]:
             del self._origin[chunk]
+            self._stall.origin_failed(f"chunk {chunk} timed out after "
+                                      f"{self.config.origin_timeout_s:g} s")
             self._origin_backoff(now)
         self._refresh_pending()
         return actions + self._schedule(now)
@@ -509,6 +537,7 @@ class Swarm:
         if not holders:
             return None
         peer = self._chooser.choose(holders, self._rng)
+        self._stall.peer_tried(peer)
         state = free[peer]
         state.inflight[chunk] = (now, now + self.config.request_timeout_s)
         self._inflight_total += 1
