@@ -243,6 +243,22 @@ async def test_slow_clients_are_cut_and_a_real_request_still_succeeds(tmp_path: 
         assert await t.stop() == 0
 
 
+async def test_a_body_that_does_not_arrive_in_time_gets_408(tmp_path: Path) -> None:
+    t = await start_tracker(tmp_path, "--body-timeout", "1")
+    try:
+        reader, writer = await raw_connection(t.url)
+        writer.write(b"POST /v1/announce HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n"
+                     + f"{AUTH_HEADER}: {'ab' * 32}\r\n{TIME_HEADER}: {time.time():.3f}\r\n"
+                       .encode() + b"\r\n{")
+        reply = await asyncio.wait_for(reader.read(), 30)
+        assert reply.startswith(b"HTTP/1.1 408"), reply[:100]
+        assert b"did not arrive within 1 s" in reply
+        writer.close()
+    finally:
+        assert await t.stop() == 0
+    assert "Traceback" not in t.log.read_text()
+
+
 async def test_connections_beyond_the_cap_get_503_and_a_log_line(tmp_path: Path) -> None:
     t = await start_tracker(tmp_path, "--max-connections", "20")
     try:

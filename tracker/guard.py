@@ -155,6 +155,8 @@ class Guard:
         except TimeoutError:
             raise SlowClient(f"the body did not arrive within "
                              f"{self.config.body_timeout_seconds:g} s") from None
+        except (web.RequestPayloadError, ConnectionError) as exc:
+            raise BadRequest(f"the body was cut short: {exc}") from None
         return bytes(buf)
 
 
