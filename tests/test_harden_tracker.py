@@ -545,11 +545,10 @@ def in_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessTr
     served.close()
 
 
-JSON = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
-                                                                 max_size=4),
-    max_leaves=12)
+LEAF = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20)
+NESTED = st.lists(LEAF, max_size=4) | st.dictionaries(st.text(max_size=8), LEAF, max_size=4)
+JSON = LEAF | NESTED | st.lists(NESTED, max_size=3) | st.dictionaries(
+    st.text(max_size=8), NESTED, max_size=3)
 REAL = manifest()
 
 
