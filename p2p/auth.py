@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 import os
+import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 MIN_SECRET_BYTES = 16
@@ -23,6 +26,8 @@ MAX_CLOCK_SKEW_SECONDS = 300.0
 AUTH_HEADER = "X-Bootseer-Auth"
 TIME_HEADER = "X-Bootseer-Time"
 BODY_MAC_HEADER = "X-Bootseer-Body-Mac"
+_MAC_HEX = re.compile(r"[0-9a-fA-F]{64}")
+_STAMP = re.compile(r"[0-9]{1,12}(\.[0-9]{1,9})?")
 
 
 class AuthError(Exception):
@@ -72,30 +77,63 @@ def check_handshake_mac(expected: bytes, got: object) -> None:
 
 
 def sign_request(secret: bytes, method: str, path: str, body: bytes, now: float) -> dict[str, str]:
-    """Headers that authenticate one HTTP request to the tracker."""
-    stamp = f"{now:.3f}"
+    """Headers that authenticate one HTTP request to the tracker.
+
+    The stamp has microseconds, so two requests with the same method, path and
+    body signed at different moments never share a MAC (the tracker refuses a
+    MAC it has already seen, as a replay).
+    """
+    stamp = f"{now:.6f}"
     mac = _mac(secret, b"bootseer-http-v1", method.upper().encode(), path.encode(),
                stamp.encode(), body)
     return {AUTH_HEADER: mac.hex(), TIME_HEADER: stamp}
 
 
-def check_request(secret: bytes, method: str, path: str, body: bytes,
-                  headers: Mapping[str, str], now: float) -> None:
-    """Raise AuthError unless the request carries a fresh, valid signature."""
+@dataclass(frozen=True, slots=True)
+class SignedHeaders:
+    """The authentication headers of a request, well-formed and fresh, not yet verified."""
+
+    stamp: str  # exactly as sent: it is part of the MAC
+    when: float  # the stamp as seconds since the epoch, finite
+    mac: bytes
+
+
+def check_request_headers(headers: Mapping[str, str], now: float,
+                          max_skew_seconds: float = MAX_CLOCK_SKEW_SECONDS) -> SignedHeaders:
+    """The request's signature headers if present, well-formed and fresh; else AuthError.
+
+    Needs no body, so a server can refuse an unsigned or stale request before
+    reading a byte of its body. A stamp is plain decimal seconds (no sign,
+    exponent, "nan" or "inf"), so it is always finite and comparable.
+    """
     mac_hex, stamp = headers.get(AUTH_HEADER), headers.get(TIME_HEADER)
     if not mac_hex or not stamp:
         raise AuthError(f"missing {AUTH_HEADER}/{TIME_HEADER} headers")
-    try:
-        when = float(stamp)
-        got = bytes.fromhex(mac_hex)
-    except ValueError as exc:
-        raise AuthError("malformed authentication headers") from exc
-    if abs(now - when) > MAX_CLOCK_SKEW_SECONDS:
-        raise AuthError(f"request time is {now - when:.0f}s off the tracker's clock")
+    if not _MAC_HEX.fullmatch(mac_hex) or not _STAMP.fullmatch(stamp):
+        raise AuthError(f"malformed authentication headers: {AUTH_HEADER} must be 64 hex "
+                        f"digits and {TIME_HEADER} decimal seconds since the epoch")
+    when = float(stamp)
+    if not math.isfinite(when) or abs(now - when) > max_skew_seconds:
+        raise AuthError(f"request time is {now - when:.0f}s off the tracker's clock "
+                        f"(at most {max_skew_seconds:.0f}s allowed)")
+    return SignedHeaders(stamp, when, bytes.fromhex(mac_hex))
+
+
+def verify_request(secret: bytes, method: str, path: str, body: bytes,
+                   signed: SignedHeaders) -> None:
+    """Raise AuthError unless `signed` is the MAC of this request under `secret`."""
     expected = _mac(secret, b"bootseer-http-v1", method.upper().encode(), path.encode(),
-                    stamp.encode(), body)
-    if not hmac.compare_digest(expected, got):
+                    signed.stamp.encode(), body)
+    if not hmac.compare_digest(expected, signed.mac):
         raise AuthError("bad request signature (wrong cluster secret?)")
+
+
+def check_request(secret: bytes, method: str, path: str, body: bytes,
+                  headers: Mapping[str, str], now: float) -> SignedHeaders:
+    """The checked headers if the request carries a fresh, valid signature; else AuthError."""
+    signed = check_request_headers(headers, now)
+    verify_request(secret, method, path, body, signed)
+    return signed
 
 
 def sign_body(secret: bytes, body: bytes) -> str:

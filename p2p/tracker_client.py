@@ -8,6 +8,13 @@ on: `TrackerUnavailable` (cannot reach it, or it timed out: retry later, fall
 back to the origin meanwhile) and `TrackerError` (it answered with an error
 status: a bug or a misconfiguration, such as a wrong secret).
 
+Every content id is checked (p2p.content.check_content_id) and every name
+(`check_name`) before it goes into a URL, and both are quoted, so no id from
+outside can make us send a request for another path. With `bind_host` (the
+agent's configured address, when it is a specific one) every connection to
+the tracker leaves from that address: the tracker knows a node by the address
+it is seen at, and binds its peer id to it.
+
 This module must not import `tracker` (dependencies point from tracker to
 p2p); `PeerInfo` mirrors the few fields of the tracker's announce reply.
 """
@@ -15,7 +22,9 @@ p2p); `PeerInfo` mirrors the few fields of the tracker's announce reply.
 from __future__ import annotations
 
 import json
+import re
 import time
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -24,9 +33,25 @@ import aiohttp
 import yarl
 
 from p2p.auth import BODY_MAC_HEADER, check_body, sign_request
-from p2p.content import ContentId, Manifest, ManifestError, PeerId
+from p2p.content import ContentId, Manifest, ManifestError, PeerId, check_content_id
 
 REQUEST_TIMEOUT_SECONDS = 5.0
+KEEPALIVE_SECONDS = 10.0  # below the tracker's idle limit, so it is us who close first
+UNREACHABLE = "unreachable"  # report reason: we could not dial that peer (frees its slot)
+UNSPECIFIED_HOSTS = ("", "0.0.0.0", "::")
+MAX_NAME_CHARS = 255
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+=~/-]{0,254}")
+
+
+def check_name(text: object) -> str:
+    """`text` if it is a well-formed content name (the tracker's rule); else ValueError."""
+    if (not isinstance(text, str) or not _NAME.fullmatch(text)
+            or any(s in ("", ".", "..") for s in text.split("/"))):
+        shown = text[:80] if isinstance(text, str) else type(text).__name__
+        raise ValueError(f"name {shown!r} must be 1..{MAX_NAME_CHARS} characters of "
+                         "A-Z a-z 0-9 . _ : @ + = ~ / -, start with a letter or digit, and "
+                         "have no empty, '.' or '..' segment")
+    return text
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,10 +86,11 @@ class TrackerUnavailable(Exception):
 class TrackerError(Exception):
     """The tracker answered with an error status (or an unreadable reply)."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, retry_after_s: float | None = None) -> None:
         super().__init__(f"tracker replied {status}: {message}")
         self.status = status
         self.message = message
+        self.retry_after_s = retry_after_s  # with a 429: when to try again
 
 
 class TrackerClient:
@@ -72,10 +98,13 @@ class TrackerClient:
 
     def __init__(self, base_url: str, secret: bytes,
                  session: aiohttp.ClientSession | None = None,
-                 timeout_seconds: float = REQUEST_TIMEOUT_SECONDS) -> None:
+                 timeout_seconds: float = REQUEST_TIMEOUT_SECONDS,
+                 bind_host: str | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self._secret = secret
         self._session = session
+        self._bind = (None if bind_host is None or bind_host in UNSPECIFIED_HOSTS
+                      else (bind_host.strip("[]"), 0))
         self._owns_session = session is None
         self._timeout = aiohttp.ClientTimeout(total=timeout_seconds)
 
@@ -99,7 +128,8 @@ class TrackerClient:
         `want` caps the peers returned (0 = just a keep-alive); default: the
         tracker's handout limit.
         """
-        body: dict[str, Any] = {"content": content, "peer": peer, "addr": addr, "rack": rack,
+        body: dict[str, Any] = {"content": check_content_id(content), "peer": peer,
+                                "addr": addr, "rack": rack,
                                 "have": have, "complete": complete}
         if event is not None:
             body["event"] = event
@@ -120,52 +150,110 @@ class TrackerClient:
             raise TrackerError(status, f"malformed announce reply: {exc!r}") from None
 
     async def report(self, peer: PeerId, bad_peer: PeerId, content: ContentId,
-                     reason: str) -> bool:
+                     reason: str, addr: str | None = None) -> bool:
         """Tell the tracker that `bad_peer` misbehaved towards us (`peer`) in `content`.
 
-        True if this report got it banned from handouts.
+        `addr` is the IP we saw it at (the tracker bans that address, not the
+        name it claimed); reason `UNREACHABLE` says we could not dial it (not a
+        ban: it frees its origin-fetcher slot). True if this report got it
+        banned from handouts.
         """
-        body = {"peer": peer, "bad_peer": bad_peer, "content": content, "reason": reason}
+        body = {"peer": peer, "bad_peer": bad_peer, "content": check_content_id(content),
+                "reason": reason}
+        if addr is not None:
+            body["addr"] = addr
         status, raw, _ = await self._request("POST", "/v1/report", _encode(body))
         return bool(_decode(status, raw).get("banned", False))
 
     async def put_manifest(self, manifest: Manifest) -> bool:
         """Publish `manifest`; True if new, False if the same one was already there."""
-        path = f"/v1/manifests/{manifest.content_id}"
+        path = f"/v1/manifests/{_quoted(check_content_id(manifest.content_id))}"
         status, raw, _ = await self._request("PUT", path, _encode(manifest.to_dict()))
         _decode(status, raw)
         return status == 201
 
     async def get_manifest(self, content_id: ContentId) -> Manifest:
         """The published manifest; AuthError unless the tracker signed it with our secret."""
-        status, raw, headers = await self._request("GET", f"/v1/manifests/{content_id}", b"")
-        if status != 200:
-            _decode(status, raw)  # raises TrackerError with the tracker's message
-        check_body(self._secret, raw, headers.get(BODY_MAC_HEADER))
+        path = f"/v1/manifests/{_quoted(check_content_id(content_id))}"
+        raw = await self._signed_get(path)
         try:
             manifest = Manifest.from_dict(json.loads(raw))
         except (ValueError, ManifestError) as exc:
-            raise TrackerError(status, f"malformed manifest for {content_id}: {exc}") from None
+            raise TrackerError(200, f"malformed manifest for {content_id}: {exc}") from None
         if manifest.content_id != content_id:
-            raise TrackerError(status, f"asked for {content_id}, got {manifest.content_id}")
+            raise TrackerError(200, f"asked for {content_id}, got {manifest.content_id}")
         return manifest
+
+    async def put_name(self, name: str, content_id: ContentId) -> bool:
+        """Name a published content; True if new, False if it already had this name.
+
+        TrackerError 409 if the name is taken by another content (names never
+        change), 404 if no manifest is published as `content_id`.
+        """
+        path = f"/v1/names/{_quoted(check_name(name))}"
+        body = _encode({"content_id": check_content_id(content_id)})
+        status, raw, _ = await self._request("PUT", path, body)
+        _decode(status, raw)
+        return status == 201
+
+    async def get_name(self, name: str) -> ContentId:
+        """The content a name stands for; AuthError unless the tracker signed the answer."""
+        raw = await self._signed_get(f"/v1/names/{_quoted(check_name(name))}")
+        try:
+            reply = json.loads(raw)
+            got, content_id = reply["name"], check_content_id(reply["content_id"])
+        except (ValueError, TypeError, KeyError) as exc:  # ManifestError is a ValueError
+            raise TrackerError(200, f"malformed name reply for {name!r}: {exc!r}") from None
+        if got != name:
+            raise TrackerError(200, f"asked for the name {name!r}, got {got!r}")
+        return content_id
+
+    async def _signed_get(self, path: str) -> bytes:
+        """The body of a 200 reply to a signed GET, once its body MAC checks out."""
+        status, raw, headers = await self._request("GET", path, b"")
+        if status != 200:
+            _decode(status, raw)  # raises TrackerError with the tracker's message
+        check_body(self._secret, raw, headers.get(BODY_MAC_HEADER))
+        return raw
 
     async def _request(self, method: str, path: str,
                        body: bytes) -> tuple[int, bytes, Mapping[str, str]]:
-        url = yarl.URL(self.base_url + path)
+        url = yarl.URL(self.base_url + path, encoded=True)
         headers = sign_request(self._secret, method, url.path, body, time.time())
         headers["Content-Type"] = "application/json"
         if self._session is None:
-            self._session = aiohttp.ClientSession()
+            connector = aiohttp.TCPConnector(local_addr=self._bind,
+                                             keepalive_timeout=KEEPALIVE_SECONDS)
+            self._session = aiohttp.ClientSession(connector=connector)
         try:
             async with self._session.request(method, url, data=body, headers=headers,
                                              timeout=self._timeout) as resp:
-                return resp.status, await resp.read(), resp.headers
+                raw = await resp.read()
+                if resp.status == 429:
+                    raise _rate_limited(raw, resp.headers)
+                return resp.status, raw, resp.headers
         except TimeoutError as exc:  # before OSError, of which it is a subclass
             raise TrackerUnavailable(
                 self.base_url, f"no answer within {self._timeout.total:g} s") from exc
         except (aiohttp.ClientError, OSError) as exc:
             raise TrackerUnavailable(self.base_url, str(exc) or type(exc).__name__) from exc
+
+
+def _quoted(segment: str) -> str:
+    """A checked id or name, percent-encoded for a URL path (`/` kept: names have it)."""
+    return urllib.parse.quote(segment, safe="/")
+
+
+def _rate_limited(raw: bytes, headers: Mapping[str, str]) -> TrackerError:
+    try:
+        retry = float(headers.get("Retry-After", "1"))
+    except ValueError:
+        retry = 1.0
+    try:
+        message = str(json.loads(raw)["error"])
+    except (ValueError, TypeError, KeyError):
+        message = "too many requests"
+    return TrackerError(429, message, retry_after_s=retry)
 
 
 def _encode(payload: dict[str, Any]) -> bytes:

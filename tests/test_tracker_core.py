@@ -13,7 +13,8 @@ import pytest
 from p2p.content import ContentId, PeerId
 from tracker.config import ConfigError, TrackerConfig, load_config
 from tracker.handout import HANDOUT_POLICIES, get_policy, rack_aware, uniform
-from tracker.registry import Member, OriginSlot, Registry
+from tracker.limits import KeyedRateLimit, LogLimiter, ReplayCache
+from tracker.registry import IdentityError, Member, OriginSlot, Registry
 
 C = ContentId("c1")
 D = ContentId("c2")
@@ -230,8 +231,8 @@ def test_unknown_policy_names_the_known_ones() -> None:
 
 # -- core purity ----------------------------------------------------------------------
 
-CORE = ["tracker/registry.py", "tracker/handout.py"]
-ALLOWED_PROJECT = {"p2p.content", "tracker.registry"}
+CORE = ["tracker/registry.py", "tracker/handout.py", "tracker/limits.py"]
+ALLOWED_PROJECT = {"p2p.content", "tracker.registry", "p2p.ratelimit"}
 FORBIDDEN = {"os", "time", "asyncio", "socket", "threading", "subprocess", "selectors",
              "pathlib", "io", "shutil", "tempfile", "signal", "datetime", "secrets", "uuid"}
 
@@ -287,3 +288,115 @@ def test_bad_config_file_names_the_key_and_file(tmp_path: Path, text: str, messa
 def test_ttl_must_exceed_announce_interval() -> None:
     with pytest.raises(ConfigError, match="peer_ttl_seconds"):
         TrackerConfig(announce_interval_seconds=5.0, peer_ttl_seconds=5.0)
+
+
+# -- identity, bans by address, fetcher upkeep ----------------------------------------
+
+
+def at(peer: str, host: str, have: int = 0, complete: bool = False) -> Member:
+    return Member(PeerId(peer), f"{host}:7000", "r0", have, complete, 0.0, host)
+
+
+def test_a_peer_id_is_bound_to_the_host_of_its_first_announce() -> None:
+    reg = Registry()
+    reg.announce(C, at("a", "10.0.0.1"), 0.0)
+    with pytest.raises(IdentityError, match=r"belongs to the node at 10\.0\.0\.1"):
+        reg.announce(C, at("a", "10.0.0.2"), 1.0)
+    with pytest.raises(IdentityError):
+        reg.leave(C, PeerId("a"), "10.0.0.2")
+    assert [m.peer for m in reg.members(C)] == ["a"]
+    assert reg.leave(C, PeerId("a"), "10.0.0.1")
+    reg.announce(C, at("a", "10.0.0.2"), 2.0)  # a member nowhere: free to bind again
+    assert reg.bound_host(PeerId("a")) == "10.0.0.2"
+
+
+def test_reports_count_once_per_reporter_host_and_only_from_members() -> None:
+    reg = Registry(ban_seconds=100.0)
+    for peer, host in [("bad", "10.0.0.9"), ("x", "10.0.0.1"), ("x2", "10.0.0.1"),
+                       ("y", "10.0.0.2")]:
+        reg.announce(C, at(peer, host), 0.0)
+    with pytest.raises(IdentityError, match="only members may report"):
+        reg.report(PeerId("bad"), PeerId("ghost"), "r", 1.0, reporter_host="10.0.0.1")
+    with pytest.raises(IdentityError):
+        reg.report(PeerId("bad"), PeerId("y"), "r", 1.0, reporter_host="10.0.0.1")
+    assert not reg.report(PeerId("bad"), PeerId("x"), "r", 1.0, reporter_host="10.0.0.1")
+    assert not reg.report(PeerId("bad"), PeerId("x2"), "r", 1.0, reporter_host="10.0.0.1")
+    assert not reg.report(PeerId("x"), PeerId("bad"), "r", 1.0, host="10.0.0.9",
+                          reporter_host="10.0.0.9")  # about its own host: ignored
+    assert reg.report(PeerId("any-name"), PeerId("y"), "r", 2.0, host="10.0.0.9",
+                      reporter_host="10.0.0.2")
+    assert reg.banned(2.0) == ["10.0.0.9"]
+    reg.announce(C, at("bad-again", "10.0.0.9"), 3.0)  # a new name at the banned host
+    assert [m.peer for m in reg.candidates(C, 3.0)] == ["x", "x2", "y"]
+    assert reg.origin_slot(C, PeerId("bad-again")).slot is None
+
+
+def test_a_fetcher_without_progress_loses_its_slot_until_it_progresses() -> None:
+    reg = Registry(origin_fetchers=1, fetcher_stall_seconds=10.0)
+    reg.announce(C, at("slow", "10.0.0.1"), 0.0)
+    reg.announce(C, at("b", "10.0.0.2"), 0.0)
+    assert reg.origin_slot(C, PeerId("slow")).slot == 0
+    reg.announce(C, at("slow", "10.0.0.1", have=1), 9.0)  # progress: the clock restarts
+    reg.announce(C, at("b", "10.0.0.2"), 19.0)
+    assert reg.origin_slot(C, PeerId("slow")).slot == 0
+    reg.announce(C, at("b", "10.0.0.2"), 19.5)  # 10.5 s since its last progress
+    assert reg.origin_slot(C, PeerId("b")) == OriginSlot(0, 1, 1)
+    assert reg.origin_slot(C, PeerId("slow")).slot is None
+    assert reg.fetchers_reassigned == 1
+    reg.leave(C, PeerId("b"))
+    reg.announce(C, at("slow", "10.0.0.1", have=1), 20.0)  # no progress: not re-appointed
+    assert reg.origin_slot(C, PeerId("slow")).slot is None
+    reg.announce(C, at("slow", "10.0.0.1", have=2), 21.0)
+    assert reg.origin_slot(C, PeerId("slow")).slot == 0
+
+
+def test_an_unreachable_fetcher_is_replaced_but_not_banned() -> None:
+    reg = Registry(origin_fetchers=1)
+    reg.announce(C, at("far", "10.0.0.1"), 0.0)
+    reg.announce(C, at("b", "10.0.0.2"), 0.0)
+    assert reg.fetcher_unreachable(C, PeerId("far"))
+    assert not reg.fetcher_unreachable(C, PeerId("far"))
+    reg.announce(C, at("b", "10.0.0.2"), 1.0)
+    assert reg.origin_slot(C, PeerId("b")).slot == 0
+    assert reg.banned(1.0) == []
+    assert [m.peer for m in reg.candidates(C, 1.0)] == ["b", "far"]
+
+
+# -- limits ---------------------------------------------------------------------------
+
+
+def test_replay_cache_refuses_a_mac_twice_and_forgets_it_once_stale() -> None:
+    cache = ReplayCache(skew_seconds=300.0)
+    assert cache.check(b"a" * 32, 1000.0, 1000.0) is None
+    assert "replayed" in (cache.check(b"a" * 32, 1000.0, 1100.0) or "")
+    assert cache.check(b"b" * 32, 1000.5, 1100.0) is None
+    assert len(cache) == 2
+    assert cache.check(b"c" * 32, 1400.0, 1302.0) is None  # 1000's bucket expires
+    assert len(cache) == 1
+
+
+def test_a_full_replay_cache_raises_its_floor_instead_of_forgetting() -> None:
+    cache = ReplayCache(skew_seconds=300.0, max_entries=2)
+    for i, stamp in enumerate([1000.0, 1001.0, 1002.0]):
+        assert cache.check(bytes([i]) * 32, stamp, 1002.0) is None
+    assert len(cache) == 2
+    assert "older than the replay cache's horizon" in (cache.check(b"\0" * 32, 1000.0, 1002.0)
+                                                       or "")
+
+
+def test_keyed_rate_limit_refuses_beyond_the_burst_and_forgets_idle_keys() -> None:
+    limit = KeyedRateLimit(rate_per_second=2.0, burst=3)
+    assert [limit.take("a", 0.0) for _ in range(4)] == [0.0, 0.0, 0.0, 0.5]
+    assert limit.take("b", 0.0) == 0.0
+    assert limit.take("a", 0.5) == 0.0
+    limit.take("c", 10.0)
+    assert len(limit) == 1  # a and b were full again, so forgotten
+
+
+def test_log_limiter_lets_one_line_through_per_period_and_counts_the_rest() -> None:
+    logs = LogLimiter(every_seconds=10.0)
+    assert logs.allow("x", 0.0) == 0
+    assert logs.allow("x", 1.0) is None
+    assert logs.allow("y", 1.0) == 0
+    assert logs.allow("x", 2.0) is None
+    assert logs.allow("x", 10.0) == 2

@@ -30,7 +30,7 @@ from p2p.tracker_client import TrackerClient, TrackerError, TrackerUnavailable
 BOOTSEER = Path(sys.executable).parent / "bootseer"
 SECRET = b"tracker-test-secret-0123456789"
 START_TIMEOUT_SECONDS = 30.0
-C = ContentId("content-1")
+C = ContentId("c1-" + "1" * 64)
 UNKNOWN = ContentId("c1-" + "0" * 64)  # well formed, never published
 
 
@@ -103,8 +103,9 @@ def manifest(data: bytes = b"hello tracker " * 1000) -> Manifest:
     return builder.finish("blob", "file:///tmp/origin")
 
 
-async def announce(client: TrackerClient, peer: str, rack: str = "r0", **kw: Any) -> list[str]:
-    reply = await client.announce(C, PeerId(peer), f"127.0.0.1:{6000 + len(peer)}", rack,
+async def announce(client: TrackerClient, peer: str, rack: str = "r0", host: str = "127.0.0.1",
+                   **kw: Any) -> list[str]:
+    reply = await client.announce(C, PeerId(peer), f"{host}:{6000 + len(peer)}", rack,
                                   have=kw.pop("have", 0), complete=kw.pop("complete", False),
                                   **kw)
     return sorted(p.peer for p in reply.peers)
@@ -156,13 +157,20 @@ async def test_stopped_peer_leaves_the_swarm(client: TrackerClient) -> None:
     assert await announce(client, "a") == []
 
 
-async def test_peer_reported_by_two_peers_is_not_handed_out(client: TrackerClient) -> None:
-    for p in ["bad", "x", "y", "z"]:
-        await announce(client, p)
-    assert not await client.report(PeerId("x"), PeerId("bad"), C, "chunk 3 digest mismatch")
-    assert "bad" in await announce(client, "z")
-    assert await client.report(PeerId("y"), PeerId("bad"), C, "chunk 5 digest mismatch")
-    assert await announce(client, "z") == ["x", "y"]
+async def test_peer_reported_by_two_peers_is_not_handed_out(tracker: Tracker) -> None:
+    """Nodes are addresses: each peer here runs on its own loopback address."""
+    hosts = {"bad": "127.0.0.2", "x": "127.0.0.3", "y": "127.0.0.4", "z": "127.0.0.5"}
+    clients = {p: TrackerClient(tracker.url, SECRET, bind_host=h) for p, h in hosts.items()}
+    try:
+        for p, c in clients.items():
+            await announce(c, p, host=hosts[p])
+        assert not await clients["x"].report(PeerId("x"), PeerId("bad"), C, "chunk 3 mismatch")
+        assert "bad" in await announce(clients["z"], "z", host=hosts["z"])
+        assert await clients["y"].report(PeerId("y"), PeerId("bad"), C, "chunk 5 mismatch")
+        assert await announce(clients["z"], "z", host=hosts["z"]) == ["x", "y"]
+    finally:
+        for c in clients.values():
+            await c.close()
 
 
 async def test_silent_peers_expire(client: TrackerClient, tracker: Tracker,
@@ -250,7 +258,7 @@ async def test_client_rejects_an_unsigned_manifest(tmp_path: Path) -> None:
 
 async def test_unsigned_and_wrongly_signed_requests_get_401(
         tracker: Tracker, http: aiohttp.ClientSession) -> None:
-    body = json.dumps({"content": "c", "peer": "p", "addr": "h:1", "rack": "r", "have": 0,
+    body = json.dumps({"content": C, "peer": "p", "addr": "h:1", "rack": "r", "have": 0,
                        "complete": False}).encode()
     async with http.post(tracker.url + "/v1/announce", data=body) as r:
         assert r.status == 401
@@ -270,7 +278,7 @@ async def test_unsigned_and_wrongly_signed_requests_get_401(
     assert await metric(http, tracker, "bootseer_tracker_auth_failures_total") == 5
 
 
-GOOD = {"content": "c", "peer": "p", "addr": "10.0.0.1:7000", "rack": "r", "have": 3,
+GOOD = {"content": C, "peer": "p", "addr": "10.0.0.1:7000", "rack": "r", "have": 3,
         "complete": False}
 
 
@@ -305,12 +313,12 @@ async def test_malformed_announce_gets_400_naming_the_problem(
 
 
 @pytest.mark.parametrize("path, body, message", [
-    ("/v1/report", json.dumps({"peer": "a", "content": "c", "reason": "r"}),
+    ("/v1/report", json.dumps({"peer": "a", "content": C, "reason": "r"}),
      'missing field "bad_peer"'),
     (f"/v1/manifests/{UNKNOWN}", "{}", "bad manifest"),
     (f"/v1/manifests/{UNKNOWN}", json.dumps({**manifest().to_dict(), "size": 1}), "bad manifest"),
     (f"/v1/manifests/{UNKNOWN}", json.dumps(manifest().to_dict()), "does not match the URL"),
-    ("/v1/manifests/.hidden", json.dumps(manifest().to_dict()), "content id '.hidden'"),
+    ("/v1/manifests/.hidden", json.dumps(manifest().to_dict()), "'.hidden' is not a content id"),
 ])
 async def test_malformed_report_and_manifest_get_400(
         tracker: Tracker, http: aiohttp.ClientSession, path: str, body: str,

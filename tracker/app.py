@@ -4,191 +4,151 @@ Routes (JSON bodies; every /v1 request is signed with the cluster secret,
 see p2p.auth.sign_request, over the URL path):
 
     POST /v1/announce                  join/refresh a swarm, get peers and origin slot
-    POST /v1/report                    report a peer that sent bad chunks
+    POST /v1/report                    report a peer that sent bad chunks, or is unreachable
     PUT  /v1/manifests/{content_id}    publish a manifest (201 new, 200 same, 409 other)
     GET  /v1/manifests/{content_id}    fetch a manifest; the body is MAC'd
+    PUT  /v1/names/{name}              name a published content (see tracker.names)
+    GET  /v1/names/{name}              resolve a name; the body is MAC'd
     GET  /healthz                      liveness and counts (unauthenticated)
     GET  /metrics                      Prometheus text (unauthenticated)
 
-Input is untrusted until proven otherwise: bodies are read up to a per-route
-limit, then the signature is checked, then every field is checked for
-presence and type. Any of those failing is a 400 (or 401) whose message names
-the problem; the catch-all 500 in `_errors` is for our own bugs only.
+Input is untrusted until proven otherwise: tracker.guard checks the signature
+headers, rates and the MAC (and reads the body, bounded) before a view looks
+at a field; then every field is checked for presence and type, and every
+content id with p2p.content.check_content_id. Failures are mapped once, in
+`_errors`: 400 malformed, 401 unauthenticated, 403 an identity claim that does
+not match its source address, 408 too slow, 409 conflict or replay, 429 too
+many; the catch-all 500 is for our own bugs only.
 
-Time: the registry runs on `time.monotonic()`; request signatures on wall
-time, as the signer's clock is another machine's. A background task expires
-silent peers every second (or every half TTL, if shorter).
+Identity: the source address of a request is the node (tracker.registry). An
+announce's `addr` must name that address (an unspecified host, 0.0.0.0 or
+::, is replaced by it); a peer id bound to one address cannot announce, stop
+or report from another.
+
+Time: the registry and rate limits run on `time.monotonic()`; request
+signatures on wall time, as the signer's clock is another machine's. A
+background task expires silent peers every second (or every half TTL).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import json
 import logging
+import math
 import os
 import random
-import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge
 from prometheus_client.exposition import generate_latest
 
-from p2p.auth import BODY_MAC_HEADER, AuthError, check_request, sign_body
-from p2p.content import ContentId, KiB, Manifest, ManifestError, MiB, PeerId
+from p2p.auth import BODY_MAC_HEADER, AuthError, sign_body
+from p2p.content import ContentId, Manifest, ManifestError, PeerId, check_content_id
+from tracker import names
 from tracker.config import TrackerConfig
+from tracker.guard import (
+    MANIFEST_BODY_LIMIT,
+    BadRequest,
+    Forbidden,
+    Guard,
+    RateLimited,
+    Replayed,
+    SlowClient,
+    normalise_host,
+    source_host,
+)
 from tracker.handout import get_policy
-from tracker.registry import Member, Registry
+from tracker.registry import IdentityError, Member, Registry
+from tracker.store import Conflict, Documents
 
 log = logging.getLogger("bootseer.tracker")
 
-ANNOUNCE_BODY_LIMIT = 64 * KiB
-REPORT_BODY_LIMIT = 64 * KiB
-MANIFEST_BODY_LIMIT = 4 * MiB
 MAX_ID_CHARS = 256
 MAX_REASON_CHARS = 1024
 MAX_HAVE = 2**53
 EXPIRE_EVERY_SECONDS = 1.0
 ANNOUNCE_EVENTS = (None, "started", "completed", "stopped")
-# Manifest ids become file names under state_dir, so they get a strict alphabet.
-MANIFEST_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:+=@~-]{0,199}")
-
-
-class BadRequest(Exception):
-    """The client sent something malformed; the message says what."""
+UNREACHABLE = "unreachable"  # a report reason: could not dial the peer (frees its slot)
+UNSPECIFIED_HOSTS = ("0.0.0.0", "::")
 
 
 class Metrics:
     """The tracker's Prometheus metrics, in a registry of its own (one per app)."""
 
-    def __init__(self, registry: Registry, manifests: ManifestStore) -> None:
+    def __init__(self, t: Tracker) -> None:
         self.collectors = r = CollectorRegistry()
-        self.announces = Counter("bootseer_tracker_announces", "Announces handled", registry=r)
-        self.expired = Counter("bootseer_tracker_expired_peers",
-                               "Members dropped for not announcing", registry=r)
-        self.auth_failures = Counter("bootseer_tracker_auth_failures",
-                                     "Requests with a missing or bad signature", registry=r)
-        self.bad_requests = Counter("bootseer_tracker_bad_requests",
-                                    "Requests rejected as malformed", registry=r)
-        self.reports = Counter("bootseer_tracker_reports", "Bad-peer reports", registry=r)
-        Gauge("bootseer_tracker_peers", "Distinct peers in any swarm",
-              registry=r).set_function(registry.peer_count)
-        Gauge("bootseer_tracker_contents", "Contents with at least one peer",
-              registry=r).set_function(registry.content_count)
-        Gauge("bootseer_tracker_manifests", "Manifests held",
-              registry=r).set_function(manifests.__len__)
+
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(f"bootseer_tracker_{name}", doc, registry=r)
+
+        def gauge(name: str, doc: str, value: Callable[[], float]) -> None:
+            Gauge(f"bootseer_tracker_{name}", doc, registry=r).set_function(value)
+
+        self.announces = counter("announces", "Announces handled")
+        self.expired = counter("expired_peers", "Members dropped for not announcing")
+        self.auth_failures = counter("auth_failures", "Requests with a missing or bad signature")
+        self.bad_requests = counter("bad_requests", "Requests rejected as malformed")
+        self.reports = counter("reports", "Bad-peer reports")
+        self.forbidden = counter("forbidden", "Identity claims refused (403)")
+        self.replays = counter("replays", "Replayed signed requests refused")
+        self.rate_limited = counter("rate_limited", "Requests refused for their rate (429)")
+        self.slow_clients = counter("slow_clients", "Bodies that did not arrive in time (408)")
+        self.refused_connections = counter("refused_connections",
+                                           "Connections refused at the connection cap")
+        gauge("peers", "Distinct peers in any swarm", t.registry.peer_count)
+        gauge("contents", "Contents with at least one peer", t.registry.content_count)
+        gauge("manifests", "Manifests held", t.manifests.__len__)
+        gauge("names", "Names held", t.names.__len__)
+        gauge("banned", "Addresses banned from handouts", lambda: len(
+            t.registry.banned(time.monotonic())))
+        gauge("fetchers_reassigned", "Origin-fetcher slots taken from stalled, unreachable "
+              "or banned fetchers (a running count)", lambda: t.registry.fetchers_reassigned)
 
 
-class ManifestConflict(Exception):
-    """A different manifest is already published under this content id."""
-
-
-class ManifestStore:
-    """Published manifests, as canonical JSON, persisted under `state_dir` if given."""
-
-    def __init__(self, state_dir: str | None) -> None:
-        self._dir = Path(state_dir, "manifests") if state_dir else None
-        self._bodies: dict[ContentId, bytes] = {}
-        self._lock = asyncio.Lock()
-
-    def __len__(self) -> int:
-        return len(self._bodies)
-
-    def load(self) -> None:
-        """Read the persisted manifests; a bad file is logged and skipped, not fatal."""
-        if self._dir is None:
-            return
-        self._dir.mkdir(parents=True, exist_ok=True)
-        for path in sorted(self._dir.glob("*.json")):
-            try:
-                manifest = Manifest.from_dict(json.loads(path.read_bytes()))
-            except (OSError, ValueError) as exc:
-                log.error("skipping unreadable manifest file %s: %s", path, exc)
-                continue
-            if path.name != f"{manifest.content_id}.json":
-                log.error("skipping %s: it holds the manifest of %s", path, manifest.content_id)
-                continue
-            self._bodies[manifest.content_id] = canonical(manifest)
-        log.info("loaded %d manifests from %s", len(self._bodies), self._dir)
-
-    def get(self, content_id: str) -> bytes | None:
-        return self._bodies.get(ContentId(content_id))
-
-    async def put(self, manifest: Manifest) -> bool:
-        """Store `manifest`; True if new, False if identical; ManifestConflict otherwise."""
-        body = canonical(manifest)
-        async with self._lock:
-            held = self._bodies.get(manifest.content_id)
-            if held == body:
-                return False
-            if held is not None:
-                raise ManifestConflict(manifest.content_id)
-            if self._dir is not None:
-                await asyncio.to_thread(_write_atomically, self._dir, manifest.content_id, body)
-            self._bodies[manifest.content_id] = body
-            return True
+def _check_manifest_file(body: bytes, key: str) -> bytes:
+    try:
+        manifest = Manifest.from_dict(json.loads(body))
+    except (ValueError, RecursionError) as exc:  # ManifestError is a ValueError
+        raise ValueError(str(exc)) from None
+    if manifest.content_id != key:
+        raise ValueError(f"it holds the manifest of {manifest.content_id}")
+    return canonical(manifest)
 
 
 def canonical(manifest: Manifest) -> bytes:
     return json.dumps(manifest.to_dict(), sort_keys=True, separators=(",", ":")).encode()
 
 
-def _write_atomically(directory: Path, content_id: str, body: bytes) -> None:
-    tmp = directory / f".{content_id}.{os.getpid()}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(body)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, directory / f"{content_id}.json")
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)  # make the rename itself durable
-    finally:
-        os.close(fd)
-
-
 class Tracker:
-    """Everything the views share: config, secret, registry, manifests, rng, metrics."""
+    """Everything the views share: config, guard, registry, documents, rng, metrics."""
 
     def __init__(self, config: TrackerConfig, secret: bytes) -> None:
         self.config = config
         self.secret = secret
+        self.guard = Guard(config, secret)
         self.registry = Registry(ban_seconds=config.ban_seconds,
-                                 origin_fetchers=config.origin_fetchers)
-        self.manifests = ManifestStore(config.state_dir)
+                                 origin_fetchers=config.origin_fetchers,
+                                 fetcher_stall_seconds=config.fetcher_stall_seconds)
+        self.manifests = Documents(config.state_dir, "manifests", check_content_id,
+                                   _check_manifest_file)
+        self.names = Documents(config.state_dir, "names", names.check_file_key,
+                               names.check_document)
         self.policy = get_policy(config.handout_policy)
         seed = config.seed if config.seed is not None else int.from_bytes(os.urandom(8), "big")
         self.rng = random.Random(seed)
-        self.metrics = Metrics(self.registry, self.manifests)
+        self.metrics = Metrics(self)
 
 
 TRACKER = web.AppKey("tracker", Tracker)
 
 
 # -- input checking -------------------------------------------------------------------
-
-
-async def _read_body(request: web.Request, limit: int) -> bytes:
-    if request.content_length is not None and request.content_length > limit:
-        raise BadRequest(f"body of {request.content_length} bytes exceeds the {limit}-byte limit")
-    buf = bytearray()
-    while chunk := await request.content.read(64 * KiB):
-        if len(buf) + len(chunk) > limit:
-            raise BadRequest(f"body exceeds the {limit}-byte limit")
-        buf += chunk
-    return bytes(buf)
-
-
-async def _authenticated(request: web.Request, limit: int) -> bytes:
-    """The request body, once its signature checks out."""
-    body = await _read_body(request, limit)
-    secret = request.app[TRACKER].secret
-    check_request(secret, request.method, request.path, body, request.headers, time.time())
-    return body
 
 
 def _json_object(body: bytes) -> dict[str, Any]:
@@ -220,12 +180,39 @@ def _text(obj: dict[str, Any], name: str, max_chars: int = MAX_ID_CHARS,
     return value
 
 
-def _addr(obj: dict[str, Any]) -> str:
+def _content_id(text: object, where: str) -> ContentId:
+    try:
+        return check_content_id(text)
+    except ManifestError as exc:
+        raise BadRequest(f"{where}: {exc}") from None
+
+
+def _addr(obj: dict[str, Any]) -> tuple[str, str]:
+    """The `addr` field as (host, port), the host normalised."""
     addr = _text(obj, "addr")
     host, _, port = addr.rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise BadRequest(f'field "addr" must be "host:port", not {addr!r}')
-    return addr
+    return normalise_host(host), port
+
+
+def _seen_at(obj: dict[str, Any]) -> str | None:
+    """A report's optional `addr`: the IP (or "IP:port") the offender was seen at."""
+    if obj.get("addr") is None:
+        return None
+    text = _text(obj, "addr")
+    host = _ip(text) or _ip(text.rpartition(":")[0])
+    if host is None:
+        raise BadRequest(f'field "addr" must be the IP address (or "IP:port") the peer was '
+                         f"seen at, not {text[:80]!r}")
+    return host
+
+
+def _ip(text: str) -> str | None:
+    try:
+        return normalise_host(str(ipaddress.ip_address(text.strip("[]"))))
+    except ValueError:
+        return None
 
 
 def _count(obj: dict[str, Any], name: str, maximum: int) -> int:
@@ -235,42 +222,48 @@ def _count(obj: dict[str, Any], name: str, maximum: int) -> int:
     return value
 
 
-def _manifest_id(request: web.Request) -> str:
-    content_id = request.match_info["content_id"]
-    if not MANIFEST_ID.fullmatch(content_id):
-        raise BadRequest(f"content id {content_id[:MAX_ID_CHARS]!r} has characters outside "
-                         "[A-Za-z0-9._:+=@~-] or is longer than 200")
-    return content_id
-
-
 def _json(payload: object, status: int = 200) -> web.Response:
     return web.json_response(payload, status=status)
 
 
-# -- views ----------------------------------------------------------------------------
+def _signed(t: Tracker, body: bytes) -> web.Response:
+    return web.Response(body=body, content_type="application/json",
+                        headers={BODY_MAC_HEADER: sign_body(t.secret, body)})
+
+
+# -- swarm views ----------------------------------------------------------------------
 
 
 async def _announce(request: web.Request) -> web.Response:
     t = request.app[TRACKER]
-    body = _json_object(await _authenticated(request, ANNOUNCE_BODY_LIMIT))
-    content, peer = ContentId(_text(body, "content")), PeerId(_text(body, "peer"))
+    body = _json_object(await t.guard.authenticate(request))
+    host = source_host(request)
+    content = _content_id(_field(body, "content", str), 'field "content"')
+    peer = PeerId(_text(body, "peer"))
     event = body.get("event")
     if event not in ANNOUNCE_EVENTS:
         raise BadRequest(f'field "event" must be one of "started", "completed", "stopped"; '
                          f"not {str(event)[:40]!r}")
+    t.guard.limit(t.guard.announce_rate, (host, peer, content), "announces for this content")
     t.metrics.announces.inc()
     interval = t.config.announce_interval_seconds
     if event == "stopped":
-        t.registry.leave(content, peer)
+        t.registry.leave(content, peer, host)
         return _json({"peers": [], "interval": interval, "origin_slot": None,
                       "origin_slots": 1, "origin_filled": 1})
-    addr, rack = _addr(body), _text(body, "rack", empty_ok=True)
+    (addr_host, port), rack = _addr(body), _text(body, "rack", empty_ok=True)
     have, complete = _count(body, "have", MAX_HAVE), _field(body, "complete", bool)
     limit = t.config.handout_limit
     if "want" in body:  # an agent with enough peers asks for fewer, or none
         limit = min(limit, _count(body, "want", MAX_HAVE))
+    if addr_host in UNSPECIFIED_HOSTS:
+        addr_host = host
+    if addr_host != host:
+        raise Forbidden(f'"addr" names host {addr_host}, but the announce came from {host}; '
+                        "a node announces the address it is seen at")
     now = time.monotonic()
-    t.registry.announce(content, Member(peer, addr, rack, have, complete, now), now)
+    addr = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    t.registry.announce(content, Member(peer, addr, rack, have, complete, now, host), now)
     handed = t.policy(peer, rack, t.registry.candidates(content, now), limit, t.rng)
     peers = [{"peer": m.peer, "addr": m.addr, "rack": m.rack, "have": m.have,
               "complete": m.complete} for m in handed]
@@ -281,22 +274,48 @@ async def _announce(request: web.Request) -> web.Response:
 
 async def _report(request: web.Request) -> web.Response:
     t = request.app[TRACKER]
-    body = _json_object(await _authenticated(request, REPORT_BODY_LIMIT))
+    body = _json_object(await t.guard.authenticate(request))
+    host = source_host(request)
     reporter, bad = PeerId(_text(body, "peer")), PeerId(_text(body, "bad_peer"))
-    content = _text(body, "content")
+    content = _content_id(_field(body, "content", str), 'field "content"')
     reason = _text(body, "reason", MAX_REASON_CHARS, empty_ok=True)
+    seen_at = _seen_at(body)
+    t.guard.limit(t.guard.report_rate, host, "reports from this address")
     t.metrics.reports.inc()
-    banned = t.registry.report(bad, reporter, f"{content}: {reason}", time.monotonic())
-    log.warning("%s reported %s for %s: %s%s", reporter, bad, content, reason,
-                " (now banned from handouts)" if banned else "")
+    if reason == UNREACHABLE:
+        t.registry.reporter_node(reporter, host)  # only members may say so
+        freed = t.registry.fetcher_unreachable(content, bad)
+        t.guard.log(logging.INFO, "unreachable", "%s at %s cannot reach %s in %s%s",
+                    reporter, host, bad, content, " (its origin slot is freed)" if freed else "")
+        return _json({"ok": True, "banned": False})
+    banned = t.registry.report(bad, reporter, f"{content}: {reason}", time.monotonic(),
+                               host=seen_at, reporter_host=host)
+    level = logging.WARNING if banned else logging.INFO
+    t.guard.log(level, f"report-{banned}", "%s at %s reported %s (seen at %s) for %s: %s%s",
+                reporter, host, bad, seen_at or "its bound address", content, reason,
+                " (that address is now banned from handouts)" if banned else "")
     return _json({"ok": True, "banned": banned})
+
+
+# -- documents: manifests and names ---------------------------------------------------
+
+
+def _url_content_id(request: web.Request) -> ContentId:
+    return _content_id(request.match_info["content_id"], "the URL's content id")
+
+
+def _url_name(request: web.Request) -> str:
+    try:
+        return names.check_name(request.match_info["name"])
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from None
 
 
 async def _put_manifest(request: web.Request) -> web.Response:
     t = request.app[TRACKER]
-    body = await _authenticated(request, MANIFEST_BODY_LIMIT)
-    content_id = _manifest_id(request)
-    raw = _json_object(body)
+    t.guard.check_headers(request)
+    content_id = _url_content_id(request)
+    raw = _json_object(await t.guard.authenticate(request, MANIFEST_BODY_LIMIT))
     try:
         manifest = Manifest.from_dict(raw)
     except ManifestError as exc:
@@ -305,8 +324,8 @@ async def _put_manifest(request: web.Request) -> web.Response:
         raise BadRequest(f'manifest "content_id" {manifest.content_id!r} does not match the '
                          f"URL's {content_id!r}")
     try:
-        created = await t.manifests.put(manifest)
-    except ManifestConflict:
+        created = await t.manifests.put(content_id, canonical(manifest))
+    except Conflict:
         return _json({"error": f"a different manifest is already published as {content_id}"},
                      status=409)
     if created:
@@ -316,13 +335,47 @@ async def _put_manifest(request: web.Request) -> web.Response:
 
 async def _get_manifest(request: web.Request) -> web.Response:
     t = request.app[TRACKER]
-    await _authenticated(request, REPORT_BODY_LIMIT)
-    content_id = _manifest_id(request)
+    t.guard.check_headers(request)
+    content_id = _url_content_id(request)
+    await t.guard.authenticate(request)
     body = t.manifests.get(content_id)
     if body is None:
         return _json({"error": f"no manifest is published as {content_id}"}, status=404)
-    return web.Response(body=body, content_type="application/json",
-                        headers={BODY_MAC_HEADER: sign_body(t.secret, body)})
+    return _signed(t, body)
+
+
+async def _put_name(request: web.Request) -> web.Response:
+    t = request.app[TRACKER]
+    t.guard.check_headers(request)
+    name = _url_name(request)
+    body = _json_object(await t.guard.authenticate(request))
+    content_id = _content_id(_field(body, "content_id", str), 'field "content_id"')
+    if t.manifests.get(content_id) is None:
+        return _json({"error": f"no manifest is published as {content_id}; publish it "
+                      "before naming it"}, status=404)
+    try:
+        created = await t.names.put(names.file_key(name), names.canonical(name, content_id))
+    except Conflict as exc:
+        holder = names.parse(exc.held)[1]
+        return _json({"error": f"the name {name!r} already names {holder}; names are "
+                      "never changed", "content_id": holder}, status=409)
+    if created:
+        log.info("named %s %r", content_id, name)
+    return _json({"ok": True, "created": created}, status=201 if created else 200)
+
+
+async def _get_name(request: web.Request) -> web.Response:
+    t = request.app[TRACKER]
+    t.guard.check_headers(request)
+    name = _url_name(request)
+    await t.guard.authenticate(request)
+    body = t.names.get(names.file_key(name))
+    if body is None:
+        return _json({"error": f"no content is named {name!r}"}, status=404)
+    return _signed(t, body)
+
+
+# -- unauthenticated views, errors, lifecycle -----------------------------------------
 
 
 async def _healthz(request: web.Request) -> web.Response:
@@ -341,25 +394,41 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 @web.middleware
 async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Map failures to JSON errors: 400/401 for the client's, 500 for ours."""
-    metrics = request.app[TRACKER].metrics
+    """Map failures to JSON errors (see the module docstring); close if the body is unread."""
     try:
         return await handler(request)
-    except BadRequest as exc:
-        metrics.bad_requests.inc()
-        log.info("400 %s %s: %s", request.method, request.path, exc)
-        return _json({"error": str(exc)}, status=400)
-    except AuthError as exc:
-        metrics.auth_failures.inc()
-        log.warning("401 %s %s from %s: %s", request.method, request.path, request.remote, exc)
-        return _json({"error": str(exc)}, status=401)
     except web.HTTPException as exc:  # aiohttp's own 404/405 for unknown routes
         if exc.status < 400:
             raise
         return _json({"error": f"{exc.status} {exc.reason}"}, status=exc.status)
-    except Exception:
-        log.exception("internal error in %s %s", request.method, request.path)
+    except Exception as exc:
+        resp = _refusal(request, exc)
+        if not request.content.at_eof():
+            resp.force_close()  # do not wait for a body we will not read
+        return resp
+
+
+def _refusal(request: web.Request, exc: Exception) -> web.Response:
+    t = request.app[TRACKER]
+    m, where = t.metrics, f"{request.method} {request.path[:200]} from {request.remote}"
+    status, counter, level = {
+        BadRequest: (400, m.bad_requests, logging.INFO),
+        AuthError: (401, m.auth_failures, logging.WARNING),
+        Forbidden: (403, m.forbidden, logging.WARNING),
+        IdentityError: (403, m.forbidden, logging.WARNING),
+        SlowClient: (408, m.slow_clients, logging.INFO),
+        Replayed: (409, m.replays, logging.WARNING),
+        RateLimited: (429, m.rate_limited, logging.WARNING),
+    }.get(type(exc), (500, None, logging.ERROR))
+    if counter is None:
+        log.exception("internal error in %s", where, exc_info=exc)
         return _json({"error": "internal tracker error; see the tracker's log"}, status=500)
+    counter.inc()
+    t.guard.log(level, f"refusal-{status}", "%d %s: %s", status, where, exc)
+    resp = _json({"error": str(exc)}, status=status)
+    if isinstance(exc, RateLimited):
+        resp.headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
+    return resp
 
 
 async def _expiry(app: web.Application) -> AsyncIterator[None]:
@@ -383,9 +452,10 @@ async def _expiry(app: web.Application) -> AsyncIterator[None]:
 
 
 def make_app(config: TrackerConfig, secret: bytes) -> web.Application:
-    """The tracker application; loads persisted manifests (OSError if state_dir is unusable)."""
+    """The tracker application; loads persisted documents (OSError if state_dir is unusable)."""
     tracker = Tracker(config, secret)
     tracker.manifests.load()
+    tracker.names.load()
     app = web.Application(middlewares=[_errors], client_max_size=MANIFEST_BODY_LIMIT)
     app[TRACKER] = tracker
     app.cleanup_ctx.append(_expiry)
@@ -394,6 +464,8 @@ def make_app(config: TrackerConfig, secret: bytes) -> web.Application:
         web.post("/v1/report", _report),
         web.put("/v1/manifests/{content_id}", _put_manifest),
         web.get("/v1/manifests/{content_id}", _get_manifest),
+        web.put(r"/v1/names/{name:.+}", _put_name),
+        web.get(r"/v1/names/{name:.+}", _get_name),
         web.get("/healthz", _healthz),
         web.get("/metrics", _metrics),
     ])

@@ -16,6 +16,7 @@ import json
 import logging
 import signal
 import sys
+from collections.abc import Awaitable
 from typing import Any
 
 import uvloop
@@ -55,6 +56,16 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--origin-fetchers", dest="origin_fetchers", type=int, default=s,
                    metavar="N", help="members per content that fetch from the origin "
                    "(default 4)")
+    p.add_argument("--fetcher-stall", dest="fetcher_stall_seconds", type=float, default=s,
+                   metavar="SECONDS", help="an origin fetcher this long without progress "
+                   "loses its slot (default 10.0)")
+    p.add_argument("--max-connections", dest="max_connections", type=int, default=s,
+                   metavar="N", help="open connections at once; beyond, 503 (default 4096)")
+    p.add_argument("--header-timeout", dest="header_timeout_seconds", type=float, default=s,
+                   metavar="SECONDS", help="time to send a request head, from accept or the "
+                   "previous reply; also the keep-alive idle limit (default 20.0)")
+    p.add_argument("--body-timeout", dest="body_timeout_seconds", type=float, default=s,
+                   metavar="SECONDS", help="time to send a request body (default 20.0)")
     p.add_argument("--seed", type=int, default=s, help="handout rng seed (default random)")
     p.add_argument("--log-level", dest="log_level", default=s,
                    choices=["DEBUG", "INFO", "WARNING", "ERROR"], type=str.upper,
@@ -79,7 +90,8 @@ def run(args: argparse.Namespace) -> int:
 
 async def serve(config: TrackerConfig, secret: bytes) -> int:
     """Listen, announce the URL on stdout, and serve until SIGTERM or SIGINT."""
-    from tracker.app import make_app  # after logging is set up; keeps `--help` fast
+    from tracker.app import TRACKER, make_app  # after logging is set up; keeps `--help` fast
+    from tracker.guard import listen, runner_options
 
     try:
         app = make_app(config, secret)
@@ -87,25 +99,29 @@ async def serve(config: TrackerConfig, secret: bytes) -> int:
         raise UserError(f"cannot use state dir {config.state_dir}: "
                         f"{exc.strerror or exc}") from None
     access_log: Any = logging.getLogger("aiohttp.access") if config.log_level == "DEBUG" else None
-    runner = web.AppRunner(app, handle_signals=False, access_log=access_log)
+    runner = web.AppRunner(app, handle_signals=False, access_log=access_log,
+                           **runner_options(config))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):  # before the listening line: no race
         loop.add_signal_handler(sig, stop.set)
     await runner.setup()
     try:
-        await _listen(runner, config)
+        t = app[TRACKER]
+        server = await _listen(listen(runner, config, t.guard, t.metrics.refused_connections),
+                               config)
         await stop.wait()
         log.info("shutting down")
+        server.close()
     finally:
         await runner.cleanup()
     return 0
 
 
-async def _listen(runner: web.AppRunner, config: TrackerConfig) -> None:
-    site = web.TCPSite(runner, config.host, config.port)
+async def _listen(starting: Awaitable[asyncio.Server],
+                  config: TrackerConfig) -> asyncio.Server:
     try:
-        await site.start()
+        server = await starting
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
             raise UserError(f"port {config.port} on {config.host} is in use; stop the other "
@@ -113,9 +129,10 @@ async def _listen(runner: web.AppRunner, config: TrackerConfig) -> None:
                             ) from None
         raise UserError(f"cannot listen on {config.host}:{config.port}: "
                         f"{exc.strerror or exc}") from None
-    port = runner.addresses[0][1]
+    port = server.sockets[0].getsockname()[1]
     host = f"[{config.host}]" if ":" in config.host else config.host
     url = f"http://{host}:{port}"
     print(json.dumps({"event": "listening", "url": url}), flush=True)
     log.info("tracker listening on %s (handout policy %s, state dir %s)",
              url, config.handout_policy, config.state_dir or "none: memory only")
+    return server

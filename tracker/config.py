@@ -34,9 +34,21 @@ class TrackerConfig:
     handout_policy: str = "rack_aware"  # a name in tracker.handout.HANDOUT_POLICIES
     ban_seconds: float = 600.0  # how long a peer reported by 2 others gets no handouts
     origin_fetchers: int = 4  # members per content appointed to fetch from the origin
+    fetcher_stall_seconds: float = 10.0  # an incomplete fetcher this long without progress
+    #                                      loses its origin slot to another member
     state_dir: str | None = None  # where manifests persist across restarts; None = memory only
     secret_file: str | None = None  # cluster secret file; else BOOTSEER_SECRET(_FILE)
     seed: int | None = None  # handout rng seed, for reproducible runs; None = random
+    max_connections: int = 4096  # open connections at once; beyond, a 503 and close
+    header_timeout_seconds: float = 20.0  # to send a request head, from accept or last reply
+    body_timeout_seconds: float = 20.0  # to send a request body, once the head is in
+    announce_rate_per_second: float = 10.0  # announces per peer id, address and content
+    announce_burst: int = 50
+    report_rate_per_second: float = 2.0  # reports per reporting address
+    report_burst: int = 20
+    host_rate_per_second: float = 1000.0  # signed requests of any kind per address
+    host_burst: int = 2000
+    replay_cache_entries: int = 1_000_000  # request MACs remembered to refuse replays
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
@@ -56,6 +68,9 @@ class TrackerConfig:
             raise ConfigError("ban_seconds must be > 0")
         if self.origin_fetchers < 1:
             raise ConfigError("origin_fetchers must be >= 1")
+        for name in _POSITIVE:
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be > 0")
         if self.handout_policy not in HANDOUT_POLICIES:
             known = ", ".join(sorted(HANDOUT_POLICIES))
             raise ConfigError(f"unknown handout_policy {self.handout_policy!r} (known: {known})")
@@ -63,12 +78,22 @@ class TrackerConfig:
             raise ConfigError(f"unknown log_level {self.log_level!r}")
 
 
+_POSITIVE = ("fetcher_stall_seconds", "max_connections", "header_timeout_seconds",
+             "body_timeout_seconds", "announce_rate_per_second", "announce_burst",
+             "report_rate_per_second", "report_burst", "host_rate_per_second", "host_burst",
+             "replay_cache_entries")
+
 _TYPES: dict[str, tuple[type, ...]] = {
     "host": (str,), "port": (int,), "announce_interval_seconds": (int, float),
     "peer_ttl_seconds": (int, float), "handout_limit": (int,), "handout_policy": (str,),
     "ban_seconds": (int, float), "origin_fetchers": (int,), "state_dir": (str,),
     "secret_file": (str,), "seed": (int,),
-    "log_level": (str,),
+    "log_level": (str,), "fetcher_stall_seconds": (int, float), "max_connections": (int,),
+    "header_timeout_seconds": (int, float), "body_timeout_seconds": (int, float),
+    "announce_rate_per_second": (int, float), "announce_burst": (int,),
+    "report_rate_per_second": (int, float), "report_burst": (int,),
+    "host_rate_per_second": (int, float), "host_burst": (int,),
+    "replay_cache_entries": (int,),
 }
 assert set(_TYPES) == {f.name for f in fields(TrackerConfig)}
 

@@ -6,22 +6,35 @@ stamps it with the caller's `now`; a member that stops announcing is dropped
 by `expire(now, ttl)` once `ttl` seconds have passed since its last announce;
 a member that says it is stopping is dropped at once by `leave`.
 
+Identity. A node is the address it is seen at (`Member.host`, the source IP of
+its announces, passed in by the caller as data). The first announce of a peer
+id binds the id to its host for as long as the id is a member of any content;
+an announce, leave or report that uses a bound id from another host raises
+`IdentityError`. Bans and reports are about hosts, not ids: a host that
+reappears under a new peer id is still banned. A member without a host (the
+simulator's) is its own node, named by its peer id, and binds nothing.
+
 The registry also appoints each content's *origin fetchers*: the first
-`origin_fetchers` (`k`) incomplete members to announce get slots 0..k-1, and
-fetcher `i` owns the chunks `c % k == i` that no peer holds yet (see
-p2p.swarm); while fewer than `k` are appointed, fetcher 0 also covers the
+`origin_fetchers` (`k`) eligible incomplete members to announce get slots
+0..k-1, and fetcher `i` owns the chunks `c % k == i` that no peer holds yet
+(see p2p.swarm); while fewer than `k` are appointed, fetcher 0 also covers the
 vacant slots. `k` never changes, so fetchers appointed at the same moment
 never claim the same chunk. So each byte leaves the origin about once,
 whatever the swarm size. Slots stay dense: when a fetcher leaves or expires,
-the last fetcher takes its slot and the next incomplete member to announce
-is appointed. Everyone learns the new slots at their next announce.
+the last fetcher takes its slot and the next eligible member to announce is
+appointed. A fetcher also loses its slot when its host is banned, when its
+held count has not grown for `fetcher_stall_seconds` while it is incomplete,
+or when a member reports it unreachable (`fetcher_unreachable`); such a member
+is not appointed again until its held count grows. Everyone learns the new
+slots at their next announce.
 
 Peers report peers that sent them bad chunks. One report proves little (the
-reporter may be the broken one), so a peer is banned only when at least
-`reporters_to_ban` distinct reporters reported it within `ban_seconds`; the
-ban then lasts `ban_seconds`. A banned peer stays a member (it may still
-download, and it keeps announcing) but is left out of `candidates`, the list
-that peer handouts are drawn from.
+reporter may be the broken one), so a host is banned only when at least
+`reporters_to_ban` distinct reporter hosts reported it within `ban_seconds`;
+a report from the offender's own host counts for nothing. The ban then lasts
+`ban_seconds`. A banned member stays a member (it may still download, and it
+keeps announcing) but is left out of `candidates`, the list that peer
+handouts are drawn from, and of the origin-fetcher slots.
 
 Time enters only as the `now` argument, in seconds on the caller's clock; the
 caller must pass a non-decreasing `now`. Nothing here reads a clock, touches a
@@ -30,10 +43,10 @@ drive it unchanged. Every list it returns is in a deterministic order (peers
 sorted by id, contents sorted by id): policies that consume those lists are
 then reproducible for a given random seed.
 
-Cost: announce, leave and report are O(log n) plus a list insert; `members`
-and `candidates` are O(members of that content); `expire` is O(expired),
-because refreshed members move to the back of one queue ordered by last
-announce.
+Cost: announce, leave and report are O(log n) plus a list insert and O(k)
+fetcher upkeep; `members` and `candidates` are O(members of that content);
+`expire` is O(expired), because refreshed members move to the back of one
+queue ordered by last announce.
 """
 
 from __future__ import annotations
@@ -49,6 +62,10 @@ REPORTERS_TO_BAN = 2
 ORIGIN_FETCHERS = 4
 
 
+class IdentityError(Exception):
+    """A peer id was used from a host other than the one it is bound to."""
+
+
 @dataclass(frozen=True, slots=True)
 class Member:
     """One peer's latest announce for one content."""
@@ -59,13 +76,19 @@ class Member:
     have: int  # chunks held
     complete: bool
     last_seen: float  # `now` of the latest announce, seconds on the caller's clock
+    host: str = ""  # the address the announce came from; "" = unknown (the node is the id)
+
+    @property
+    def node(self) -> str:
+        """What bans and reports are about: the host, or the peer id without one."""
+        return self.host or self.peer
 
 
 @dataclass(frozen=True, slots=True)
 class Report:
-    """One peer's complaint about another."""
+    """One node's complaint about another."""
 
-    reporter: PeerId
+    reporter: str  # the reporter's node (host, or peer id without one)
     reason: str
     at: float
 
@@ -87,32 +110,46 @@ class OriginSlot:
 class _Swarm:
     """The members of one content, with their ids kept sorted, and its origin fetchers."""
 
-    __slots__ = ("by_peer", "fetchers", "order")
+    __slots__ = ("by_peer", "demoted", "fetchers", "order", "progress")
 
     def __init__(self) -> None:
         self.by_peer: dict[PeerId, Member] = {}
         self.order: list[PeerId] = []
         self.fetchers: list[PeerId] = []  # index = origin slot
+        self.progress: dict[PeerId, tuple[int, float]] = {}  # fetcher -> (have, since when)
+        self.demoted: dict[PeerId, int] = {}  # lost its slot -> held count at the time
 
-    def put(self, member: Member, max_fetchers: int) -> bool:
+    def put(self, member: Member) -> bool:
         """Insert or refresh; True if the peer is new to this content."""
         new = member.peer not in self.by_peer
         self.by_peer[member.peer] = member
         if new:
             bisect.insort(self.order, member.peer)
-        if (len(self.fetchers) < max_fetchers and not member.complete
-                and member.peer not in self.fetchers):
-            self.fetchers.append(member.peer)
         return new
 
     def remove(self, peer: PeerId) -> bool:
         if self.by_peer.pop(peer, None) is None:
             return False
         del self.order[bisect.bisect_left(self.order, peer)]
-        if peer in self.fetchers:
-            i = self.fetchers.index(peer)
-            self.fetchers[i] = self.fetchers[-1]  # the last fetcher takes the free slot
-            self.fetchers.pop()
+        self.demoted.pop(peer, None)
+        self.unappoint(peer)
+        return True
+
+    def unappoint(self, peer: PeerId) -> bool:
+        if peer not in self.fetchers:
+            return False
+        i = self.fetchers.index(peer)
+        self.fetchers[i] = self.fetchers[-1]  # the last fetcher takes the free slot
+        self.fetchers.pop()
+        del self.progress[peer]
+        return True
+
+    def demote(self, peer: PeerId) -> bool:
+        """Take `peer`'s slot until its held count grows; True if it had one."""
+        if not self.unappoint(peer):
+            return False
+        member = self.by_peer.get(peer)
+        self.demoted[peer] = member.have if member else 0
         return True
 
 
@@ -121,37 +158,68 @@ class Registry:
 
     def __init__(self, ban_seconds: float = BAN_SECONDS,
                  reporters_to_ban: int = REPORTERS_TO_BAN,
-                 origin_fetchers: int = ORIGIN_FETCHERS) -> None:
+                 origin_fetchers: int = ORIGIN_FETCHERS,
+                 fetcher_stall_seconds: float | None = None) -> None:
         if ban_seconds <= 0 or reporters_to_ban < 1 or origin_fetchers < 1:
             raise ValueError(
                 "ban_seconds must be > 0, reporters_to_ban and origin_fetchers >= 1")
+        if fetcher_stall_seconds is not None and not fetcher_stall_seconds > 0:
+            raise ValueError("fetcher_stall_seconds must be > 0 (or None: never)")
         self.ban_seconds = ban_seconds
         self.reporters_to_ban = reporters_to_ban
         self.origin_fetchers = origin_fetchers
+        self.fetcher_stall_seconds = fetcher_stall_seconds
+        self.fetchers_reassigned = 0  # slots taken from stalled, unreachable or banned fetchers
         self._swarms: dict[ContentId, _Swarm] = {}
         # (content, peer) in order of last announce: the front is the stalest.
         self._by_age: OrderedDict[tuple[ContentId, PeerId], float] = OrderedDict()
         self._contents_of: dict[PeerId, int] = {}  # peer -> number of contents it is in
-        self._reports: dict[PeerId, dict[PeerId, Report]] = {}
-        self._banned_until: dict[PeerId, float] = {}
+        self._bound: dict[PeerId, str] = {}  # peer -> host, while the peer is a member
+        self._reports: dict[str, dict[str, Report]] = {}  # offender node -> reporter node
+        self._banned_until: dict[str, float] = {}  # node -> end of its ban
+
+    # -- identity -----------------------------------------------------------------
+
+    def bound_host(self, peer: PeerId) -> str | None:
+        """The host `peer` is bound to, or None if it is not a member anywhere."""
+        return self._bound.get(peer)
+
+    def check_identity(self, peer: PeerId, host: str) -> None:
+        """IdentityError if `peer` is bound to a host other than `host` ("" = unknown)."""
+        bound = self._bound.get(peer)
+        if host and bound is not None and bound != host:
+            raise IdentityError(f"peer id {peer!r} belongs to the node at {bound}; "
+                                f"this request came from {host}")
 
     # -- membership ---------------------------------------------------------------
 
     def announce(self, content: ContentId, member: Member, now: float) -> bool:
-        """Insert or refresh `member` of `content`, seen at `now`; True if it is new."""
+        """Insert or refresh `member` of `content`, seen at `now`; True if it is new.
+
+        IdentityError if its peer id is bound to another host.
+        """
+        self.check_identity(member.peer, member.host)
         swarm = self._swarms.get(content)
         if swarm is None:
             swarm = self._swarms[content] = _Swarm()
-        new = swarm.put(replace(member, last_seen=now), self.origin_fetchers)
+        member = replace(member, last_seen=now)
+        new = swarm.put(member)
         key = (content, member.peer)
         self._by_age[key] = now
         self._by_age.move_to_end(key)
         if new:
             self._contents_of[member.peer] = self._contents_of.get(member.peer, 0) + 1
+            if member.host:
+                self._bound[member.peer] = member.host
+        self._tend_fetchers(swarm, member, now)
         return new
 
-    def leave(self, content: ContentId, peer: PeerId) -> bool:
-        """Drop `peer` from `content`; True if it was a member."""
+    def leave(self, content: ContentId, peer: PeerId, host: str = "") -> bool:
+        """Drop `peer` from `content`; True if it was a member.
+
+        IdentityError if `host` is given and `peer` is bound to another one.
+        """
+        self.check_identity(peer, host)
         swarm = self._swarms.get(content)
         if swarm is None or not swarm.remove(peer):
             return False
@@ -163,6 +231,7 @@ class Registry:
             self._contents_of[peer] = left
         else:
             del self._contents_of[peer]
+            self._bound.pop(peer, None)
         return True
 
     def expire(self, now: float, ttl: float) -> list[tuple[ContentId, PeerId]]:
@@ -194,7 +263,13 @@ class Registry:
         members = self.members(content)
         if not self._banned_until:
             return members
-        return [m for m in members if not self.is_banned(m.peer, now)]
+        return [m for m in members if not self.is_banned(m.node, now)]
+
+    def member(self, content: ContentId, peer: PeerId) -> Member | None:
+        swarm = self._swarms.get(content)
+        return None if swarm is None else swarm.by_peer.get(peer)
+
+    # -- origin fetchers ----------------------------------------------------------
 
     def origin_slot(self, content: ContentId, peer: PeerId) -> OriginSlot:
         """`peer`'s origin slot in `content`; slots >= 1 even when no one is appointed."""
@@ -206,9 +281,40 @@ class Registry:
             return OriginSlot(swarm.fetchers.index(peer), self.origin_fetchers, filled)
         return OriginSlot(None, self.origin_fetchers, filled)
 
-    def member(self, content: ContentId, peer: PeerId) -> Member | None:
+    def fetcher_unreachable(self, content: ContentId, peer: PeerId) -> bool:
+        """A member could not dial fetcher `peer`: free its slot. True if it had one."""
         swarm = self._swarms.get(content)
-        return None if swarm is None else swarm.by_peer.get(peer)
+        if swarm is None or not swarm.demote(peer):
+            return False
+        self.fetchers_reassigned += 1
+        return True
+
+    def _tend_fetchers(self, swarm: _Swarm, member: Member, now: float) -> None:
+        """Note `member`'s progress, drop fetchers that lost their claim, maybe appoint it."""
+        peer = member.peer
+        held = swarm.progress.get(peer)
+        if held is not None and member.have > held[0]:
+            swarm.progress[peer] = (member.have, now)
+        for fetcher in list(swarm.fetchers):
+            if self._lost_claim(swarm, fetcher, now):
+                swarm.demote(fetcher)
+                self.fetchers_reassigned += 1
+        demoted_at = swarm.demoted.get(peer)
+        if demoted_at is not None and member.have > demoted_at:
+            del swarm.demoted[peer]  # it made progress after all: eligible again
+        if (len(swarm.fetchers) < self.origin_fetchers and not member.complete
+                and peer not in swarm.fetchers and peer not in swarm.demoted
+                and not self.is_banned(member.node, now)):
+            swarm.fetchers.append(peer)
+            swarm.progress[peer] = (member.have, now)
+
+    def _lost_claim(self, swarm: _Swarm, fetcher: PeerId, now: float) -> bool:
+        member = swarm.by_peer[fetcher]
+        if self.is_banned(member.node, now):
+            return True
+        stall = self.fetcher_stall_seconds
+        return (stall is not None and not member.complete
+                and now - swarm.progress[fetcher][1] > stall)
 
     # -- counts, for metrics ------------------------------------------------------
 
@@ -229,41 +335,63 @@ class Registry:
 
     # -- reports and bans ---------------------------------------------------------
 
-    def report(self, peer: PeerId, reporter: PeerId, reason: str, now: float) -> bool:
+    def report(self, peer: PeerId, reporter: PeerId, reason: str, now: float, *,
+               host: str | None = None, reporter_host: str = "") -> bool:
         """Record that `reporter` saw `peer` misbehave; True if this report banned it.
 
-        A peer's reports about itself are ignored; a reporter's repeated reports
-        about the same peer count once (the latest reason is kept).
+        `host` is where the reporter saw the offender (default: where `peer` is
+        bound, else `peer` itself); the report is about that host. With a
+        `reporter_host`, the reporter must be a member bound to it
+        (IdentityError otherwise). A node's reports about itself are ignored;
+        a reporter node's repeated reports about the same node count once (the
+        latest reason is kept).
         """
-        if peer == reporter:
+        reporter_node = self.reporter_node(reporter, reporter_host)
+        offender = host or self._bound.get(peer) or peer
+        if offender in (reporter_node, reporter):
             return False
-        reports = self._reports.setdefault(peer, {})
-        reports[reporter] = Report(reporter, reason, now)
+        reports = self._reports.setdefault(offender, {})
+        reports[reporter_node] = Report(reporter_node, reason, now)
         fresh = sum(1 for r in reports.values() if now - r.at <= self.ban_seconds)
-        if fresh < self.reporters_to_ban or self.is_banned(peer, now):
+        if fresh < self.reporters_to_ban or self.is_banned(offender, now):
             return False
-        self._banned_until[peer] = now + self.ban_seconds
-        del self._reports[peer]  # the ban used them up; a new ban needs new reports
+        self._banned_until[offender] = now + self.ban_seconds
+        del self._reports[offender]  # the ban used them up; a new ban needs new reports
         return True
 
-    def is_banned(self, peer: PeerId, now: float) -> bool:
-        until = self._banned_until.get(peer)
+    def reporter_node(self, reporter: PeerId, reporter_host: str) -> str:
+        """The node a report counts for; IdentityError if `reporter` may not report.
+
+        With a host, the reporter must be a member bound to that host.
+        """
+        if not reporter_host:
+            return reporter
+        bound = self._bound.get(reporter)
+        if bound is None:
+            raise IdentityError(f"peer id {reporter!r} is not a member of any swarm; "
+                                "only members may report")
+        self.check_identity(reporter, reporter_host)
+        return reporter_host
+
+    def is_banned(self, node: str, now: float) -> bool:
+        """Whether `node` (a host, or a peer id without one) is banned at `now`."""
+        until = self._banned_until.get(node)
         return until is not None and now < until
 
-    def banned(self, now: float) -> list[PeerId]:
-        """Peers banned at `now`, sorted."""
+    def banned(self, now: float) -> list[str]:
+        """Nodes banned at `now`, sorted."""
         return sorted(p for p, until in self._banned_until.items() if now < until)
 
-    def reports(self, peer: PeerId) -> list[Report]:
-        """Pending (not yet acted on) reports about `peer`, sorted by reporter."""
-        return sorted(self._reports.get(peer, {}).values(), key=lambda r: r.reporter)
+    def reports(self, node: str) -> list[Report]:
+        """Pending (not yet acted on) reports about `node`, sorted by reporter."""
+        return sorted(self._reports.get(node, {}).values(), key=lambda r: r.reporter)
 
     def _forget_old_reports(self, now: float) -> None:
-        for peer in [p for p, until in self._banned_until.items() if now >= until]:
-            del self._banned_until[peer]
-        for peer in list(self._reports):
-            reports = self._reports[peer]
+        for node in [p for p, until in self._banned_until.items() if now >= until]:
+            del self._banned_until[node]
+        for node in list(self._reports):
+            reports = self._reports[node]
             for reporter in [r for r, rep in reports.items() if now - rep.at > self.ban_seconds]:
                 del reports[reporter]
             if not reports:
-                del self._reports[peer]
+                del self._reports[node]
