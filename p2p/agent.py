@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import inspect
 import logging
 import random
 import socket
@@ -44,7 +43,7 @@ from typing import Any, assert_never
 from p2p.auth import AuthError
 from p2p.config import AgentConfig
 from p2p.content import ContentId, Manifest, PeerId
-from p2p.guard import ConnectionGuard, ConnectionLimits, LogLimiter
+from p2p.guard import ConnectionGuard, ConnectionLimits
 from p2p.handshake import IdentityError, WrongPeer, addr_host, is_specific, normal_ip
 from p2p.link import Link
 from p2p.metrics import AgentMetrics
@@ -59,6 +58,7 @@ from p2p.peer import (
     connect,
     listen_socket,
 )
+from p2p.ratelimit import LogLimiter
 from p2p.session import BufferPool, ContentFailed, Session
 from p2p.store import ChunkStore, CorruptChunk, MissingChunk, StoreError, UnknownContent
 from p2p.swarm import Swarm, bits
@@ -86,7 +86,7 @@ from p2p.swarm.events import (
     Report,
     Request,
 )
-from p2p.tracker_client import TrackerClient, TrackerError, TrackerUnavailable
+from p2p.tracker_client import UNREACHABLE, TrackerClient, TrackerError, TrackerUnavailable
 from p2p.wire import Have, Join, Pending, Piece, RemoteProtocolError, pack_bits, unpack_bits
 
 log = logging.getLogger(__name__)
@@ -124,10 +124,8 @@ class Agent:
         self._origins = OriginPool(config.origin_concurrency)
         self._timeouts = Timeouts()
         self._rng = random.Random()
-        # Tracker requests leave from our own address, as peer dials do (when the
-        # client can bind; older ones cannot).
-        self.tracker = TrackerClient(config.tracker, secret,
-                                     **_accepted(TrackerClient, bind_host=config.host))
+        # Tracker requests leave from our own address, as peer dials do.
+        self.tracker = TrackerClient(config.tracker, secret, bind_host=config.host)
         self.me: PeerInfo | None = None
         self._server_sock = listen_socket(config.host, config.port)
         self.port = self._server_sock.getsockname()[1]
@@ -475,7 +473,7 @@ class Agent:
             self._ban(ip, f"{peer}: {exc}")
         if isinstance(exc, OSError | WrongPeer) and peer in self._addrs_known_by_tracker:
             for content in sorted(contents):  # it may hold an origin-fetcher slot
-                self._spawn(self._report(content, peer, "unreachable"))
+                self._spawn(self._report(content, peer, UNREACHABLE))
         for session in self._sessions_of(contents):
             if peer not in session.links:
                 self._feed(session, PeerLost(peer, f"connect failed: {exc}", hostile))
@@ -795,7 +793,7 @@ class Agent:
         peer, content and kind (unreachable or misbehaving) every REPORT_EVERY_S."""
         assert self.me is not None
         now = self._loop.time()
-        key = (peer, content, "unreachable" if reason == "unreachable" else "hostile")
+        key = (peer, content, UNREACHABLE if reason == UNREACHABLE else "hostile")
         if self._reported.get(key, 0.0) > now:
             return
         if len(self._reported) >= MAX_REMEMBERED_PEERS:
@@ -803,8 +801,7 @@ class Agent:
         self._reported[key] = now + REPORT_EVERY_S
         ip = self._seen_at.get(peer) or normal_ip(addr_host(self._addrs.get(peer, ""))) or None
         try:
-            await self.tracker.report(self.me.peer, peer, content, reason,
-                                      **_accepted(self.tracker.report, addr=ip))
+            await self.tracker.report(self.me.peer, peer, content, reason, addr=ip)
         except (TrackerUnavailable, TrackerError) as exc:
             log.warning("could not report %s: %s", peer, exc)
 
@@ -829,13 +826,6 @@ class Agent:
         return {"peer": self.me.peer if self.me else None, "port": self.port,
                 "rack": self.config.rack, "peers_connected": len(self._links),
                 "contents": contents}
-
-
-def _accepted(function: Any, **kwargs: Any) -> dict[str, Any]:
-    """The keyword arguments `function` takes (for a tracker client with or without
-    the identity parameters `bind_host` and `addr`)."""
-    names = inspect.signature(function).parameters
-    return {k: v for k, v in kwargs.items() if k in names}
 
 
 def _bps(mbps: float | None) -> float | None:

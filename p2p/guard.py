@@ -14,8 +14,8 @@ address, not a peer id: a peer that comes back under a new id is still
 banned. Our own address is never banned: in a test every honest process
 shares 127.0.0.1, and in production it is us.
 
-`LogLimiter` keeps the refusals from flooding the log: one line per reason
-per `every_s`, saying how many were left out.
+`p2p.ratelimit.LogLimiter` keeps the refusals from flooding the log: one
+line per reason per `every_s`, saying how many were left out.
 
 Time enters as `now` (seconds on the caller's clock); nothing here reads a
 clock or touches a socket.
@@ -95,20 +95,3 @@ class ConnectionGuard:
 
     def banned(self, ip: str, now: float) -> bool:
         return self._bans.get(ip, 0.0) > now
-
-
-class LogLimiter:
-    """At most one log line per key per `every_s`; counts what it held back."""
-
-    def __init__(self, every_s: float = 10.0) -> None:
-        self.every_s = every_s
-        self._next: dict[str, float] = {}
-        self._held: Counter[str] = Counter()
-
-    def allow(self, key: str, now: float) -> int | None:
-        """None: stay quiet. Otherwise log now, mentioning the returned count held back."""
-        if now < self._next.get(key, 0.0):
-            self._held[key] += 1
-            return None
-        self._next[key] = now + self.every_s
-        return self._held.pop(key, 0)

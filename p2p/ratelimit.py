@@ -19,6 +19,8 @@ clock.
 
 from __future__ import annotations
 
+from collections import Counter
+
 
 class TokenBucket:
     """Bytes allowed per second, with bursts of up to `burst_bytes`.
@@ -78,3 +80,20 @@ class TokenBucket:
         elif now > self._stamp:
             self._tokens = min(float(self._burst), self._tokens + (now - self._stamp) * self._rate)
             self._stamp = now
+
+
+class LogLimiter:
+    """At most one log line per key per `every_s`; counts what it held back."""
+
+    def __init__(self, every_s: float = 10.0) -> None:
+        self.every_s = every_s
+        self._next: dict[str, float] = {}
+        self._held: Counter[str] = Counter()
+
+    def allow(self, key: str, now: float) -> int | None:
+        """None: stay quiet. Otherwise log now, mentioning the returned count held back."""
+        if now < self._next.get(key, float("-inf")):
+            self._held[key] += 1
+            return None
+        self._next[key] = now + self.every_s
+        return self._held.pop(key, 0)

@@ -31,8 +31,9 @@ from promtext import metric
 
 from p2p import wire
 from p2p.content import ContentId, Manifest, MiB, PeerId
-from p2p.guard import ConnectionGuard, ConnectionLimits, LogLimiter
+from p2p.guard import ConnectionGuard, ConnectionLimits
 from p2p.localcluster import AgentHandle, LocalCluster, write_random_file
+from p2p.ratelimit import LogLimiter
 from p2p.tracker_client import TrackerClient
 from p2p.wire import Piece, Reject, Request
 

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from p2p.content import ContentId, PeerId
+from p2p.ratelimit import LogLimiter
 from tracker.config import ConfigError, TrackerConfig, load_config
 from tracker.handout import HANDOUT_POLICIES, get_policy, rack_aware, uniform
-from tracker.limits import KeyedRateLimit, LogLimiter, ReplayCache
+from tracker.limits import KeyedRateLimit, ReplayCache
 from tracker.registry import IdentityError, Member, OriginSlot, Registry
 
 C = ContentId("c1")
@@ -394,7 +395,7 @@ def test_keyed_rate_limit_refuses_beyond_the_burst_and_forgets_idle_keys() -> No
 
 
 def test_log_limiter_lets_one_line_through_per_period_and_counts_the_rest() -> None:
-    logs = LogLimiter(every_seconds=10.0)
+    logs = LogLimiter(every_s=10.0)
     assert logs.allow("x", 0.0) == 0
     assert logs.allow("x", 1.0) is None
     assert logs.allow("y", 1.0) == 0

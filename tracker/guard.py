@@ -39,8 +39,9 @@ from prometheus_client import Counter
 
 from p2p.auth import MAX_CLOCK_SKEW_SECONDS, check_request_headers, verify_request
 from p2p.content import DIGESTS, MAX_CHUNKS, MAX_FIELD_CHARS, KiB
+from p2p.ratelimit import LogLimiter
 from tracker.config import TrackerConfig
-from tracker.limits import KeyedRateLimit, LogLimiter, ReplayCache
+from tracker.limits import KeyedRateLimit, ReplayCache
 
 log = logging.getLogger("bootseer.tracker")
 

@@ -19,8 +19,8 @@ created full on first use. A bucket idle long enough to be full again is
 indistinguishable from a new one, so keys idle for `burst / rate` seconds are
 forgotten; keys are kept in order of last use, so that is O(forgotten) too.
 
-`LogLimiter` lets one log line per kind through every `every_seconds` and
-counts the ones it held back, so a flood of bad requests cannot flood the log.
+Refusals are logged through `p2p.ratelimit.LogLimiter`, so a flood of bad
+requests cannot flood the log.
 """
 
 from __future__ import annotations
@@ -115,20 +115,3 @@ class KeyedRateLimit:
             if now - used < self._idle_seconds:
                 return
             self._buckets.popitem(last=False)
-
-
-class LogLimiter:
-    """One log line per kind per `every_seconds`; counts what it held back."""
-
-    def __init__(self, every_seconds: float = 10.0) -> None:
-        self.every = every_seconds
-        self._next: dict[str, float] = {}
-        self._held: dict[str, int] = {}
-
-    def allow(self, kind: str, now: float) -> int | None:
-        """None to stay quiet; else the number of lines of this kind held back since."""
-        if now < self._next.get(kind, -math.inf):
-            self._held[kind] = self._held.get(kind, 0) + 1
-            return None
-        self._next[kind] = now + self.every
-        return self._held.pop(kind, 0)
