@@ -15,7 +15,7 @@ from typing import Any
 import uvloop
 
 from p2p.cli import UserError
-from p2p.content import CHUNK_SIZE, MiB
+from p2p.content import CHUNK_SIZE, DEFAULT_DIGEST, DIGESTS, MiB
 
 SUPPRESS = argparse.SUPPRESS
 
@@ -35,6 +35,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--tracker", default=os.environ.get("BOOTSEER_TRACKER",
                                                        "http://127.0.0.1:7070"))
     p.add_argument("--chunk-size-mb", type=int, default=CHUNK_SIZE // MiB)
+    p.add_argument("--digest", choices=sorted(DIGESTS), default=DEFAULT_DIGEST,
+                   help="chunk digest: xxh3-128 (fast) or blake3 (cryptographic, for "
+                        "clusters that do not trust every node)")
+    p.add_argument("--name", help="also bind this name to the content (names never change)")
     p.set_defaults(run=_run_publish)
 
     p = sub.add_parser("get", help="have the local agent fetch a content (and copy it out)")
@@ -199,7 +203,7 @@ def _run_origin(args: argparse.Namespace) -> int:
 def _run_publish(args: argparse.Namespace) -> int:
     from p2p.auth import SecretError, load_secret
     from p2p.localcluster import manifest_of_file
-    from p2p.tracker_client import TrackerClient, TrackerError, TrackerUnavailable
+    from p2p.tracker_client import TrackerClient, TrackerError, TrackerUnavailable, check_name
 
     if not args.path.is_file():
         raise UserError(f"{args.path} is not a file")
@@ -207,11 +211,18 @@ def _run_publish(args: argparse.Namespace) -> int:
         secret = load_secret()
     except SecretError as exc:
         raise UserError(str(exc)) from exc
-    manifest = manifest_of_file(args.path, args.chunk_size_mb * MiB, args.origin)
+    if args.name is not None:
+        try:
+            check_name(args.name)
+        except ValueError as exc:
+            raise UserError(str(exc)) from exc
+    manifest = manifest_of_file(args.path, args.chunk_size_mb * MiB, args.origin, args.digest)
 
     async def put() -> None:
         async with TrackerClient(args.tracker, secret) as tracker:
             await tracker.put_manifest(manifest)
+            if args.name is not None:
+                await tracker.put_name(args.name, manifest.content_id)
 
     try:
         asyncio.run(put())
