@@ -12,9 +12,10 @@ medians and the median ratio after/before. The figure compared is
     python benchmarks/ab.py --before REV [--after REV] [--rounds 3] -- \
         --nodes 8 --size 256MiB [--node-cap 50 --origin-cap 50] [--digest blake3]
 
-`--after` defaults to the working tree as committed at HEAD. Arguments after
-`--` go to `bootseer bench swarm` (both sides get the same ones; an option the
-old revision does not know fails that side with its own error message).
+`--after` defaults to HEAD. Arguments after `--` go to `bootseer bench swarm`
+on both sides; `--before-args` / `--after-args` add arguments to one side
+only, so one revision can be compared with itself under two settings, e.g.
+`--before HEAD --after-args "--digest blake3"`.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -47,6 +49,7 @@ def export(rev: str, into: Path) -> Path:
 
 
 def bench(tree: Path, bench_args: list[str]) -> dict[str, Any]:
+    """One `bootseer bench swarm --json` run of the code in `tree` (no baseline round)."""
     exe = Path(sys.executable).parent / "bootseer"
     env = {**os.environ, "PYTHONPATH": str(tree)}
     done = subprocess.run([str(exe), "bench", "swarm", *bench_args, "--json",
@@ -64,6 +67,8 @@ def main() -> None:
     parser.add_argument("--before", required=True, help="git revision measured as 'before'")
     parser.add_argument("--after", default="HEAD", help="git revision measured as 'after'")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--before-args", default="", help="extra bench arguments, before only")
+    parser.add_argument("--after-args", default="", help="extra bench arguments, after only")
     parser.add_argument("bench_args", nargs=argparse.REMAINDER,
                         help="-- then arguments for `bootseer bench swarm`")
     args = parser.parse_args()
@@ -73,14 +78,16 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bootseer-ab-") as tmp:
         trees = {side: export(rev, Path(tmp)) for side, rev in
                  (("before", args.before), ("after", args.after))}
+        extra = {"before": shlex.split(args.before_args), "after": shlex.split(args.after_args)}
         runs: dict[str, list[dict[str, Any]]] = {"before": [], "after": []}
         for _ in range(args.rounds):
             for side, tree in trees.items():
-                runs[side].append(bench(tree, bench_args))
+                runs[side].append(bench(tree, bench_args + extra[side]))
                 print(f"{side}: {runs[side][-1][figure]}", file=sys.stderr)
     medians = {side: statistics.median(r[figure] for r in rs) for side, rs in runs.items()}
     print(json.dumps({
         "bench": "ab", "before": args.before, "after": args.after, "args": bench_args,
+        "before_args": args.before_args, "after_args": args.after_args,
         "figure": figure, "rounds": args.rounds,
         "before_values": [r[figure] for r in runs["before"]],
         "after_values": [r[figure] for r in runs["after"]],
