@@ -36,12 +36,12 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def export(rev: str, into: Path) -> Path:
-    """The tree of `rev`, unpacked under `into`."""
-    tree = into / rev.replace("/", "_")
+    """The tree of `rev`, unpacked into the new directory `into`."""
+    tree = into
     tree.mkdir()
     archive = subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", rev],
                              check=True, capture_output=True).stdout
-    tar_path = into / f"{tree.name}.tar"
+    tar_path = into.with_suffix(".tar")
     tar_path.write_bytes(archive)
     with tarfile.open(tar_path) as tar:
         tar.extractall(tree, filter="data")
@@ -76,7 +76,7 @@ def main() -> None:
     capped = "--node-cap" in bench_args or "--origin-cap" in bench_args
     figure = "seconds_over_bound" if capped else "aggregate_mbps"
     with tempfile.TemporaryDirectory(prefix="bootseer-ab-") as tmp:
-        trees = {side: export(rev, Path(tmp)) for side, rev in
+        trees = {side: export(rev, Path(tmp) / side) for side, rev in
                  (("before", args.before), ("after", args.after))}
         extra = {"before": shlex.split(args.before_args), "after": shlex.split(args.after_args)}
         runs: dict[str, list[dict[str, Any]]] = {"before": [], "after": []}
