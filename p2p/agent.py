@@ -44,7 +44,7 @@ from p2p.auth import AuthError
 from p2p.config import AgentConfig
 from p2p.content import ContentId, Manifest, PeerId
 from p2p.guard import ConnectionGuard, ConnectionLimits
-from p2p.handshake import IdentityError, WrongPeer, addr_host, is_specific, normal_ip
+from p2p.handshake import IdentityError, WrongPeer, addr_host, is_specific
 from p2p.link import Link
 from p2p.metrics import AgentMetrics
 from p2p.origin import OriginError, OriginPool
@@ -87,7 +87,16 @@ from p2p.swarm.events import (
     Request,
 )
 from p2p.tracker_client import UNREACHABLE, TrackerClient, TrackerError, TrackerUnavailable
-from p2p.wire import Have, Join, Pending, Piece, RemoteProtocolError, pack_bits, unpack_bits
+from p2p.wire import (
+    Have,
+    Join,
+    Pending,
+    Piece,
+    RemoteProtocolError,
+    normal_ip,
+    pack_bits,
+    unpack_bits,
+)
 
 log = logging.getLogger(__name__)
 BURST_BYTES = 4 << 20  # a chunk's worth: idle moments are not lost to the cap
@@ -95,46 +104,30 @@ JOIN_TIMEOUT_S = 10.0
 EARLY_ANNOUNCE_GAP_S = 0.2  # announces prompted by new peers come no faster
 GOODBYE_S = 1.5  # of the 5 s a stop may take: the tracker hears "stopped" within this
 READ_ATTEMPTS = 3  # a chunk damaged this many times in a row during one read fails it
-ACCEPT_BACKOFF_S = 0.1  # first pause after a failed accept (out of descriptors, memory)
-ACCEPT_BACKOFF_MAX_S = 1.0
-REPORT_EVERY_S = 60.0  # one report per peer, content and kind of fault
-MAX_REMEMBERED_PEERS = 4096  # where peers were last seen, for reports
 
 
 class Agent:
     def __init__(self, config: AgentConfig, secret: bytes) -> None:
         self.config = config
-        self._secret = secret
         self.metrics = AgentMetrics()
         self.store = ChunkStore(Path(config.store_dir), config.store_budget_bytes,
                                 on_evict=self._from_store(self._evicted),
                                 on_damaged=self._from_store(self._damaged))
         self.sessions: dict[ContentId, Session] = {}
         self._opening: dict[ContentId, asyncio.Future[Session]] = {}
-        self._links: dict[PeerId, Link] = {}
-        self._addrs: dict[PeerId, str] = {}
-        self._addrs_known_by_tracker: set[PeerId] = set()
-        self._dialing: dict[PeerId, asyncio.Task[None]] = {}
-        self._dial_for: dict[PeerId, set[ContentId]] = {}  # contents waiting on a dial
         self._tasks: set[asyncio.Task[Any]] = set()
         self._upload = RateLimiter(_bps(config.upload_mbps), BURST_BYTES)
         self._download = RateLimiter(_bps(config.download_mbps), BURST_BYTES)
         self._upload_slots = asyncio.Semaphore(config.upload_slots)
         self._buffers = BufferPool()
         self._origins = OriginPool(config.origin_concurrency)
-        self._timeouts = Timeouts()
         self._rng = random.Random()
         # Tracker requests leave from our own address, as peer dials do.
         self.tracker = TrackerClient(config.tracker, secret, bind_host=config.host)
         self.me: PeerInfo | None = None
-        self._server_sock = listen_socket(config.host, config.port)
-        self.port = self._server_sock.getsockname()[1]
-        own = frozenset({normal_ip(config.host)} if is_specific(config.host) else ())
-        self._guard = ConnectionGuard(
-            ConnectionLimits(config.max_connections, config.max_handshakes), own)
-        self._quiet = LogLimiter()
-        self._seen_at: OrderedDict[PeerId, str] = OrderedDict()  # peer -> IP last seen at
-        self._reported: dict[tuple[PeerId, ContentId, str], float] = {}  # -> quiet until
+        self._conns = Connections(config, secret, self, new_link=self._new_link,
+                                  tracker=self.tracker, metrics=self.metrics, spawn=self._spawn)
+        self.port = self._conns.port
 
     # ---- lifecycle ------------------------------------------------------------
 
@@ -142,7 +135,7 @@ class Agent:
         self._loop = asyncio.get_running_loop()
         peer = PeerId(self.config.resolved_peer_id(self.port))
         self.me = PeerInfo(peer, f"{self.config.host}:{self.port}", self.config.rack)
-        self._spawn(self._accept_loop())
+        self._conns.start(self.me)
         for manifest in self.store.known():
             try:  # resume or seed what survived a restart
                 await self._open_session(manifest)
@@ -155,12 +148,11 @@ class Agent:
             self._close_session(session)
         with contextlib.suppress(TrackerUnavailable, TrackerError, TimeoutError):
             await asyncio.wait_for(self._say_goodbye(), timeout=GOODBYE_S)
-        for link in list(self._links.values()):
-            link.close("agent stopping")
+        self._conns.close_links("agent stopping")
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._server_sock.close()
+        self._conns.close()
         await self._origins.close()
         await self.tracker.close()
 
@@ -272,7 +264,7 @@ class Agent:
         old = self.sessions.get(manifest.content_id)
         if old is not None:
             self._close_session(old)
-            for link in self._links.values():  # the new session introduces itself again
+            for link in self._conns.links.values():  # the new session introduces itself again
                 link.joined_out.discard(manifest.content_id)
         assert self.me is not None
         swarm = Swarm(self.me.peer, self.config.rack, manifest.chunks, present,
@@ -338,7 +330,7 @@ class Agent:
                 case Disconnect(peer, reason, hostile):
                     self._disconnect(session, peer, reason, hostile)
                 case Report(peer, reason):
-                    self._spawn(self._report(content, peer, reason))
+                    self._spawn(self._conns.report(content, peer, reason))
                 case Advertise(chunk, pending):
                     self._advertise(session, chunk, pending)
                 case Complete():
@@ -421,13 +413,11 @@ class Agent:
                     pending=tuple(sorted(session.origin_tasks)))
 
     def _connect(self, session: Session, peer: PeerId) -> None:
-        link = self._links.get(peer)
-        if link is not None and not link.closed:
+        link = self._conns.live(peer)
+        if link is None:
+            self._conns.dial(peer, session.content)
+        else:
             self._send_join(session, link)
-            return
-        self._dial_for.setdefault(peer, set()).add(session.content)
-        if peer not in self._dialing:
-            self._dialing[peer] = self._spawn(self._dial(peer))
 
     def _send_join(self, session: Session, link: Link) -> None:
         if session.content not in link.joined_out:
@@ -439,153 +429,30 @@ class Agent:
         if session.links.get(link.peer) is not link and self.sessions.get(session.content):
             self._feed(session, PeerLost(link.peer, "no join reply"))
 
-    async def _dial(self, peer: PeerId) -> None:
-        try:
-            conn = await self._dial_checked(peer)
-        except Exception as exc:  # any dial failure is a lost peer
-            self._dial_failed(peer, exc)
-            return
-        finally:
-            self._dialing.pop(peer, None)
-        link = self._adopt(conn)
-        for session in self._sessions_of(self._dial_for.pop(peer, set())):
-            self._send_join(session, link)
-
-    async def _dial_checked(self, peer: PeerId) -> PeerConnection:
-        """A connection to `peer` from our own address, unless its address is banned here."""
-        addr = self._addrs.get(peer)
-        if addr is None:
-            raise OSError(f"no address known for {peer}")
-        ip = normal_ip(addr_host(addr))
-        self._saw(peer, ip)
-        if self._guard.banned(ip, self._loop.time()):
-            raise IdentityError(f"{addr} is banned here for misbehaviour")
-        assert self.me is not None
-        return await connect(addr, self.me, self._secret, self._timeouts, expect=peer,
-                             bind_host=self.config.host, known_host=self._known_host)
-
-    def _dial_failed(self, peer: PeerId, exc: Exception) -> None:
-        hostile = isinstance(exc, AuthError | RemoteProtocolError)
-        log.log(logging.WARNING if hostile else logging.DEBUG,
-                "cannot connect to %s: %s", peer, exc)
-        contents = self._dial_for.pop(peer, set())
-        if isinstance(exc, IdentityError) and (ip := self._seen_at.get(peer)):
-            self._ban(ip, f"{peer}: {exc}")
-        if isinstance(exc, OSError | WrongPeer) and peer in self._addrs_known_by_tracker:
-            for content in sorted(contents):  # it may hold an origin-fetcher slot
-                self._spawn(self._report(content, peer, UNREACHABLE))
-        for session in self._sessions_of(contents):
-            if peer not in session.links:
-                self._feed(session, PeerLost(peer, f"connect failed: {exc}", hostile))
-
     def _sessions_of(self, contents: set[ContentId]) -> list[Session]:
         return [self.sessions[c] for c in sorted(contents) if c in self.sessions]
 
-    async def _accept_loop(self) -> None:
-        pause = 0.0
-        while True:
-            try:
-                sock, addr = await self._loop.sock_accept(self._server_sock)
-            except OSError as exc:
-                pause = self._accept_failed(exc, pause)
-                await asyncio.sleep(pause)
-                continue
-            if pause:
-                log.warning("accepting peer connections again")
-                pause = 0.0
-            self._admit(sock, normal_ip(str(addr[0])))
+    def _new_link(self, conn: PeerConnection) -> Link:
+        return Link(conn, self, self.store, self._upload, self._upload_slots)
 
-    def _accept_failed(self, exc: OSError, pause: float) -> float:
-        """The next pause before accepting again; one log line per episode of failures.
+    # ---- ConnectionsOwner -----------------------------------------------------
 
-        Out of descriptors or memory, the listening socket stays readable: without
-        a pause the loop would spin; without the loop nothing is accepted again.
-        """
-        self.metrics.accept_errors.inc()
-        if not pause:
-            pressure = exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
-            log.warning("cannot accept peer connections: %s%s; retrying every %gs at most",
-                        exc.strerror or exc, " (raise the nofile limit?)" if pressure else "",
-                        ACCEPT_BACKOFF_MAX_S)
-        return min(ACCEPT_BACKOFF_MAX_S, 2 * pause or ACCEPT_BACKOFF_S)
+    def dialled(self, link: Link, contents: set[ContentId]) -> None:
+        for session in self._sessions_of(contents):
+            self._send_join(session, link)
 
-    def _admit(self, sock: socket.socket, ip: str) -> None:
-        """Start the handshake, or close at once: banned address or a cap reached."""
-        refused = self._guard.admit(ip, self._loop.time())
-        if refused is None:
-            self._spawn(self._accept_one(sock, ip))
-            return
-        sock.close()
-        self.metrics.connections_refused.labels(refused).inc()
-        self._quietly(f"refused:{refused}", "closed a peer connection from %s at once: %s",
-                      ip, refused.replace("_", " ") + ("" if refused == "banned" else " cap"))
-
-    def _quietly(self, key: str, fmt: str, *args: object) -> None:
-        """Log a warning, at most one per `key` every few seconds."""
-        held = self._quiet.allow(key, self._loop.time())
-        if held is not None:
-            log.warning(fmt + (f" (and {held} more like it)" if held else ""), *args)
-
-    async def _accept_one(self, sock: socket.socket, ip: str) -> None:
-        assert self.me is not None
-        try:
-            conn = await accept(sock, self.me, self._secret, self._timeouts, self._known_host)
-        except IdentityError as exc:
-            self._ban(ip, str(exc))
-            return
-        except (AuthError, RemoteProtocolError, ConnectionClosed, OSError) as exc:
-            self._quietly("handshake", "refused a peer connection from %s: %s", ip, exc)
-            return
-        finally:
-            self._guard.handshake_ended(ip)
-        if self._guard.banned(ip, self._loop.time()):  # banned while it authenticated
-            conn.close()
-            return
-        self._adopt(conn)
-
-    def _known_host(self, peer: PeerId) -> str | None:
-        """The host the tracker hands `peer` out at, if it does."""
-        if peer in self._addrs_known_by_tracker and peer in self._addrs:
-            return addr_host(self._addrs[peer])
-        return None
-
-    def _adopt(self, conn: PeerConnection) -> Link:
-        link = Link(conn, self, self.store, self._upload, self._upload_slots)
-        self._guard.link_opened()
-        self._saw(link.peer, conn.remote_ip)
-        old = self._links.get(link.peer)
-        self._links[link.peer] = link
-        self._addrs.setdefault(link.peer, conn.remote.addr)
-        self.metrics.peers_connected.set(len(self._links))
-        link.start()
-        if old is not None and old.closed:
-            self._links[link.peer] = link
-        return link
-
-    def _saw(self, peer: PeerId, ip: str) -> None:
-        self._seen_at[peer] = ip
-        self._seen_at.move_to_end(peer)
-        if len(self._seen_at) > MAX_REMEMBERED_PEERS:
-            self._seen_at.popitem(last=False)
-
-    def _ban(self, ip: str, reason: str) -> None:
-        """Refuse `ip` for a while (see ConnectionGuard) and drop every link from it."""
-        if not self._guard.ban(ip, self._loop.time()):
-            return
-        self.metrics.addresses_banned.inc()
-        log.warning("banning address %s for %gs: %s", ip, self._guard.limits.ban_s, reason)
-        for link in list(self._links.values()):
-            if link.conn.remote_ip == ip:
-                link.close(f"address {ip} is banned: {reason}", hostile=True)
+    def dial_failed(self, peer: PeerId, contents: set[ContentId], reason: str,
+                    hostile: bool) -> None:
+        for session in self._sessions_of(contents):
+            if peer not in session.links:
+                self._feed(session, PeerLost(peer, reason, hostile))
 
     def chunk_count(self, content: ContentId) -> int | None:
         session = self.sessions.get(content)
         return session.manifest.chunks if session is not None else None
 
     def link_ending(self, link: Link, reason: str, hostile: bool) -> None:
-        self._guard.link_closed()
-        if hostile:
-            self._ban(link.conn.remote_ip, f"{link.peer}: {reason}")
+        self._conns.link_ending(link, reason, hostile)
 
     def _request(self, session: Session, peer: PeerId, chunk: int) -> None:
         link = session.links.get(peer)
@@ -597,7 +464,7 @@ class Agent:
 
     def _disconnect(self, session: Session, peer: PeerId, reason: str, hostile: bool) -> None:
         """Leave the peer out of this content; close its link if it misbehaved."""
-        link = session.links.pop(peer, None) or self._links.get(peer)
+        link = session.links.pop(peer, None) or self._conns.links.get(peer)
         if link is not None and hostile:
             log.warning("dropping peer %s: %s", peer, reason)
             link.close(reason, hostile=True)
@@ -607,13 +474,13 @@ class Agent:
                else Have(content=session.content, chunk=chunk))
         # Every link we sent our Join on, even before the peer's Join came back:
         # otherwise a chunk finished in that window would never be announced.
-        for link in self._links_joined(session.content):
+        for link in self._conns.links_joined(session.content):
             link.send_soon(msg)
         if not pending:
             self._wake(session, [chunk])
 
     def _links_joined(self, content: ContentId) -> list[Link]:
-        links = {id(link): link for link in self._links.values()}
+        links = {id(link): link for link in self._conns.links.values()}
         for session_link in self.sessions[content].links.values():
             links.setdefault(id(session_link), session_link)
         return [link for link in links.values()
@@ -639,7 +506,7 @@ class Agent:
             return
         session.links[link.peer] = link
         self._send_join(session, link)
-        if link.peer not in self._addrs_known_by_tracker:
+        if not self._conns.known_by_tracker(link.peer):
             self._announce_soon(session)  # the swarm grew: learn our origin slot now
         self._feed(session, PeerJoined(link.peer, link.conn.remote.rack, tuple(have),
                                        tuple(msg.pending)))
@@ -693,11 +560,7 @@ class Agent:
         self.metrics.served_bytes.inc(nbytes)
 
     def link_closed(self, link: Link, reason: str, hostile: bool) -> None:
-        if self._links.get(link.peer) is link:
-            del self._links[link.peer]
-        self.metrics.peers_connected.set(len(self._links))
-        if hostile:
-            self.metrics.peers_dropped.inc()
+        self._conns.link_closed(link, hostile)
         for session in list(self.sessions.values()):
             if session.links.get(link.peer) is link:
                 del session.links[link.peer]
@@ -781,29 +644,11 @@ class Agent:
             return None
         hints = []
         for info in reply.peers:
-            self._addrs[info.peer] = info.addr
-            self._addrs_known_by_tracker.add(info.peer)
+            self._conns.handed_out(info.peer, info.addr)
             hints.append(PeerHint(info.peer, info.rack))
         self._feed(session, PeersFound(tuple(hints), reply.origin_slot, reply.origin_slots,
                                        reply.origin_filled))
         return reply.interval
-
-    async def _report(self, content: ContentId, peer: PeerId, reason: str) -> None:
-        """Tell the tracker, naming the address we saw the peer at; at most one report per
-        peer, content and kind (unreachable or misbehaving) every REPORT_EVERY_S."""
-        assert self.me is not None
-        now = self._loop.time()
-        key = (peer, content, UNREACHABLE if reason == UNREACHABLE else "hostile")
-        if self._reported.get(key, 0.0) > now:
-            return
-        if len(self._reported) >= MAX_REMEMBERED_PEERS:
-            self._reported = {k: t for k, t in self._reported.items() if t > now}
-        self._reported[key] = now + REPORT_EVERY_S
-        ip = self._seen_at.get(peer) or normal_ip(addr_host(self._addrs.get(peer, ""))) or None
-        try:
-            await self.tracker.report(self.me.peer, peer, content, reason, addr=ip)
-        except (TrackerUnavailable, TrackerError) as exc:
-            log.warning("could not report %s: %s", peer, exc)
 
     # ---- status ---------------------------------------------------------------
 
@@ -824,7 +669,7 @@ class Agent:
                 "seconds": round((s.finished or now) - s.started, 3),
             }
         return {"peer": self.me.peer if self.me else None, "port": self.port,
-                "rack": self.config.rack, "peers_connected": len(self._links),
+                "rack": self.config.rack, "peers_connected": len(self._conns.links),
                 "contents": contents}
 
 

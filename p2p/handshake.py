@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, TypeVar
 from p2p import wire
 from p2p.auth import AuthError, check_handshake_mac, handshake_mac
 from p2p.content import PeerId
-from p2p.wire import RemoteProtocolError
+from p2p.wire import RemoteProtocolError, normal_ip
 
 if TYPE_CHECKING:
     from p2p.peer import PeerConnection
@@ -63,17 +63,6 @@ class PeerInfo:
     peer: PeerId
     addr: str
     rack: str
-
-
-def normal_ip(host: str) -> str:
-    """`host` as a canonical IP string (IPv4-mapped IPv6 as IPv4); unchanged if not an IP."""
-    try:
-        ip = ipaddress.ip_address(host.strip("[]"))
-    except ValueError:
-        return host
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return str(ip)
 
 
 def is_specific(host: str) -> bool:

@@ -61,11 +61,10 @@ from p2p.handshake import (
     WrongPeer,
     client_handshake,
     is_specific,
-    normal_ip,
     server_handshake,
 )
 from p2p.ratelimit import TokenBucket
-from p2p.wire import LocalProtocolError, Message, Piece, RemoteProtocolError
+from p2p.wire import LocalProtocolError, Message, Piece, RemoteProtocolError, normal_ip
 
 __all__ = ["AUTH_FAILED", "ConnectionClosed", "IdentityError", "PeerConnection", "PeerIdle",
            "PeerInfo", "RateLimiter", "Timeouts", "WrongPeer", "accept", "connect",

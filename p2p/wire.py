@@ -31,6 +31,7 @@ the bytes.
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
@@ -108,6 +109,17 @@ def split_addr(addr: str) -> tuple[str, int]:
     if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
         raise ValueError(f"address {addr!r} is not host:port")
     return host, int(port_text)
+
+
+def normal_ip(host: str) -> str:
+    """`host` as a canonical IP string (IPv4-mapped IPv6 as IPv4); unchanged if not an IP."""
+    try:
+        ip = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return host
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return str(ip)
 
 
 def _check_addr(value: object) -> None:

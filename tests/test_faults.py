@@ -17,7 +17,7 @@ import contextlib
 import os
 import secrets
 import signal
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ import aiohttp
 import pytest
 from hostile import HostilePeer, RawClient, fetch_chunk
 from promtext import metric
+from waiting import until
 
 from p2p.auth import AuthError
 from p2p.content import ContentId, Manifest, MiB, PeerId
@@ -100,13 +101,6 @@ async def info(agent: AgentHandle, content: ContentId) -> dict[str, Any]:
         return dict((await client.status())["contents"].get(content, {}))
 
 
-async def until(check: Callable[[], Awaitable[bool]], timeout_s: float, what: str) -> None:
-    try:
-        async with asyncio.timeout(timeout_s):
-            while not await check():
-                await asyncio.sleep(0.05)
-    except TimeoutError:
-        raise AssertionError(f"not within {timeout_s}s: {what}") from None
 
 
 def chunk_files(agent: AgentHandle, content: ContentId) -> list[Path]:
@@ -161,7 +155,7 @@ async def test_two_of_eight_agents_killed_mid_transfer_the_other_six_finish(
         async def everyone_started() -> bool:
             return all([(await info(a, content)).get("have", 0) >= 2 for a in agents])
 
-        await until(everyone_started, 60.0, "every agent holds 2 chunks")
+        await until(everyone_started, "every agent holds 2 chunks")
         for victim in victims:
             await victim.child.stop(signal.SIGKILL)
             assert victim.child.proc.returncode == -signal.SIGKILL
@@ -202,7 +196,7 @@ async def test_killed_agent_restarted_resumes_without_refetching_verified_chunks
         async def a_quarter_done() -> bool:
             return int((await info(victim, content)).get("have", 0)) >= CHUNKS // 4
 
-        await until(a_quarter_done, 60.0, "the victim holds a quarter of the chunks")
+        await until(a_quarter_done, "the victim holds a quarter of the chunks")
         have_before = (await info(victim, content))["have"]
         await victim.child.stop(signal.SIGKILL)
         files = chunk_files(victim, content)  # exactly what was verified when it died
@@ -274,7 +268,7 @@ async def test_seeder_joining_mid_transfer_every_chunk_arrives_once(
         async def under_way() -> bool:
             return int((await info(puller, content)).get("have", 0)) >= 1
 
-        await until(under_way, 60.0, "the puller got a chunk from the origin")
+        await until(under_way, "the puller got a chunk from the origin")
         back = await cluster.start_agent(0, "rack0", store_dir=seeder.store_dir, name="agent0")
         async with asyncio.timeout(ROUND_TIMEOUT_S):
             done = (await pulling)[1]
@@ -311,8 +305,8 @@ async def test_peer_serving_garbage_is_dropped_reported_and_no_bad_byte_is_kept(
         async def all_hung_up() -> bool:
             return fooled <= set(hostile.log.closed_by_peer)
 
-        await until(all_hung_up, 20.0, f"agents that got garbage drop the hostile peer: "
-                                       f"{hostile.log}")
+        await until(all_hung_up, timeout_s=20.0,
+                    what=f"agents that got garbage drop the hostile peer: {hostile.log}")
         by_peer = {PeerId(a.peer): a for a in agents}
         for peer in fooled:
             text = await agent_metrics(by_peer[peer])
@@ -323,7 +317,7 @@ async def test_peer_serving_garbage_is_dropped_reported_and_no_bad_byte_is_kept(
             return metric(await tracker_metrics(cluster),
                           "bootseer_tracker_reports_total") >= len(fooled)
 
-        await until(reported, 20.0, "every fooled agent reported the hostile peer")
+        await until(reported, timeout_s=20.0, what="every fooled agent reported the hostile peer")
 
         # Nothing bad on disk, and nothing bad served to a peer.
         original = source.read_bytes()
@@ -399,7 +393,8 @@ async def test_agent_without_the_cluster_secret_gets_nothing_and_serves_nothing(
         async def liar_refused() -> bool:
             return bool(liar and liar.log.auth_failures)
 
-        await until(liar_refused, 20.0, "the honest agent tried the wrong-secret listener")
+        await until(liar_refused, timeout_s=20.0,
+                    what="the honest agent tried the wrong-secret listener")
         assert liar.log.joined == set()
         assert not liar.log.garbage_sent
     finally:
@@ -507,7 +502,7 @@ async def test_tracker_restarted_mid_transfer_the_transfer_completes(
         async def under_way() -> bool:
             return all([(await info(a, content)).get("have", 0) >= 2 for a in agents])
 
-        await until(under_way, 60.0, "every agent holds 2 chunks")
+        await until(under_way, "every agent holds 2 chunks")
         progress = [(await info(a, content))["have"] for a in agents]
         assert await tracker.stop(signal.SIGTERM) == 0
         assert min(progress) < CHUNKS // 2, progress

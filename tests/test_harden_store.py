@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from hostile import fetch_chunk
 from promtext import metric
+from waiting import WAIT_S, until
 
 from p2p.content import ContentId, Manifest, MiB
 from p2p.localapi import AgentError
@@ -37,7 +38,6 @@ SIZE = 16 * MiB
 CHUNK = 1 * MiB
 CHUNKS = SIZE // CHUNK
 FAST_RETRY = {"swarm": {"backoff_base_s": 0.1, "backoff_max_s": 0.5}}
-WAIT_S = 60.0
 
 
 async def start(cluster: LocalCluster, tmp_path: Path, size: int = SIZE,
@@ -94,13 +94,6 @@ async def restart_origin(cluster: LocalCluster, root: Path) -> None:
     assert again.ready["url"] == cluster.origin_url
 
 
-async def until(check: Any, what: str, timeout_s: float = WAIT_S) -> None:
-    try:
-        async with asyncio.timeout(timeout_s):
-            while not await check():
-                await asyncio.sleep(0.05)
-    except TimeoutError:
-        raise AssertionError(f"not within {timeout_s}s: {what}") from None
 
 
 # ---- a lying disk -------------------------------------------------------------------

@@ -19,7 +19,7 @@ import asyncio
 import os
 import resource
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ import msgpack
 import pytest
 from hostile import HostilePeer, RawClient, fetch_chunk
 from promtext import metric
+from waiting import WAIT_S, until
 
 from p2p import wire
 from p2p.content import ContentId, Manifest, MiB, PeerId
@@ -40,7 +41,6 @@ from p2p.wire import Piece, Reject, Request
 SIZE = 8 * MiB
 CHUNK = 1 * MiB
 CHUNKS = SIZE // CHUNK
-WAIT_S = 60.0
 ATTACKER = "127.0.0.2"
 BYSTANDER = "127.0.0.3"
 
@@ -122,14 +122,6 @@ def addr_of(agent: AgentHandle) -> str:
     return str(agent.child.ready["addr"])
 
 
-async def until(check: Callable[[], Awaitable[bool]], what: str,
-                timeout_s: float = WAIT_S) -> None:
-    try:
-        async with asyncio.timeout(timeout_s):
-            while not await check():
-                await asyncio.sleep(0.05)
-    except TimeoutError:
-        raise AssertionError(f"not within {timeout_s}s: {what}") from None
 
 
 async def agent_metric(agent: AgentHandle, name: str, **labels: str) -> float:

@@ -50,6 +50,7 @@ from prometheus_client.exposition import generate_latest
 
 from p2p.auth import BODY_MAC_HEADER, AuthError, sign_body
 from p2p.content import ContentId, Manifest, ManifestError, PeerId, check_content_id
+from p2p.wire import normal_ip
 from tracker import names
 from tracker.config import TrackerConfig
 from tracker.guard import (
@@ -60,7 +61,6 @@ from tracker.guard import (
     RateLimited,
     Replayed,
     SlowClient,
-    normalise_host,
     source_host,
 )
 from tracker.handout import get_policy
@@ -193,7 +193,7 @@ def _addr(obj: dict[str, Any]) -> tuple[str, str]:
     host, _, port = addr.rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise BadRequest(f'field "addr" must be "host:port", not {addr!r}')
-    return normalise_host(host), port
+    return normal_ip(host), port
 
 
 def _seen_at(obj: dict[str, Any]) -> str | None:
@@ -210,7 +210,7 @@ def _seen_at(obj: dict[str, Any]) -> str | None:
 
 def _ip(text: str) -> str | None:
     try:
-        return normalise_host(str(ipaddress.ip_address(text.strip("[]"))))
+        return normal_ip(str(ipaddress.ip_address(text.strip("[]"))))
     except ValueError:
         return None
 

@@ -29,7 +29,6 @@ from, which the registry binds peer ids to (see tracker.registry).
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import time
 from typing import Any, cast
@@ -40,6 +39,7 @@ from prometheus_client import Counter
 from p2p.auth import MAX_CLOCK_SKEW_SECONDS, check_request_headers, verify_request
 from p2p.content import DIGESTS, MAX_CHUNKS, MAX_FIELD_CHARS, KiB
 from p2p.ratelimit import LogLimiter
+from p2p.wire import normal_ip
 from tracker.config import TrackerConfig
 from tracker.limits import KeyedRateLimit, ReplayCache
 
@@ -78,20 +78,9 @@ class RateLimited(Exception):
         self.retry_after_s = retry_after_s
 
 
-def normalise_host(text: str) -> str:
-    """An IP address in one canonical spelling (IPv4-mapped IPv6 as IPv4); else `text`."""
-    try:
-        ip = ipaddress.ip_address(text.strip("[]"))
-    except ValueError:
-        return text
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        return str(ip.ipv4_mapped)
-    return str(ip)
-
-
 def source_host(request: web.BaseRequest) -> str:
     """The address the request came from: the identity every claim is checked against."""
-    return normalise_host(request.remote or "")
+    return normal_ip(request.remote or "")
 
 
 class Guard:
