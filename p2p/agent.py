@@ -20,45 +20,28 @@ A session that fails (the store cannot write, no source within the
 deadline) says why to every waiter, stops, and unpins its bytes; the next
 request for the content opens a fresh session, so no failure is sticky.
 
-Peer connections are admitted by a `ConnectionGuard` (p2p.guard) right after
-accept: caps on handshakes and connections, and addresses banned for
-misbehaviour. A node is known by the address it is seen at (p2p.handshake
-checks every claim against it); a hostile drop bans that address, and reports
-to the tracker name it.
+Peer connections (accepting, dialling, address bans, reports to the
+tracker) are p2p.connections' work: the swarms say which peers to connect to,
+and the agent hears back when a dial ends (`dialled`, `dial_failed`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import logging
 import random
-import socket
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Coroutine
 from pathlib import Path
 from typing import Any, assert_never
 
-from p2p.auth import AuthError
 from p2p.config import AgentConfig
+from p2p.connections import Connections
 from p2p.content import ContentId, Manifest, PeerId
-from p2p.guard import ConnectionGuard, ConnectionLimits
-from p2p.handshake import IdentityError, WrongPeer, addr_host, is_specific
 from p2p.link import Link
 from p2p.metrics import AgentMetrics
 from p2p.origin import OriginError, OriginPool
-from p2p.peer import (
-    ConnectionClosed,
-    PeerConnection,
-    PeerInfo,
-    RateLimiter,
-    Timeouts,
-    accept,
-    connect,
-    listen_socket,
-)
-from p2p.ratelimit import LogLimiter
+from p2p.peer import PeerConnection, PeerInfo, RateLimiter
 from p2p.session import BufferPool, ContentFailed, Session
 from p2p.store import ChunkStore, CorruptChunk, MissingChunk, StoreError, UnknownContent
 from p2p.swarm import Swarm, bits
@@ -86,17 +69,8 @@ from p2p.swarm.events import (
     Report,
     Request,
 )
-from p2p.tracker_client import UNREACHABLE, TrackerClient, TrackerError, TrackerUnavailable
-from p2p.wire import (
-    Have,
-    Join,
-    Pending,
-    Piece,
-    RemoteProtocolError,
-    normal_ip,
-    pack_bits,
-    unpack_bits,
-)
+from p2p.tracker_client import TrackerClient, TrackerError, TrackerUnavailable
+from p2p.wire import Have, Join, Pending, Piece, RemoteProtocolError, pack_bits, unpack_bits
 
 log = logging.getLogger(__name__)
 BURST_BYTES = 4 << 20  # a chunk's worth: idle moments are not lost to the cap
@@ -474,7 +448,7 @@ class Agent:
                else Have(content=session.content, chunk=chunk))
         # Every link we sent our Join on, even before the peer's Join came back:
         # otherwise a chunk finished in that window would never be announced.
-        for link in self._conns.links_joined(session.content):
+        for link in self._links_joined(session.content):
             link.send_soon(msg)
         if not pending:
             self._wake(session, [chunk])

@@ -42,7 +42,7 @@ from p2p.auth import AuthError
 from p2p.config import AgentConfig
 from p2p.content import ContentId, PeerId
 from p2p.guard import ConnectionGuard, ConnectionLimits
-from p2p.handshake import IdentityError, WrongPeer, addr_host, is_specific, normal_ip
+from p2p.handshake import IdentityError, WrongPeer, addr_host, is_specific
 from p2p.link import Link
 from p2p.metrics import AgentMetrics
 from p2p.peer import (
@@ -56,7 +56,7 @@ from p2p.peer import (
 )
 from p2p.ratelimit import LogLimiter
 from p2p.tracker_client import UNREACHABLE, TrackerClient, TrackerError, TrackerUnavailable
-from p2p.wire import RemoteProtocolError
+from p2p.wire import RemoteProtocolError, normal_ip
 
 log = logging.getLogger(__name__)
 ACCEPT_BACKOFF_S = 0.1  # first pause after a failed accept (out of descriptors, memory)
