@@ -59,7 +59,8 @@ class Child:
             try:
                 await asyncio.wait_for(self.proc.wait(), timeout)
             except TimeoutError:
-                self.proc.kill()
+                with contextlib.suppress(ProcessLookupError):
+                    self.proc.kill()
                 await self.proc.wait()
         return self.proc.returncode if self.proc.returncode is not None else -1
 
@@ -105,7 +106,8 @@ class LocalCluster:
             line = await asyncio.wait_for(proc.stdout.readline(), READY_TIMEOUT_S)
             ready = json.loads(line)
         except (TimeoutError, json.JSONDecodeError) as exc:
-            proc.kill()
+            with contextlib.suppress(ProcessLookupError):  # it may have died already
+                proc.kill()
             await proc.wait()
             tail = stderr_path.read_text(errors="replace")[-2000:]
             raise UserError(f"{name} did not start ({type(exc).__name__}); its log:\n{tail}") \
