@@ -20,9 +20,11 @@ A session that fails (the store cannot write, no source within the
 deadline) says why to every waiter, stops, and unpins its bytes; the next
 request for the content opens a fresh session, so no failure is sticky.
 
-Peer connections (accepting, dialling, address bans, reports to the
-tracker) are p2p.connections' work: the swarms say which peers to connect to,
-and the agent hears back when a dial ends (`dialled`, `dial_failed`).
+Two rooms of the agent's work live beside it. Peer connections (accepting,
+dialling, address bans, reports to the tracker) are p2p.connections': the
+swarms say which peers to connect to, and the agent hears when a dial ends
+(`dialled`, `dial_failed`). Announces are p2p.announcer's: one loop per
+session, whose replies the agent hands to the swarm (`tracker_replied`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from collections.abc import AsyncIterator, Coroutine
 from pathlib import Path
 from typing import Any, assert_never
 
+from p2p.announcer import Announcer
 from p2p.config import AgentConfig
 from p2p.connections import Connections
 from p2p.content import ContentId, Manifest, PeerId
@@ -69,13 +72,12 @@ from p2p.swarm.events import (
     Report,
     Request,
 )
-from p2p.tracker_client import TrackerClient, TrackerError, TrackerUnavailable
+from p2p.tracker_client import AnnounceReply, TrackerClient, TrackerError, TrackerUnavailable
 from p2p.wire import Have, Join, Pending, Piece, RemoteProtocolError, pack_bits, unpack_bits
 
 log = logging.getLogger(__name__)
 BURST_BYTES = 4 << 20  # a chunk's worth: idle moments are not lost to the cap
 JOIN_TIMEOUT_S = 10.0
-EARLY_ANNOUNCE_GAP_S = 0.2  # announces prompted by new peers come no faster
 GOODBYE_S = 1.5  # of the 5 s a stop may take: the tracker hears "stopped" within this
 READ_ATTEMPTS = 3  # a chunk damaged this many times in a row during one read fails it
 
@@ -102,6 +104,7 @@ class Agent:
         self._conns = Connections(config, secret, self, new_link=self._new_link,
                                   tracker=self.tracker, metrics=self.metrics, spawn=self._spawn)
         self.port = self._conns.port
+        self._announcer = Announcer(self, self.tracker, config.announce_interval_s)
 
     # ---- lifecycle ------------------------------------------------------------
 
@@ -121,7 +124,7 @@ class Agent:
         for session in list(self.sessions.values()):
             self._close_session(session)
         with contextlib.suppress(TrackerUnavailable, TrackerError, TimeoutError):
-            await asyncio.wait_for(self._say_goodbye(), timeout=GOODBYE_S)
+            await asyncio.wait_for(self._announcer.goodbye(), timeout=GOODBYE_S)
         self._conns.close_links("agent stopping")
         for task in list(self._tasks):
             task.cancel()
@@ -129,10 +132,6 @@ class Agent:
         self._conns.close()
         await self._origins.close()
         await self.tracker.close()
-
-    async def _say_goodbye(self) -> None:
-        await asyncio.gather(*(self._announce_once(content, event="stopped")
-                               for content in list(self.sessions)))
 
     def _from_store(self, callback: Any) -> Any:
         """A store callback, carried out on the event loop whichever thread calls it."""
@@ -248,7 +247,7 @@ class Agent:
         self.sessions[manifest.content_id] = session
         self.metrics.contents.set(len(self.sessions))
         self._execute(session, swarm.start(self._loop.time()))
-        session.announcer = self._spawn(self._announce_loop(session))
+        session.announcer = self._spawn(self._announcer.loop(session))
         return session
 
     def _new_done(self) -> asyncio.Future[None]:
@@ -333,7 +332,7 @@ class Agent:
         if not session.done.done():
             session.done.set_result(None)
         self._wake(session, range(session.manifest.chunks))
-        self._spawn(self._announce_once(session.content))
+        self._spawn(self._announcer.once(session.content))
         log.info("content %s complete", session.content)
 
     def _evicted(self, content: ContentId) -> None:
@@ -343,13 +342,7 @@ class Agent:
             log.info("content %s evicted from the store; no longer serving it", content)
             self._close_session(session, f"content {content} was evicted from the store")
             self.metrics.contents.set(len(self.sessions))
-            self._spawn(self._announce_gone(session))
-
-    async def _announce_gone(self, session: Session) -> None:
-        assert self.me is not None
-        with contextlib.suppress(TrackerUnavailable, TrackerError):
-            await self.tracker.announce(session.content, self.me.peer, self.me.addr,
-                                        self.me.rack, 0, False, event="stopped")
+            self._spawn(self._announcer.gone(session))
 
     def _failed(self, session: Session, reason: str) -> None:
         """The content cannot be completed now: say why, stop, unpin; the next request
@@ -360,7 +353,7 @@ class Agent:
         log.error("%s", message)
         session.failed = reason
         self._close_session(session, message)
-        self._spawn(self._announce_gone(session))
+        self._spawn(self._announcer.gone(session))
 
     def _damaged(self, content: ContentId, chunk: int) -> None:
         """The store deleted a chunk file that failed its check: fetch it again."""
@@ -403,31 +396,6 @@ class Agent:
         if session.links.get(link.peer) is not link and self.sessions.get(session.content):
             self._feed(session, PeerLost(link.peer, "no join reply"))
 
-    def _sessions_of(self, contents: set[ContentId]) -> list[Session]:
-        return [self.sessions[c] for c in sorted(contents) if c in self.sessions]
-
-    def _new_link(self, conn: PeerConnection) -> Link:
-        return Link(conn, self, self.store, self._upload, self._upload_slots)
-
-    # ---- ConnectionsOwner -----------------------------------------------------
-
-    def dialled(self, link: Link, contents: set[ContentId]) -> None:
-        for session in self._sessions_of(contents):
-            self._send_join(session, link)
-
-    def dial_failed(self, peer: PeerId, contents: set[ContentId], reason: str,
-                    hostile: bool) -> None:
-        for session in self._sessions_of(contents):
-            if peer not in session.links:
-                self._feed(session, PeerLost(peer, reason, hostile))
-
-    def chunk_count(self, content: ContentId) -> int | None:
-        session = self.sessions.get(content)
-        return session.manifest.chunks if session is not None else None
-
-    def link_ending(self, link: Link, reason: str, hostile: bool) -> None:
-        self._conns.link_ending(link, reason, hostile)
-
     def _request(self, session: Session, peer: PeerId, chunk: int) -> None:
         link = session.links.get(peer)
         if link is None or link.closed:
@@ -460,6 +428,34 @@ class Agent:
         return [link for link in links.values()
                 if content in link.joined_out and not link.closed]
 
+    def _sessions_of(self, contents: set[ContentId]) -> list[Session]:
+        return [self.sessions[c] for c in sorted(contents) if c in self.sessions]
+
+    def _new_link(self, conn: PeerConnection) -> Link:
+        return Link(conn, self, self.store, self._upload, self._upload_slots)
+
+    # ---- ConnectionsOwner -----------------------------------------------------
+
+    def dialled(self, link: Link, contents: set[ContentId]) -> None:
+        for session in self._sessions_of(contents):
+            self._send_join(session, link)
+
+    def dial_failed(self, peer: PeerId, contents: set[ContentId], reason: str,
+                    hostile: bool) -> None:
+        for session in self._sessions_of(contents):
+            if peer not in session.links:
+                self._feed(session, PeerLost(peer, reason, hostile))
+
+    # ---- AnnouncerOwner -------------------------------------------------------
+
+    def tracker_replied(self, session: Session, reply: AnnounceReply) -> None:
+        hints = []
+        for info in reply.peers:
+            self._conns.handed_out(info.peer, info.addr)
+            hints.append(PeerHint(info.peer, info.rack))
+        self._feed(session, PeersFound(tuple(hints), reply.origin_slot, reply.origin_slots,
+                                       reply.origin_filled))
+
     # ---- LinkOwner ------------------------------------------------------------
 
     def on_join(self, link: Link, msg: Join) -> None:
@@ -481,7 +477,7 @@ class Agent:
         session.links[link.peer] = link
         self._send_join(session, link)
         if not self._conns.known_by_tracker(link.peer):
-            self._announce_soon(session)  # the swarm grew: learn our origin slot now
+            self._announcer.soon(session)  # the swarm grew: learn our origin slot now
         self._feed(session, PeerJoined(link.peer, link.conn.remote.rack, tuple(have),
                                        tuple(msg.pending)))
 
@@ -532,6 +528,13 @@ class Agent:
 
     def on_served(self, nbytes: int) -> None:
         self.metrics.served_bytes.inc(nbytes)
+
+    def chunk_count(self, content: ContentId) -> int | None:
+        session = self.sessions.get(content)
+        return session.manifest.chunks if session is not None else None
+
+    def link_ending(self, link: Link, reason: str, hostile: bool) -> None:
+        self._conns.link_ending(link, reason, hostile)
 
     def link_closed(self, link: Link, reason: str, hostile: bool) -> None:
         self._conns.link_closed(link, hostile)
@@ -588,41 +591,6 @@ class Agent:
             await self._store_chunk(session, chunk, buf, None)
         finally:
             self._buffers.give(buf)
-
-    # ---- tracker --------------------------------------------------------------
-
-    async def _announce_loop(self, session: Session) -> None:
-        interval = self.config.announce_interval_s
-        while True:
-            session.wake_announcer.clear()
-            interval = await self._announce_once(session.content) or interval
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(session.wake_announcer.wait(), interval)
-            await asyncio.sleep(EARLY_ANNOUNCE_GAP_S)
-
-    def _announce_soon(self, session: Session) -> None:
-        session.wake_announcer.set()
-
-    async def _announce_once(self, content: ContentId, event: str | None = None) -> float | None:
-        session = self.sessions.get(content)
-        if session is None or self.me is None:
-            return None
-        try:
-            reply = await self.tracker.announce(
-                content, self.me.peer, self.me.addr, self.me.rack,
-                bits.count(session.swarm.have), session.swarm.complete, event=event)
-        except (TrackerUnavailable, TrackerError) as exc:
-            log.warning("announce for %s failed: %s", content, exc)
-            return None
-        if event is not None:
-            return None
-        hints = []
-        for info in reply.peers:
-            self._conns.handed_out(info.peer, info.addr)
-            hints.append(PeerHint(info.peer, info.rack))
-        self._feed(session, PeersFound(tuple(hints), reply.origin_slot, reply.origin_slots,
-                                       reply.origin_filled))
-        return reply.interval
 
     # ---- status ---------------------------------------------------------------
 
