@@ -12,7 +12,10 @@ medians and the median ratio after/before. The figure compared is
     python benchmarks/ab.py --before REV [--after REV] [--rounds 3] -- \
         --nodes 8 --size 256MiB [--node-cap 50 --origin-cap 50] [--digest blake3]
 
-`--after` defaults to HEAD. Arguments after `--` go to `bootseer bench swarm`
+CPU seconds of each whole run are measured too (`cpu_after_over_before`):
+unlike wall-clock rates they barely move when other work shares the machine,
+so they are the figure to trust for a cost such as re-verification on a busy
+machine. `--after` defaults to HEAD. Arguments after `--` go to `bootseer bench swarm`
 on both sides; `--before-args` / `--after-args` add arguments to one side
 only, so one revision can be compared with itself under two settings, e.g.
 `--before HEAD --after-args "--digest blake3"`.
@@ -23,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shlex
 import statistics
 import subprocess
@@ -49,16 +53,22 @@ def export(rev: str, into: Path) -> Path:
 
 
 def bench(tree: Path, bench_args: list[str]) -> dict[str, Any]:
-    """One `bootseer bench swarm --json` run of the code in `tree` (no baseline round)."""
+    """One `bootseer bench swarm --json` run of the code in `tree` (no baseline round),
+    with `cpu_seconds`: user + system CPU of the whole run (bench, tracker, origin and
+    agents are all waited-for descendants, so the kernel adds them to ours)."""
     exe = Path(sys.executable).parent / "bootseer"
     env = {**os.environ, "PYTHONPATH": str(tree)}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     done = subprocess.run([str(exe), "bench", "swarm", *bench_args, "--json",
                            "--no-baseline"], cwd=tree, env=env, capture_output=True,
                           text=True, timeout=1800)
     if done.returncode != 0:
         raise SystemExit(f"bench at {tree.name} failed ({done.returncode}):\n"
                          f"{done.stderr[-2000:]}")
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    result["cpu_seconds"] = round(after.ru_utime + after.ru_stime
+                                  - before.ru_utime - before.ru_stime, 2)
     return result
 
 
@@ -85,6 +95,7 @@ def main() -> None:
                 runs[side].append(bench(tree, bench_args + extra[side]))
                 print(f"{side}: {runs[side][-1][figure]}", file=sys.stderr)
     medians = {side: statistics.median(r[figure] for r in rs) for side, rs in runs.items()}
+    cpu = {side: statistics.median(r["cpu_seconds"] for r in rs) for side, rs in runs.items()}
     print(json.dumps({
         "bench": "ab", "before": args.before, "after": args.after, "args": bench_args,
         "before_args": args.before_args, "after_args": args.after_args,
@@ -93,6 +104,9 @@ def main() -> None:
         "after_values": [r[figure] for r in runs["after"]],
         "before_median": medians["before"], "after_median": medians["after"],
         "after_over_before": round(medians["after"] / medians["before"], 3),
+        "before_cpu_seconds": [r["cpu_seconds"] for r in runs["before"]],
+        "after_cpu_seconds": [r["cpu_seconds"] for r in runs["after"]],
+        "cpu_after_over_before": round(cpu["after"] / cpu["before"], 3),
         "after_rss_mb": max(r["max_agent_rss_mb"] for r in runs["after"]),
         "load_average": round(os.getloadavg()[0], 2),
     }))
