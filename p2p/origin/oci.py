@@ -377,6 +377,10 @@ class RegistryClient:
             if resp.status == 401 and not reauthed and self._learn(ref, resp, push):
                 reauthed, attempt = True, attempt - 1
                 continue
+            if 200 <= resp.status < 300:
+                raise RegistryError(f"registry {ref.registry} answered HTTP {resp.status} for "
+                                    f"{what} where HTTP {' or '.join(map(str, expect))} was "
+                                    "expected", resp.status)
             if resp.status not in RETRY_STATUSES:
                 raise error_for_status(failure)
             after = parse_retry_after(resp.headers.get("Retry-After"), time.time())

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 from p2p.origin.base import OriginError
 from p2p.origin.oci import RegistryClient
-from p2p.origin.oci_ref import ImageRef, ImageRefError, check_digest, parse_reference
+from p2p.origin.oci_ref import ImageRef, ImageRefError, check_digest, parse_in_registry
 
 SCHEMES = ("oci", "oci+http")
 
@@ -33,12 +33,12 @@ def parse_blob_url(url: str) -> tuple[ImageRef, str]:
     try:
         if parts.scheme not in SCHEMES or not parts.netloc or parts.query or parts.fragment:
             raise ImageRefError("expected oci://host[:port]/repository@sha256:<hex>")
-        parsed = parse_reference(f"{parts.netloc}{parts.path}")
+        parsed = parse_in_registry(parts.netloc, parts.path.removeprefix("/"))
         if parsed.digest is None or parsed.tag is not None:
             raise ImageRefError("expected oci://host[:port]/repository@sha256:<hex>")
     except ImageRefError as exc:
         raise OriginError(f"bad registry blob URL {url!r}: {exc}") from None
-    return ImageRef(parts.netloc, parsed.repository), parsed.digest
+    return ImageRef(parsed.registry, parsed.repository), parsed.digest
 
 
 class OciOrigin:

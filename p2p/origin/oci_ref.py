@@ -89,6 +89,20 @@ def parse_reference(text: str) -> ImageRef:
         raise ImageRefError(f"bad image reference {text!r}: empty or surrounded by spaces")
     rest, digest = _split_digest(text)
     registry, path = _split_registry(text, rest)
+    return _in_registry(text, registry, path, digest)
+
+
+def parse_in_registry(registry: str, rest: str) -> ImageRef:
+    """Parse `repository[:tag][@digest]` known to live in `registry` (`host[:port]`)."""
+    text = f"{registry}/{rest}"
+    if not _HOST_RE.fullmatch(registry):
+        raise ImageRefError(f"bad image reference {text!r}: registry {registry!r} is not "
+                            "host[:port]")
+    path, digest = _split_digest(rest)
+    return _in_registry(text, registry, path, digest)
+
+
+def _in_registry(text: str, registry: str, path: str, digest: str | None) -> ImageRef:
     repository, tag = _split_tag(text, path)
     if registry == DOCKER_HUB and "/" not in repository:
         repository = f"library/{repository}"
