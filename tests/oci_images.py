@@ -125,7 +125,7 @@ def write_oci_layout(directory: Path, tag: str, images: list[BuiltImage]) -> Non
 
 
 async def skopeo_copy(source: str, dest: str, *, creds: str | None = None,
-                      all_platforms: bool = False) -> None:
+                      all_platforms: bool = False, docker_format: bool = False) -> None:
     """`skopeo copy` between transports (`oci:DIR:TAG`, `docker://HOST/REPO:TAG`)."""
     if shutil.which("skopeo") is None:
         raise AssertionError("skopeo not installed: apt-get install skopeo")
@@ -136,6 +136,8 @@ async def skopeo_copy(source: str, dest: str, *, creds: str | None = None,
         args.append(f"{flag}={creds}")
     if all_platforms:
         args.append("--all")
+    if docker_format:
+        args.append("--format=v2s2")  # Docker schema 2 manifest (and manifest list)
     process = await asyncio.create_subprocess_exec(*args, source, dest,
                                                    stdout=asyncio.subprocess.PIPE,
                                                    stderr=asyncio.subprocess.STDOUT)

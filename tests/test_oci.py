@@ -32,7 +32,7 @@ from p2p.origin import OriginError, OriginPool
 from p2p.origin.oci import RegistryClient, RegistryError, sha256_digest
 from p2p.origin.oci_auth import Credentials
 from p2p.origin.oci_http import RetryPolicy
-from p2p.origin.oci_manifest import OCI_MANIFEST, Platform
+from p2p.origin.oci_manifest import DOCKER_LIST, DOCKER_MANIFEST, OCI_MANIFEST, Platform
 from p2p.origin.oci_origin import blob_url
 from p2p.origin.oci_ref import ImageRef
 from p2p.peer import listen_socket
@@ -132,6 +132,31 @@ async def test_an_index_resolves_to_the_configured_platform(
     async with client_for(registry, platform=Platform("linux", "arm64")) as client:
         arm_by_default = await client.get_manifest(registry.ref("multi/own", "v1"))
         assert arm_by_default.digest == images["arm64"].digest
+
+
+async def test_docker_schema2_manifests_and_lists_are_read(
+        registries: dict[str, RunningRegistry], images: dict[str, BuiltImage],
+        tmp_path: Path) -> None:
+    registry = registries["token"]
+    write_oci_layout(tmp_path / "one", "v1", [images["amd64"]])
+    write_oci_layout(tmp_path / "multi", "v1", [images["amd64"], images["arm64"]])
+    await skopeo_copy(f"oci:{tmp_path}/one:v1", f"docker://{registry.address}/docker/one:v1",
+                      creds=skopeo_creds(registry), docker_format=True)
+    await skopeo_copy(f"oci:{tmp_path}/multi:v1", f"docker://{registry.address}/docker/multi:v1",
+                      creds=skopeo_creds(registry), docker_format=True, all_platforms=True)
+    async with client_for(registry) as client:
+        one = await client.get_manifest(registry.ref("docker/one", "v1"))
+        assert one.media_type == DOCKER_MANIFEST
+        layer = one.manifest.layers[0]
+        assert layer.media_type == "application/vnd.docker.image.rootfs.diff.tar.gzip"
+        assert await client.get_blob(one.ref, layer.digest) == images["amd64"].layer
+        top = await client.get_manifest_raw(registry.ref("docker/multi", "v1"))
+        assert top.media_type == DOCKER_LIST
+        arm = await client.get_manifest(registry.ref("docker/multi", "v1"),
+                                        Platform("linux", "arm64"))
+        assert arm.media_type == DOCKER_MANIFEST and arm.index_digest == top.digest
+        arm_layer = arm.manifest.layers[0].digest
+        assert await client.get_blob(arm.ref, arm_layer) == images["arm64"].layer
 
 
 @pytest.mark.parametrize("mode", MODES)
