@@ -10,6 +10,7 @@ with a clear message.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Iterator
@@ -186,8 +187,13 @@ async def test_the_origin_adapter_reads_a_chunk_of_a_layer_blob(
     if mode != "none":
         monkeypatch.setenv("BOOTSEER_REGISTRY_AUTH", f"{USER}:{PASSWORD}")
     url = blob_url(ref, image.layer_digest)
-    pool = OriginPool(concurrency=2)
+    pool = OriginPool(concurrency=8)
     try:
+        parts = [memoryview(bytearray(64 * 1024)) for _ in range(8)]
+        await asyncio.gather(*(pool.for_url(url).read_into(url, n * 100_000, part)
+                               for n, part in enumerate(parts)))
+        for n, part in enumerate(parts):
+            assert bytes(part) == image.layer[n * 100_000:n * 100_000 + len(part)]
         chunk = memoryview(bytearray(256 * 1024))
         await pool.for_url(url).read_into(url, 300_000, chunk)
         assert bytes(chunk) == image.layer[300_000:300_000 + len(chunk)]
@@ -196,6 +202,9 @@ async def test_the_origin_adapter_reads_a_chunk_of_a_layer_blob(
                                               0, chunk)
     finally:
         await pool.close()
+    if registry.issuer is not None:  # concurrent first reads share one token
+        pull = ("repository:origin/busybox:pull",)
+        assert [s for _, s in registry.issuer.requests if s == pull] == [pull]
 
 
 @pytest.mark.parametrize("mode", AUTH_MODES)
@@ -246,6 +255,23 @@ async def test_tokens_are_asked_once_per_scope(registries: dict[str, RunningRegi
              if any("scopes/busybox" in s for s in scopes)]
     assert asked == [("repository:scopes/busybox:pull,push",),
                      ("repository:scopes/busybox:pull",)]
+
+
+async def test_a_refused_token_is_replaced_once(registries: dict[str, RunningRegistry],
+                                                images: dict[str, BuiltImage]) -> None:
+    registry, image = registries["token"], images["amd64"]
+    assert registry.issuer is not None
+    ref = registry.ref("revoked/busybox")
+    pull = (f"repository:{ref.repository}:pull",)
+    async with client_for(registry) as client:
+        await push_image(client, ref, image)
+        await client.get_manifest(ref)
+        # The registry will refuse this cached token (the issuer never signed it), as it
+        # would an expired or revoked one: the client must fetch a new one and go on.
+        now = asyncio.get_running_loop().time()
+        client._http._tokens.put(registry.address, pull[0], "not.a.token", 300, now)
+        assert (await client.get_manifest(ref)).digest == image.digest
+    assert [s for _, s in registry.issuer.requests if s == pull] == [pull, pull]
 
 
 @pytest.mark.parametrize("mode", MODES)

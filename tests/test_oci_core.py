@@ -106,8 +106,10 @@ def test_token_cache_expires_before_the_issuer_says() -> None:
     assert cache.get("r", "s", now=149) == "tok"
     assert cache.get("r", "s", now=150) is None  # renewed 10 s early
     assert cache.get("r", "other", now=100) is None
-    cache.put("r", "s", "tok", lifetime_s=60, now=100)
-    cache.drop("r", "s")
+    cache.put("r", "s", "new", lifetime_s=60, now=100)
+    cache.drop("r", "s", "tok")  # an older token refused: the newer one stays
+    assert cache.get("r", "s", now=100) == "new"
+    cache.drop("r", "s", "new")
     assert cache.get("r", "s", now=100) is None
 
 

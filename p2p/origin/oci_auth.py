@@ -167,5 +167,8 @@ class TokenCache:
         margin = min(TOKEN_EXPIRY_MARGIN_S, lifetime_s / 2)
         self._tokens[(registry, scope)] = (token, now + lifetime_s - margin)
 
-    def drop(self, registry: str, scope: str) -> None:
-        self._tokens.pop((registry, scope), None)
+    def drop(self, registry: str, scope: str, token: str) -> None:
+        """Forget `token` (refused by the registry) unless a newer one replaced it."""
+        entry = self._tokens.get((registry, scope))
+        if entry is not None and entry[0] == token:
+            del self._tokens[(registry, scope)]

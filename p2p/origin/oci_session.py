@@ -141,7 +141,7 @@ class RegistrySession:
             failure = Failure(what, ref.registry, resp.status, error_detail(body), attempt,
                               user, push, challenge is not None and user is not None
                               and challenge.param("error") == "insufficient_scope")
-            if resp.status == 401 and not reauthed and self._learn(ref, resp, push):
+            if resp.status == 401 and not reauthed and self._learn(ref, resp, push, auth):
                 reauthed, attempt = True, attempt - 1
                 continue
             if 200 <= resp.status < 300:
@@ -160,13 +160,21 @@ class RegistrySession:
             raise error
         await asyncio.sleep(delay)
 
-    def _learn(self, ref: ImageRef, resp: aiohttp.ClientResponse, push: bool) -> bool:
-        """Note the registry's challenge; True if a new attempt could authenticate."""
+    def _learn(self, ref: ImageRef, resp: aiohttp.ClientResponse, push: bool,
+               sent: dict[str, str]) -> bool:
+        """Note the registry's challenge; True if a new attempt could authenticate.
+
+        A bearer token the registry refused is dropped from the cache; only that
+        one, as concurrent requests may already have fetched a fresh one.
+        """
         challenge = parse_challenge(resp.headers.get("WWW-Authenticate"))
         if challenge is None:
             return False
         self._challenges[ref.endpoint] = challenge
-        self._tokens.drop(ref.endpoint, repository_scope(ref.repository, push))
+        refused = sent.get("Authorization", "")
+        if refused.startswith("Bearer "):
+            self._tokens.drop(ref.endpoint, repository_scope(ref.repository, push),
+                              refused.removeprefix("Bearer "))
         return challenge.scheme == "bearer" or self._creds(ref) is not None
 
     def _creds(self, ref: ImageRef) -> Credentials | None:
