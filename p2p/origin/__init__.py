@@ -1,8 +1,9 @@
 """Origin adapters: where a content's bytes come from when no peer has them.
 
 An origin reads a byte range of the origin copy into a caller's buffer. The
-manifest's `origin` URL picks the adapter by scheme (`http`, `https`, `file`);
-registry and HDFS adapters join through `register` in their own packages.
+manifest's `origin` URL picks the adapter by scheme (`http`, `https`, `file`, and
+`oci`/`oci+http` for registry blobs, see `oci_origin`); HDFS adapters join through
+`register` in their own packages.
 Each origin is limited to a number of concurrent reads per node, so a
 thousand-node launch cannot open a thousand connections per node to it.
 """
@@ -16,6 +17,7 @@ from urllib.parse import urlsplit
 from p2p.origin.base import Origin, OriginError
 from p2p.origin.file import FileOrigin
 from p2p.origin.http import HttpOrigin
+from p2p.origin.oci_origin import OciOrigin
 
 __all__ = ["LimitedOrigin", "Origin", "OriginError", "OriginPool", "register"]
 
@@ -23,6 +25,8 @@ _FACTORIES: dict[str, Callable[[str], Origin]] = {
     "http": HttpOrigin,
     "https": HttpOrigin,
     "file": FileOrigin,
+    "oci": OciOrigin,
+    "oci+http": OciOrigin,
 }
 
 
