@@ -11,7 +11,10 @@ BIN := $(VENV)/bin
 
 # fuse3 and libfuse3-dev: the FUSE mounts, and building pyfuse3 (which ships no wheels);
 # pkg-config, gcc and python3-dev: the compiler side of that build; python3-venv: .venv.
-DEB_PACKAGES := fuse3 libfuse3-dev pkg-config gcc python3-dev python3-venv
+# docker-registry, skopeo, apache2-utils (htpasswd -B) and busybox-static: the real OCI
+# registry the image tests push to and pull from, and the files of their test image.
+DEB_PACKAGES := fuse3 libfuse3-dev pkg-config gcc python3-dev python3-venv \
+	docker-registry skopeo apache2-utils busybox-static
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 .PHONY: setup test lint demo clean
