@@ -22,7 +22,9 @@ The filesystem asks a `Source` for `length` bytes of a content from `offset`
 
 Bounded time: everything a read waits for is under one deadline
 (`read_timeout_s`, default 30 s); past it the read raises `SourceError`, which
-the filesystem logs and answers with EIO. The reader never hangs.
+the filesystem logs and answers with EIO. The reader never hangs. A chunk that
+failed that way fails again at once for `RETRY_AFTER_S`, so the kernel's
+immediate retry of a failed read-ahead does not double the reader's wait.
 
 Threads: local reads run inline on the event loop by default: from the page
 cache a 1 MiB `pread` is a fraction of a millisecond, and a hop to a worker
@@ -44,6 +46,9 @@ from p2p.store import ChunkView, DamagedChunk, MissingChunk
 log = logging.getLogger(__name__)
 
 READ_TIMEOUT_S = 30.0
+# A chunk the agent could not supply fails at once for this long: the kernel retries a
+# failed read-ahead right away with a page-sized read, which would wait the bound again.
+RETRY_AFTER_S = 5.0
 
 Buffer = bytes | bytearray | memoryview
 
@@ -73,6 +78,7 @@ class AgentSource:
         self._views: dict[str, ChunkView] = {}
         self._view_lock = asyncio.Lock()
         self._inflight: dict[tuple[ContentId, int], asyncio.Task[memoryview]] = {}
+        self._failed: dict[tuple[ContentId, int], tuple[float, str]] = {}  # until, why
 
     async def read(self, content: str, offset: int, length: int) -> Buffer:
         try:
@@ -147,6 +153,11 @@ class AgentSource:
 
     async def _from_agent(self, view: ChunkView, index: int) -> memoryview:
         key = (view.manifest.content_id, index)
+        now = asyncio.get_running_loop().time()
+        until, why = self._failed.get(key, (0.0, ""))
+        if now < until:
+            raise SourceError(f"{why} (failed {RETRY_AFTER_S - (until - now):.1f} s ago; "
+                              f"tried again after {RETRY_AFTER_S:g} s)")
         task = self._inflight.get(key)
         if task is None:
             task = asyncio.create_task(self._fetch_chunk(view, index))
@@ -157,8 +168,12 @@ class AgentSource:
     def _fetched(self, key: tuple[ContentId, int], task: asyncio.Task[memoryview]) -> None:
         if self._inflight.get(key) is task:
             del self._inflight[key]
-        if not task.cancelled():
-            task.exception()  # retrieved: the readers that still wait get it too
+        error = None if task.cancelled() else task.exception()  # retrieved: waiters get it
+        if error is not None:
+            until = asyncio.get_running_loop().time() + RETRY_AFTER_S
+            self._failed[key] = (until, str(error) or type(error).__name__)
+        else:
+            self._failed.pop(key, None)
 
     async def _fetch_chunk(self, view: ChunkView, index: int) -> memoryview:
         manifest = view.manifest
@@ -172,13 +187,16 @@ class AgentSource:
             buf[got:got + n] = data[:n]
             got += len(data)
 
-        async with asyncio.timeout(self.read_timeout_s):
-            try:
+        try:
+            async with asyncio.timeout(self.read_timeout_s):
                 await self.client.read_to(manifest.content_id, manifest.chunk_offset(index),
                                           length, write)
-            except AgentError as exc:
-                raise SourceError(f"the agent could not read chunk {index} of "
-                                  f"{manifest.content_id}: {exc}") from None
+        except AgentError as exc:
+            raise SourceError(f"the agent could not read chunk {index} of "
+                              f"{manifest.content_id}: {exc}") from None
+        except TimeoutError:
+            raise SourceError(f"chunk {index} of {manifest.content_id} did not arrive from "
+                              f"the agent within {self.read_timeout_s:g} s") from None
         if got != length or not manifest.verify(index, buf):
             raise SourceError(f"the agent sent chunk {index} of {manifest.content_id} that "
                               f"fails its check ({got} bytes); not using it")
