@@ -54,6 +54,8 @@ class ContentFS(pyfuse3.Operations):
         self.source = source
         self._on_init = on_init
         self.lookups: dict[int, int] = {}
+        self.reads = 0
+        self.read_bytes = 0
         self.failed_reads = 0
         self._attrs: dict[int, pyfuse3.EntryAttributes] = {}
 
@@ -139,6 +141,8 @@ class ContentFS(pyfuse3.Operations):
         return pyfuse3.FileInfo(fh=inode, keep_cache=True)
 
     async def read(self, fh: int, off: int, size: int) -> Any:
+        self.reads += 1
+        self.read_bytes += size
         extents = self.tree.map_range(fh, off, size)
         try:
             if len(extents) == 1:

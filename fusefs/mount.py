@@ -100,7 +100,8 @@ async def serve(tree: Any, source: Any, mountpoint: Path, read_ahead_kb: int = R
             loop.remove_signal_handler(sig)
         pyfuse3.close(unmount=True)
         await source.close()
-    log.info("unmounted %s (%d reads failed)", path, ops.failed_reads)
+    log.info("unmounted %s: %d reads of %d bytes on average, %d failed", path, ops.reads,
+             ops.read_bytes // max(ops.reads, 1), ops.failed_reads)
 
 
 def mount_device(mountinfo: str, path: str) -> str | None:

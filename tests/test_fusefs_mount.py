@@ -27,9 +27,9 @@ import asyncio
 import contextlib
 import errno
 import os
-import sys
 import socket
 import stat
+import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -243,10 +243,15 @@ def check_metadata(root: Path, tree: Tree) -> set[str]:
     return seen
 
 
+def open_and_close(path: Path, mode: str) -> None:
+    with open(path, mode):
+        pass
+
+
 def check_read_only(root: Path) -> None:
     attempts = [
-        lambda: open(root / "etc/small", "r+b"),
-        lambda: open(root / "new-file", "wb"),
+        lambda: open_and_close(root / "etc/small", "r+b"),
+        lambda: open_and_close(root / "new-file", "wb"),
         lambda: os.mkdir(root / "newdir"),
         lambda: os.unlink(root / "etc/small"),
         lambda: os.rename(root / "etc/small", root / "etc/other"),
