@@ -63,7 +63,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from p2p.chunkfile import CHUNK_SUFFIX, BufferPool, StatKey, chunk_index, read_full, stat_key
-from p2p.content import ContentId, Manifest, ManifestError
+from p2p.content import ContentId, Manifest, ManifestError, check_content_id
 
 log = logging.getLogger(__name__)
 
@@ -273,28 +273,21 @@ class ChunkStore:
         That is why `open_verified`, which feeds peers, never uses the cache.
         """
         manifest, fd = self._open(content_id, index)
-        length = manifest.chunk_length(index)
-        if not 0 <= lo <= hi <= length:
-            os.close(fd)
-            raise ValueError(f"range {lo}..{hi} outside chunk {index} of {length} bytes")
         try:
-            key = stat_key(os.fstat(fd))
-            if self._is_checked(content_id, index, key):
-                out = bytearray(hi - lo)
-                if read_full(fd, memoryview(out), lo) == hi - lo:
-                    return memoryview(out)
-            whole = bytearray(length + 1)  # one byte more: a too-long file shows
-            n = read_full(fd, memoryview(whole))
-            ok = manifest.verify(index, memoryview(whole)[:n])
+            with self._lock:
+                entry = self._contents.get(content_id)
+                known = entry.checked.get(index) if entry is not None else None
+            data, key, n = read_checked(fd, manifest, index, lo, hi, known)
         except OSError as exc:
             raise self._damaged(content_id, index, None, f"unreadable ({exc.strerror})") \
                 from exc
         finally:
             os.close(fd)
-        if not ok:
+        if data is None:
             raise self._damaged(content_id, index, key, f"{n} bytes fail the check")
-        self._remember(content_id, index, key)
-        return memoryview(whole)[lo:hi]
+        if key != known:
+            self._remember(content_id, index, key)
+        return data
 
     def read_range(self, content_id: ContentId, offset: int,
                    length: int) -> Iterator[tuple[int, int, int]]:
@@ -342,11 +335,6 @@ class ChunkStore:
             raise self._damaged(content_id, index, None, f"cannot open ({exc.strerror})") \
                 from exc
         return manifest, fd
-
-    def _is_checked(self, content_id: ContentId, index: int, key: StatKey) -> bool:
-        with self._lock:
-            entry = self._contents.get(content_id)
-            return entry is not None and entry.checked.get(index) == key
 
     def _remember(self, content_id: ContentId, index: int, key: StatKey) -> None:
         with self._lock:
@@ -517,6 +505,94 @@ class ChunkStore:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
             raise
+
+
+def read_checked(fd: int, manifest: Manifest, index: int, lo: int, hi: int,
+                 known: StatKey | None) -> tuple[memoryview | None, StatKey, int]:
+    """Bytes [lo, hi) of chunk `index`, whose file is open at `fd`, in a buffer of their own.
+
+    The whole file is hashed against `manifest` unless its stat key is still `known`
+    (the key it had when it last passed). Returns (the bytes, or None if the file fails
+    the check; the file's stat key; the bytes hashed). ValueError for a range outside
+    the chunk; OSError as raised by the disk.
+    """
+    length = manifest.chunk_length(index)
+    if not 0 <= lo <= hi <= length:
+        raise ValueError(f"range {lo}..{hi} outside chunk {index} of {length} bytes")
+    key = stat_key(os.fstat(fd))
+    if key == known:
+        out = bytearray(hi - lo)
+        if read_full(fd, memoryview(out), lo) == hi - lo:
+            return memoryview(out), key, hi - lo
+    whole = bytearray(length + 1)  # one byte more: a too-long file shows
+    n = read_full(fd, memoryview(whole))
+    if not manifest.verify(index, memoryview(whole)[:n]):
+        return None, key, n
+    return memoryview(whole)[lo:hi], key, n
+
+
+class ChunkView:
+    """Verified, read-only reads of one content's chunk files in a store another process
+    (the agent) owns: for readers beside the agent, such as the FUSE mounts.
+
+    The same checks as `ChunkStore.read_chunk`, with a stat-keyed cache of its own, but it
+    never writes, deletes or counts anything in the store: an absent file is MissingChunk;
+    a file that fails its check is DamagedChunk and is left in place for the owner, whose
+    own check catches it on its next read of that chunk (the file changed since it last
+    passed there too), deletes it and fetches it again. Safe to call from threads.
+    """
+
+    def __init__(self, root: Path, manifest: Manifest) -> None:
+        self.manifest = manifest
+        self.directory = Path(root) / check_content_id(manifest.content_id)
+        self._checked: dict[int, StatKey] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def load(cls, root: Path, content_id: ContentId) -> ChunkView:
+        """The view of `content_id` from its manifest file in the store, which must certify
+        that id (`Manifest.from_dict` refuses a manifest whose digests give another).
+        FileNotFoundError if the store has no manifest for it yet; ManifestError if the file
+        is not a manifest of that content."""
+        path = Path(root) / check_content_id(content_id) / MANIFEST_NAME
+        try:
+            manifest = Manifest.from_dict(json.loads(path.read_bytes()))
+        except (ValueError, UnicodeDecodeError) as exc:
+            if isinstance(exc, ManifestError):
+                raise
+            raise ManifestError(f"{path} is not a manifest ({exc})") from exc
+        if manifest.content_id != content_id:
+            raise ManifestError(f"{path} is the manifest of {manifest.content_id}, not of "
+                                f"{content_id}")
+        return cls(root, manifest)
+
+    def read_chunk(self, index: int, lo: int, hi: int) -> memoryview:
+        """Bytes [lo, hi) of chunk `index`, verified; MissingChunk if its file is absent,
+        DamagedChunk if the file fails the check or cannot be read."""
+        name = self.directory / f"{index}{CHUNK_SUFFIX}"
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise MissingChunk(f"chunk {index} of {self.manifest.content_id} is not in the "
+                               "store") from None
+        except OSError as exc:
+            raise DamagedChunk(f"cannot open {name} ({exc.strerror})") from exc
+        try:
+            with self._lock:
+                known = self._checked.get(index)
+            data, key, n = read_checked(fd, self.manifest, index, lo, hi, known)
+        except OSError as exc:
+            raise DamagedChunk(f"cannot read {name} ({exc.strerror})") from exc
+        finally:
+            os.close(fd)
+        with self._lock:
+            if data is None:
+                self._checked.pop(index, None)
+            elif key != known:
+                self._checked[index] = key
+        if data is None:
+            raise DamagedChunk(f"{name} fails its check ({n} bytes); not using it")
+        return data
 
 
 def _store_error(exc: OSError, doing: str, path: Path) -> StoreError:

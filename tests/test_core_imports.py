@@ -21,7 +21,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 CORE_FILES = [ROOT / f for f in ("tracker/handout.py", "tracker/registry.py", "p2p/ratelimit.py",
-                                  "p2p/guard.py")]
+                                  "p2p/guard.py", "fusefs/tree.py")]
 CORE_MODULES = sorted(
     [*(ROOT / "p2p" / "swarm").rglob("*.py"), *(f for f in CORE_FILES if f.is_file())]
 )

@@ -1,0 +1,116 @@
+"""`bootseer fs mount TREE_FILE DIR`: serve a tree file over FUSE until SIGTERM or SIGINT.
+
+A development command: the tree file is the JSON form of a `fusefs.tree.Tree`
+(`Tree.to_json`); file bytes come from the local agent's store directory and,
+for chunks not yet local, from the agent's API socket. Once the mount serves,
+the command prints exactly one JSON line on stdout,
+`{"event": "mounted", "mountpoint": DIR, "read_ahead_kb": N}`. Logs go to
+stderr. Expected failures (no FUSE, a bad tree file, a bad mount point) are
+one-line errors, never tracebacks. Also runs as `python -m fusefs mount ...`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from p2p.cli import UserError
+
+log = logging.getLogger("bootseer.fusefs")
+
+
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register `bootseer fs`."""
+    p = sub.add_parser("fs", help="FUSE mounts of content trees (development)",
+                       description="FUSE mounts of content trees")
+    fs_sub = p.add_subparsers(dest="fs_command", required=True, metavar="COMMAND")
+    add_mount(fs_sub)
+
+
+def add_mount(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    m = sub.add_parser("mount", help="serve a tree file at DIR until SIGTERM",
+                       description=__doc__.splitlines()[0])
+    m.add_argument("tree_file", metavar="TREE_FILE", help="JSON tree (Tree.to_json)")
+    m.add_argument("mountpoint", metavar="DIR", help="an existing empty directory")
+    m.add_argument("--api-socket", dest="api_socket", required=True, metavar="PATH",
+                   help="the local agent's API socket")
+    m.add_argument("--store-dir", dest="store_dir", required=True, metavar="DIR",
+                   help="the local agent's chunk store directory")
+    m.add_argument("--read-timeout", dest="read_timeout_s", type=float, default=30.0,
+                   metavar="SECONDS", help="a read not served within this fails with EIO "
+                   "(default 30)")
+    m.add_argument("--read-ahead-kb", dest="read_ahead_kb", type=int, default=4096,
+                   metavar="KB", help="the mount's read-ahead; 1024 or more gives 1 MiB "
+                   "reads (default 4096)")
+    m.add_argument("--allow-other", dest="allow_other", action="store_true",
+                   help="let other users read the mount (needs user_allow_other in "
+                   "/etc/fuse.conf unless root)")
+    m.add_argument("--log-level", dest="log_level", default="INFO", type=str.upper,
+                   choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="stderr log level")
+    m.set_defaults(run=run_mount)
+
+
+def run_mount(args: argparse.Namespace) -> int:
+    from fusefs.mount import MountError, check_fuse
+    from fusefs.tree import Tree, TreeError
+
+    logging.basicConfig(level=args.log_level, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        check_fuse()
+        tree = Tree.from_json(Path(args.tree_file).read_bytes(), args.tree_file)
+    except (MountError, TreeError) as exc:
+        raise UserError(str(exc)) from None
+    except OSError as exc:
+        raise UserError(f"cannot read the tree file {args.tree_file}: {exc.strerror}") from None
+    _check_dir(args.mountpoint, "mount point")
+    _check_dir(args.store_dir, "store directory")
+    if args.read_timeout_s <= 0 or args.read_ahead_kb <= 0:
+        raise UserError("--read-timeout and --read-ahead-kb must be positive")
+    try:
+        asyncio.run(_serve(tree, args))
+    except MountError as exc:
+        raise UserError(str(exc)) from None
+    return 0
+
+
+async def _serve(tree: Any, args: argparse.Namespace) -> None:
+    from fusefs.mount import serve
+    from fusefs.source import open_agent_source
+
+    source = await open_agent_source(Path(args.store_dir), args.api_socket,
+                                     args.read_timeout_s)
+
+    def ready(info: dict[str, Any]) -> None:
+        print(json.dumps({"event": "mounted", **info}), flush=True)
+        log.info("serving %d nodes (%d bytes in files) at %s, read-ahead %s KiB",
+                 len(tree), tree.total_bytes, info["mountpoint"], info["read_ahead_kb"])
+
+    await serve(tree, source, Path(args.mountpoint), args.read_ahead_kb, args.allow_other,
+                ready)
+
+
+def _check_dir(path: str, what: str) -> None:
+    if not os.path.isdir(path):
+        raise UserError(f"the {what} {path} is not a directory")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m fusefs mount ...`: the `fs` commands without the console script."""
+    parser = argparse.ArgumentParser(prog="python -m fusefs")
+    add_mount(parser.add_subparsers(dest="fs_command", required=True, metavar="COMMAND"))
+    args = parser.parse_args(argv)
+    try:
+        return int(args.run(args) or 0)
+    except UserError as exc:
+        print(f"fusefs {args.fs_command}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130

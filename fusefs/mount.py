@@ -1,0 +1,214 @@
+"""Mount lifecycle: serve a tree in this process, or run a mount in a child process.
+
+`serve` mounts, raises the kernel's read size, serves until SIGTERM or
+SIGINT, and unmounts cleanly. It must run in a process of its own: a
+process that reads a pyfuse3 mount it serves deadlocks (its one event loop
+is busy waiting for the kernel, which waits for that loop). For the same
+reason the serving process never touches its own mount point once mounted:
+the path is resolved before the mount, and the mount's device is found in
+/proc/self/mountinfo, not by stat().
+
+Read size. A FUSE mount's BDI starts at a 128 KiB read-ahead, so the kernel
+sends 128 KiB reads; raising `/sys/class/bdi/<major:minor>/read_ahead_kb`
+to 1024 or more makes it send 1 MiB reads (libfuse3's max_pages), about
+twice the throughput here. pyfuse3 cannot pass `max_read` (libfuse aborts the
+mount), and there is nothing else to set.
+
+`Mount` runs `python -m fusefs mount ...` as a child, waits for its one JSON
+"mounted" line, and stops it with SIGTERM; if the child dies without
+unmounting, `fusermount3 -u` (lazy as a last resort) clears the mount point.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+READ_AHEAD_KB = 4096
+MOUNT_OPTIONS = ("ro", "default_permissions", "fsname=bootseer", "subtype=bootseer")
+READY_TIMEOUT_S = 30.0
+FUSE_DEVICE = "/dev/fuse"
+FUSERMOUNT = "fusermount3"
+
+
+class MountError(Exception):
+    """The mount cannot be made or served; the message says why and what to do."""
+
+
+def check_fuse() -> None:
+    """MountError naming the Debian package if FUSE cannot work on this node."""
+    if not os.path.exists(FUSE_DEVICE):
+        raise MountError(f"{FUSE_DEVICE} is missing: install the Debian package fuse3 and "
+                         "load the fuse module (modprobe fuse)")
+    if shutil.which(FUSERMOUNT) is None:
+        raise MountError(f"{FUSERMOUNT} is not on PATH: install the Debian package fuse3")
+
+
+# ---- serving, in this process -----------------------------------------------------------
+
+
+async def serve(tree: Any, source: Any, mountpoint: Path, read_ahead_kb: int = READ_AHEAD_KB,
+                allow_other: bool = False,
+                on_ready: Callable[[dict[str, Any]], None] | None = None) -> None:
+    """Mount `tree` at `mountpoint`, serve until SIGTERM/SIGINT, then unmount and close
+    `source`. `on_ready` gets {"mountpoint", "read_ahead_kb"} once the mount works."""
+    import pyfuse3
+    import pyfuse3.asyncio
+
+    from fusefs.fs import ContentFS
+
+    pyfuse3.asyncio.enable()
+    path = os.path.realpath(mountpoint)  # before the mount: never stat our own mount
+    options = set(MOUNT_OPTIONS) | ({"allow_other"} if allow_other else set())
+    loop = asyncio.get_running_loop()
+    initialised = asyncio.Event()
+    # The kernel sets the BDI's read-ahead from our INIT reply, so ours comes after it:
+    # `init` runs while the reply is being made; call_soon runs once it is written.
+    ops = ContentFS(tree, source, on_init=lambda: loop.call_soon(initialised.set))
+    try:
+        pyfuse3.init(ops, path, options)
+    except RuntimeError as exc:
+        raise MountError(f"cannot mount on {path}: {exc}") from None
+
+    async def tune() -> None:
+        await initialised.wait()
+        ra = set_read_ahead(path, read_ahead_kb)
+        if on_ready is not None:
+            on_ready({"mountpoint": path, "read_ahead_kb": ra})
+
+    try:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, pyfuse3.terminate)
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(pyfuse3.main())
+            tasks.create_task(tune())
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        pyfuse3.close(unmount=True)
+        await source.close()
+    log.info("unmounted %s: %d reads of %d bytes on average, %d failed", path, ops.reads,
+             ops.read_bytes // max(ops.reads, 1), ops.failed_reads)
+
+
+def mount_device(mountinfo: str, path: str) -> str | None:
+    """The major:minor of the last FUSE mount at `path` in a /proc/<pid>/mountinfo text."""
+    found = None
+    for line in mountinfo.splitlines():
+        fields = line.split()
+        if len(fields) < 10 or "-" not in fields:
+            continue
+        fstype = fields[fields.index("-") + 1]
+        if _unescape(fields[4]) == path and fstype.startswith("fuse"):
+            found = fields[2]
+    return found
+
+
+def _unescape(field: str) -> str:
+    """mountinfo writes space, tab, newline and backslash as octal escapes."""
+    for code in ("\\040", "\\011", "\\012", "\\134"):
+        field = field.replace(code, chr(int(code[1:], 8)))
+    return field
+
+
+def set_read_ahead(path: str, kb: int) -> int | None:
+    """Set the read-ahead of the FUSE mount at `path`; the value now in effect (None if the
+    BDI cannot be found or written: the mount still works, with 128 KiB reads)."""
+    try:
+        device = mount_device(Path("/proc/self/mountinfo").read_text(), path)
+        if device is None:
+            log.warning("no FUSE mount at %s in /proc/self/mountinfo; read-ahead unchanged", path)
+            return None
+        knob = Path("/sys/class/bdi") / device / "read_ahead_kb"
+        knob.write_text(f"{kb}\n")
+        return int(knob.read_text())
+    except OSError as exc:
+        log.warning("cannot raise the read-ahead of %s (%s); reads stay at 128 KiB", path, exc)
+        return None
+
+
+# ---- a mount in a child process -----------------------------------------------------------
+
+
+def is_mounted(path: Path | str) -> bool:
+    """Whether a FUSE mount is at `path` (from /proc/self/mountinfo, without touching it)."""
+    text = Path("/proc/self/mountinfo").read_text()
+    return mount_device(text, os.path.realpath(path)) is not None
+
+
+def force_unmount(path: Path | str) -> None:
+    """Clear a mount left by a child that died: `fusermount3 -u`, then lazily (`-uz`)."""
+    for args in (["-u"], ["-u", "-z"]):
+        if not is_mounted(path):
+            return
+        result = subprocess.run([FUSERMOUNT, *args, str(path)], capture_output=True, text=True,
+                                check=False, timeout=30)
+        if result.returncode != 0:
+            log.warning("%s %s %s: %s", FUSERMOUNT, " ".join(args), path, result.stderr.strip())
+
+
+@dataclass
+class Mount:
+    """A mount served by a child process (`python -m fusefs mount`)."""
+
+    proc: asyncio.subprocess.Process
+    mountpoint: Path
+    read_ahead_kb: int | None
+    log_path: Path
+
+    @classmethod
+    async def start(cls, tree_file: Path, mountpoint: Path, api_socket: str, store_dir: Path,
+                    log_path: Path, *extra: str, env: dict[str, str] | None = None) -> Mount:
+        """Start the child and wait until it serves; MountError with its log if it does not."""
+        check_fuse()
+        with open(log_path, "ab") as err:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "fusefs", "mount", str(tree_file), str(mountpoint),
+                "--api-socket", api_socket, "--store-dir", str(store_dir), *extra,
+                stdout=asyncio.subprocess.PIPE, stderr=err, env=env, start_new_session=True)
+        assert proc.stdout is not None
+        try:
+            line = await asyncio.wait_for(proc.stdout.readline(), READY_TIMEOUT_S)
+            ready = json.loads(line)
+        except (TimeoutError, json.JSONDecodeError) as exc:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+            force_unmount(mountpoint)
+            tail = log_path.read_text(errors="replace")[-2000:]
+            raise MountError(f"the mount at {mountpoint} did not start "
+                             f"({type(exc).__name__}); its log:\n{tail}") from None
+        return cls(proc, Path(ready["mountpoint"]), ready.get("read_ahead_kb"), log_path)
+
+    async def stop(self, timeout_s: float = 10.0) -> int:
+        """SIGTERM, wait, and make sure nothing stays mounted; the child's exit status."""
+        if self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(self.proc.wait(), timeout_s)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    self.proc.kill()
+                await self.proc.wait()
+        await asyncio.to_thread(force_unmount, self.mountpoint)
+        return self.proc.returncode if self.proc.returncode is not None else -1
+
+    async def __aenter__(self) -> Mount:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()

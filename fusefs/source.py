@@ -1,0 +1,210 @@
+"""Where a mount's file bytes come from: verified ranges of swarm contents.
+
+The filesystem asks a `Source` for `length` bytes of a content from `offset`
+(never more than a FUSE read, about 1 MiB, and never past the content's end).
+`AgentSource` serves contents the local agent holds:
+
+- A chunk already on local disk is read straight from the agent's store
+  directory (`<store>/<content>/<index>.chunk`) through a read-only
+  `p2p.store.ChunkView`: hashed against the manifest the first time, then
+  trusted only while the file keeps the stat it had when it passed. No HTTP
+  round trip, no copy beyond the one `pread` into the reply buffer.
+- The manifest is the store's `manifest.json`, accepted only if it certifies
+  the content id asked for (ids are hashes of the manifest). If the store has
+  none yet, the agent is asked to attach the content (its manifest comes from
+  the tracker, over the agent's authenticated channel), which writes it.
+- A chunk that is absent, or whose file fails the check, is asked of the
+  agent over its local API as a whole chunk; the agent fetches it from peers
+  or the origin (a damaged file is caught by the agent's own check, deleted
+  and fetched again). The chunk that comes back is checked here against the
+  manifest too, so a byte this source returns has always been verified by
+  this process. Concurrent reads of one missing chunk share one request.
+
+Bounded time: everything a read waits for is under one deadline
+(`read_timeout_s`, default 30 s); past it the read raises `SourceError`, which
+the filesystem logs and answers with EIO. The reader never hangs. A chunk that
+failed that way fails again at once for `RETRY_AFTER_S`, so the kernel's
+immediate retry of a failed read-ahead does not double the reader's wait.
+
+Threads: local reads run inline on the event loop by default: from the page
+cache a 1 MiB `pread` is a fraction of a millisecond, and a hop to a worker
+thread costs about as much (`threaded_reads=True` moves them to threads, for
+stores on slow disks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Protocol
+
+from p2p.content import ContentId, ManifestError, check_content_id
+from p2p.localapi import AgentClient, AgentError
+from p2p.store import ChunkView, DamagedChunk, MissingChunk
+
+log = logging.getLogger(__name__)
+
+READ_TIMEOUT_S = 30.0
+# A chunk the agent could not supply fails at once for this long: the kernel retries a
+# failed read-ahead right away with a page-sized read, which would wait the bound again.
+RETRY_AFTER_S = 5.0
+
+Buffer = bytes | bytearray | memoryview
+
+
+class SourceError(Exception):
+    """The bytes cannot be had (in time); the message says which and why."""
+
+
+class Source(Protocol):
+    async def read(self, content: str, offset: int, length: int) -> Buffer:
+        """Exactly `length` verified bytes of `content` from `offset`; SourceError if not."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class AgentSource:
+    """Contents held by the local agent: its store directory first, its API for the rest."""
+
+    def __init__(self, store_dir: Path, client: AgentClient,
+                 read_timeout_s: float = READ_TIMEOUT_S, threaded_reads: bool = False) -> None:
+        self.store_dir = Path(store_dir)
+        self.client = client
+        self.read_timeout_s = read_timeout_s
+        self.threaded_reads = threaded_reads
+        self.agent_chunks = 0  # chunks that had to come through the agent
+        self._views: dict[str, ChunkView] = {}
+        self._view_lock = asyncio.Lock()
+        self._inflight: dict[tuple[ContentId, int], asyncio.Task[memoryview]] = {}
+        self._failed: dict[tuple[ContentId, int], tuple[float, str]] = {}  # until, why
+
+    async def read(self, content: str, offset: int, length: int) -> Buffer:
+        try:
+            async with asyncio.timeout(self.read_timeout_s):
+                return await self._read(content, offset, length)
+        except TimeoutError:
+            raise SourceError(f"{length} bytes of {content} at {offset} did not arrive within "
+                              f"{self.read_timeout_s:g} s") from None
+
+    async def close(self) -> None:
+        for task in list(self._inflight.values()):
+            task.cancel()
+        await asyncio.gather(*self._inflight.values(), return_exceptions=True)
+        await self.client.close()
+
+    async def _read(self, content: str, offset: int, length: int) -> Buffer:
+        view = await self._view(content)
+        manifest = view.manifest
+        try:
+            chunks = manifest.chunks_for_range(offset, length)
+        except ValueError as exc:
+            raise SourceError(f"{content}: {exc}") from None
+        pieces = []
+        for index in chunks:
+            start = manifest.chunk_offset(index)
+            lo = max(offset - start, 0)
+            hi = min(offset + length - start, manifest.chunk_length(index))
+            pieces.append(await self._piece(view, index, lo, hi))
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+    async def _piece(self, view: ChunkView, index: int, lo: int, hi: int) -> Buffer:
+        try:
+            if self.threaded_reads:
+                return await asyncio.to_thread(view.read_chunk, index, lo, hi)
+            return view.read_chunk(index, lo, hi)
+        except DamagedChunk as exc:
+            log.warning("%s; asking the agent for chunk %d again", exc, index)
+        except MissingChunk:
+            pass
+        whole = await self._from_agent(view, index)
+        return whole[lo:hi]
+
+    async def _view(self, content: str) -> ChunkView:
+        view = self._views.get(content)
+        if view is not None:
+            return view
+        try:
+            cid = check_content_id(content)
+        except ManifestError as exc:
+            raise SourceError(str(exc)) from None
+        async with self._view_lock:
+            if cid not in self._views:
+                self._views[cid] = await self._load_view(cid)
+        return self._views[cid]
+
+    async def _load_view(self, cid: ContentId) -> ChunkView:
+        try:
+            return ChunkView.load(self.store_dir, cid)
+        except FileNotFoundError:
+            pass
+        except (ManifestError, OSError) as exc:
+            raise SourceError(f"the store's manifest of {cid} is unusable: {exc}") from None
+        try:  # the agent attaches it: the manifest, from the tracker, lands in the store
+            await self.client.prefetch(cid, [])
+            return ChunkView.load(self.store_dir, cid)
+        except AgentError as exc:
+            raise SourceError(f"the agent cannot provide {cid}: {exc}") from None
+        except (ManifestError, OSError) as exc:
+            raise SourceError(f"the agent attached {cid} but its manifest in {self.store_dir} "
+                              f"is unusable ({exc}); is --store-dir the agent's store?") \
+                from None
+
+    async def _from_agent(self, view: ChunkView, index: int) -> memoryview:
+        key = (view.manifest.content_id, index)
+        now = asyncio.get_running_loop().time()
+        until, why = self._failed.get(key, (0.0, ""))
+        if now < until:
+            raise SourceError(f"{why} (failed {RETRY_AFTER_S - (until - now):.1f} s ago; "
+                              f"tried again after {RETRY_AFTER_S:g} s)")
+        task = self._inflight.get(key)
+        if task is None:
+            task = asyncio.create_task(self._fetch_chunk(view, index))
+            self._inflight[key] = task
+            task.add_done_callback(lambda t: self._fetched(key, t))
+        return await asyncio.shield(task)  # one reader's deadline does not cancel the others'
+
+    def _fetched(self, key: tuple[ContentId, int], task: asyncio.Task[memoryview]) -> None:
+        if self._inflight.get(key) is task:
+            del self._inflight[key]
+        error = None if task.cancelled() else task.exception()  # retrieved: waiters get it
+        if error is not None:
+            until = asyncio.get_running_loop().time() + RETRY_AFTER_S
+            self._failed[key] = (until, str(error) or type(error).__name__)
+        else:
+            self._failed.pop(key, None)
+
+    async def _fetch_chunk(self, view: ChunkView, index: int) -> memoryview:
+        manifest = view.manifest
+        length = manifest.chunk_length(index)
+        buf = bytearray(length)
+        got = 0
+
+        def write(data: bytes) -> None:
+            nonlocal got
+            n = min(len(data), length - got)
+            buf[got:got + n] = data[:n]
+            got += len(data)
+
+        try:
+            async with asyncio.timeout(self.read_timeout_s):
+                await self.client.read_to(manifest.content_id, manifest.chunk_offset(index),
+                                          length, write)
+        except AgentError as exc:
+            raise SourceError(f"the agent could not read chunk {index} of "
+                              f"{manifest.content_id}: {exc}") from None
+        except TimeoutError:
+            raise SourceError(f"chunk {index} of {manifest.content_id} did not arrive from "
+                              f"the agent within {self.read_timeout_s:g} s") from None
+        if got != length or not manifest.verify(index, buf):
+            raise SourceError(f"the agent sent chunk {index} of {manifest.content_id} that "
+                              f"fails its check ({got} bytes); not using it")
+        self.agent_chunks += 1
+        return memoryview(buf)
+
+
+async def open_agent_source(store_dir: Path, api_socket: str,
+                            read_timeout_s: float = READ_TIMEOUT_S) -> AgentSource:
+    """An AgentSource with its own client (call inside the loop that will use it)."""
+    return AgentSource(store_dir, AgentClient(api_socket), read_timeout_s)
