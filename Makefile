@@ -37,7 +37,7 @@ $(STAMP): pyproject.toml Makefile
 
 lint: setup
 	$(BIN)/ruff check .
-	$(BIN)/mypy p2p tracker simulations
+	$(BIN)/mypy p2p tracker simulations fusefs
 
 test: lint
 	$(BIN)/pytest -q
