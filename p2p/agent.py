@@ -469,7 +469,12 @@ class Agent:
         except ValueError:
             have = []  # wrong length: the swarm treats it as a bad join
         current = session.links.get(link.peer)
-        if current is not None and not current.closed:
+        if current is link:
+            # A Join again on the same link: the peer restarted its session for this
+            # content (it failed and reopened). Its state starts afresh, and its new
+            # session needs our bits again.
+            link.joined_out.discard(content)
+        elif current is not None and not current.closed:
             # A second link to the same peer (both sides dialled at once): answer on
             # it, keep requesting on the first, and do not restart the peer's state.
             self._send_join(session, link)
