@@ -194,15 +194,19 @@ class Link:
                 await self._send_chunk(req, *opened)
 
     async def _open(self, content: ContentId, chunk: int) -> tuple[int, int] | str:
-        """(fd, length) of the chunk to send, checked against its manifest just now (in
-        a worker thread: hashing and a cold read must not stall the loop), or why it
-        cannot be served."""
+        """(fd, length) of the chunk to send, checked against its manifest unless its file
+        is unchanged since its last check, or why it cannot be served."""
         count = self._owner.chunk_count(content)
         if count is None:
             return "not held"
         if not 0 <= chunk < count:
             return f"no chunk {chunk} in a content of {count} chunks"
         try:
+            # Unchanged since it was written or last checked: serve it at once. Else
+            # hash it again, in a worker thread (a cold read must not stall the loop).
+            opened = self._store.open_cached(content, chunk)
+            if opened is not None:
+                return opened
             return await asyncio.to_thread(self._store.open_verified, content, chunk)
         except DamagedChunk:  # already deleted, logged, counted and refetched by the store
             return "failed verification here"

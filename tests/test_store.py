@@ -11,7 +11,14 @@ from pathlib import Path
 import pytest
 
 from p2p.content import ContentId, KiB, Manifest, ManifestBuilder
-from p2p.store import ChunkStore, CorruptChunk, MissingChunk, StoreFullError, UnknownContent
+from p2p.store import (
+    ChunkStore,
+    CorruptChunk,
+    DamagedChunk,
+    MissingChunk,
+    StoreFullError,
+    UnknownContent,
+)
 
 CHUNK = 64 * KiB
 
@@ -256,3 +263,25 @@ def test_disk_full_evicts_unpinned_contents_first(tmp_path: Path) -> None:
         fill(store, new, dnew)
         assert {m.content_id for m in store.known()} == {new.content_id}
         assert store.present(new.content_id) == [True] * 10
+
+
+def test_a_chunk_is_served_unchecked_only_while_its_file_is_unchanged(tmp_path: Path) -> None:
+    """`open_cached` trusts a file only as it was written from verified bytes; any write to
+    it (a flipped byte keeps the size but moves mtime and ctime) sends it back through a
+    full check, which finds and deletes it."""
+    manifest, data = make("c1", 2 * CHUNK)
+    store = ChunkStore(tmp_path, 1 << 30)
+    store.attach(manifest)
+    fill(store, manifest, data)
+    opened = store.open_cached(manifest.content_id, 1)
+    assert opened is not None
+    os.close(opened[0])
+    path = tmp_path / manifest.content_id / "1.chunk"
+    with open(path, "r+b") as f:
+        f.write(b"\xff")
+    assert store.open_cached(manifest.content_id, 1) is None
+    with pytest.raises(DamagedChunk):
+        store.open_verified(manifest.content_id, 1)
+    assert not path.exists() and not store.has(manifest.content_id, 1)
+    with pytest.raises(MissingChunk):
+        store.open_cached(manifest.content_id, 1)
