@@ -103,14 +103,7 @@ def _check_dir(path: str, what: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m fusefs mount ...`: the `fs` commands without the console script."""
-    parser = argparse.ArgumentParser(prog="python -m fusefs")
-    add_mount(parser.add_subparsers(dest="fs_command", required=True, metavar="COMMAND"))
-    args = parser.parse_args(argv)
-    try:
-        return int(args.run(args) or 0)
-    except UserError as exc:
-        print(f"fusefs {args.fs_command}: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
+    """`python -m fusefs mount ...`: `bootseer fs ...` without the console script."""
+    from p2p.cli import main as bootseer_main
+
+    return bootseer_main(["fs", *(sys.argv[1:] if argv is None else argv)])
