@@ -3,8 +3,9 @@
 Exports each revision's tree (`git archive`) into a temporary directory and
 runs `bootseer bench swarm ... --json` from it, with PYTHONPATH pointing at
 that tree so the bench and every agent, tracker and origin it starts run that
-revision's code. Rounds alternate (before, after, before, after, ...) so both
-see the same machine load, and one JSON line gives each side's figures, their
+revision's code. After one uncounted warm-up run of each side, rounds
+alternate in ABBA order (before, after, after, before, ...) so both see the
+same machine load and neither always goes first, and one JSON line gives each side's figures, their
 medians and the median ratio after/before. The figure compared is
 `aggregate_mbps` (uncapped runs: higher is better) or `seconds_over_bound`
 (capped runs: lower is better); the line says which.
@@ -90,9 +91,12 @@ def main() -> None:
                  (("before", args.before), ("after", args.after))}
         extra = {"before": shlex.split(args.before_args), "after": shlex.split(args.after_args)}
         runs: dict[str, list[dict[str, Any]]] = {"before": [], "after": []}
-        for _ in range(args.rounds):
-            for side, tree in trees.items():
-                runs[side].append(bench(tree, bench_args + extra[side]))
+        for side, tree in trees.items():  # warm-up, not counted: the first runs are slow
+            bench(tree, bench_args + extra[side])
+        for i in range(args.rounds):
+            # ABBA order: neither side always runs first in a round
+            for side in (("before", "after") if i % 2 == 0 else ("after", "before")):
+                runs[side].append(bench(trees[side], bench_args + extra[side]))
                 print(f"{side}: {runs[side][-1][figure]}", file=sys.stderr)
     medians = {side: statistics.median(r[figure] for r in rs) for side, rs in runs.items()}
     cpu = {side: statistics.median(r["cpu_seconds"] for r in rs) for side, rs in runs.items()}
