@@ -40,7 +40,7 @@ fsync per chunk on every write.
 
 Budget. `used_bytes` counts chunk files only (manifests are small). A `put`
 that would exceed `budget_bytes` first evicts whole contents, least recently
-used first (put, read, open_chunk and attach count as use), skipping pinned
+used first (put, reads, opens for peers and attach count as use), skipping pinned
 ones (`attach` pins, `detach` unpins); if nothing is left to evict it raises
 StoreFullError. A full disk (ENOSPC, EDQUOT) is handled the same way: the
 temp file is removed, unpinned contents are evicted one at a time while the
@@ -284,7 +284,6 @@ class ChunkStore:
         self._remember(content_id, index, key)
         return fd, length
 
-    open_chunk = open_verified  # the name the upload path used before checks on the way out
 
     def read_chunk(self, content_id: ContentId, index: int, lo: int, hi: int) -> memoryview:
         """Bytes [lo, hi) of chunk `index`, verified, in a buffer of their own.

@@ -92,18 +92,18 @@ def test_missing_chunks(tmp_path: Path) -> None:
     with pytest.raises(MissingChunk):
         store.read(manifest.content_id, CHUNK - 1, 2)
     with pytest.raises(MissingChunk):
-        store.open_chunk(manifest.content_id, 1)
+        store.open_verified(manifest.content_id, 1)
     with pytest.raises(UnknownContent):
         store.put(ContentId("other"), 0, b"x")
     assert not store.has(ContentId("other"), 0)
 
 
-def test_open_chunk_gives_a_readable_fd(tmp_path: Path) -> None:
+def test_open_verified_gives_a_readable_fd(tmp_path: Path) -> None:
     manifest, data = make("c1", CHUNK + 10)
     store = ChunkStore(tmp_path, 1 << 30)
     store.attach(manifest)
     fill(store, manifest, data)
-    fd, length = store.open_chunk(manifest.content_id, 1)
+    fd, length = store.open_verified(manifest.content_id, 1)
     try:
         assert length == 10
         assert os.pread(fd, 100, 0) == data[CHUNK:]

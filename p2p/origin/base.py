@@ -1,8 +1,13 @@
-"""The origin adapter interface."""
+"""The origin adapter interface, and the HTTP plumbing the adapters share."""
 
 from __future__ import annotations
 
 from typing import Protocol
+
+import aiohttp
+
+CONNECT_TIMEOUT_S = 10.0
+BLOCK_BYTES = 1 << 20  # what one read of a response body takes at most
 
 
 class OriginError(Exception):
@@ -15,3 +20,22 @@ class Origin(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+def http_session(read_timeout_s: float) -> aiohttp.ClientSession:
+    """A client session for an origin: bounded connect, no byte for `read_timeout_s`
+    means the read is stuck; bodies are bytes, never decompressed."""
+    timeout = aiohttp.ClientTimeout(sock_connect=CONNECT_TIMEOUT_S, sock_read=read_timeout_s)
+    return aiohttp.ClientSession(timeout=timeout, auto_decompress=False)
+
+
+async def receive_into(body: aiohttp.StreamReader, view: memoryview) -> int:
+    """Copy a response body into `view`; the bytes received. A body longer than `view`
+    stops the copy and returns len(view) + 1, so the caller can say so."""
+    done = 0
+    async for block in body.iter_chunked(BLOCK_BYTES):
+        if done + len(block) > len(view):
+            return len(view) + 1
+        view[done:done + len(block)] = block
+        done += len(block)
+    return done

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import aiohttp
 
-from p2p.origin.base import OriginError
+from p2p.origin.base import OriginError, http_session, receive_into
 
-CONNECT_TIMEOUT_S = 10.0
 READ_TIMEOUT_S = 20.0  # no byte for this long: the read is stuck, retry it
 
 
@@ -17,9 +16,7 @@ class HttpOrigin:
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None:
-            timeout = aiohttp.ClientTimeout(sock_connect=CONNECT_TIMEOUT_S,
-                                            sock_read=READ_TIMEOUT_S)
-            self._session = aiohttp.ClientSession(timeout=timeout, auto_decompress=False)
+            self._session = http_session(READ_TIMEOUT_S)
         return self._session
 
     async def read_into(self, url: str, offset: int, view: memoryview) -> None:
@@ -29,13 +26,10 @@ class HttpOrigin:
                 if resp.status != 206:
                     raise OriginError(f"origin {url} answered HTTP {resp.status} to a range "
                                       f"request (expected 206)")
-                done = 0
-                async for block in resp.content.iter_chunked(1 << 20):
-                    if done + len(block) > len(view):
-                        raise OriginError(f"origin {url} sent more than the {len(view)} "
-                                          "bytes asked for")
-                    view[done:done + len(block)] = block
-                    done += len(block)
+                done = await receive_into(resp.content, view)
+                if done > len(view):
+                    raise OriginError(f"origin {url} sent more than the {len(view)} "
+                                      "bytes asked for")
                 if done != len(view):
                     raise OriginError(f"origin {url} sent {done} of {len(view)} bytes")
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:

@@ -22,6 +22,7 @@ from urllib.parse import urlencode, urljoin
 
 import aiohttp
 
+from p2p.origin.base import BLOCK_BYTES, receive_into
 from p2p.origin.oci_auth import find_credentials
 from p2p.origin.oci_http import RegistryError, RetryPolicy
 from p2p.origin.oci_manifest import (
@@ -42,7 +43,6 @@ from p2p.origin.oci_session import CredentialLookup, RegistrySession
 
 __all__ = ["PulledManifest", "RawManifest", "RegistryClient", "RegistryError", "sha256_digest"]
 
-BLOCK_BYTES = 1 << 20
 MAX_TAG_PAGES = 100
 
 
@@ -250,13 +250,10 @@ class RegistryClient:
             if start != str(offset):
                 raise RegistryError(f"registry {ref.registry} answered a range of {what} from "
                                     f"byte {start!r}, not {offset}")
-            done = 0
-            async for block in resp.content.iter_chunked(BLOCK_BYTES):
-                if done + len(block) > len(view):
-                    raise RegistryError(f"registry {ref.registry} sent more of {what} than "
-                                        "the range asked for")
-                view[done:done + len(block)] = block
-                done += len(block)
+            done = await receive_into(resp.content, view)
+        if done > len(view):
+            raise RegistryError(f"registry {ref.registry} sent more of {what} than "
+                                "the range asked for")
         if done != len(view):
             raise RegistryError(f"registry {ref.registry} sent {done} of the {len(view)} "
                                 f"bytes asked for from {what}")

@@ -28,6 +28,7 @@ from contextlib import asynccontextmanager
 
 import aiohttp
 
+from p2p.origin.base import http_session
 from p2p.origin.oci_auth import (
     Challenge,
     Credentials,
@@ -49,7 +50,6 @@ from p2p.origin.oci_http import (
 )
 from p2p.origin.oci_ref import ImageRef
 
-CONNECT_TIMEOUT_S = 10.0
 READ_TIMEOUT_S = 30.0
 
 CredentialLookup = Callable[[str], Credentials | None]
@@ -94,9 +94,7 @@ class RegistrySession:
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None:
-            timeout = aiohttp.ClientTimeout(sock_connect=CONNECT_TIMEOUT_S,
-                                            sock_read=READ_TIMEOUT_S)
-            self._session = aiohttp.ClientSession(timeout=timeout, auto_decompress=False)
+            self._session = http_session(READ_TIMEOUT_S)
         return self._session
 
     @asynccontextmanager
