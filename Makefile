@@ -13,8 +13,11 @@ BIN := $(VENV)/bin
 # pkg-config, gcc and python3-dev: the compiler side of that build; python3-venv: .venv.
 # docker-registry, skopeo, apache2-utils (htpasswd -B) and busybox-static: the real OCI
 # registry the image tests push to and pull from, and the files of their test image.
+# runc and bubblewrap: the container runtimes `bootseer image run` drives; umoci: the
+# unpacking half of the full-pull baseline; debootstrap: the realistic python3 image
+# the image benchmark builds.
 DEB_PACKAGES := fuse3 libfuse3-dev pkg-config gcc python3-dev python3-venv \
-	docker-registry skopeo apache2-utils busybox-static
+	docker-registry skopeo apache2-utils busybox-static runc bubblewrap umoci debootstrap
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 .PHONY: setup test lint demo clean
