@@ -169,19 +169,31 @@ class Mount:
     read_ahead_kb: int | None
     log_path: Path
 
+    ready: dict[str, Any]
+
     @classmethod
     async def start(cls, tree_file: Path, mountpoint: Path, api_socket: str, store_dir: Path,
                     log_path: Path, *extra: str, env: dict[str, str] | None = None) -> Mount:
-        """Start the child and wait until it serves; MountError with its log if it does not."""
+        """Start `python -m fusefs mount` and wait until it serves (see `spawn`)."""
+        argv = [sys.executable, "-m", "fusefs", "mount", str(tree_file), str(mountpoint),
+                "--api-socket", api_socket, "--store-dir", str(store_dir), *extra]
+        return await cls.spawn(argv, mountpoint, log_path, env=env)
+
+    @classmethod
+    async def spawn(cls, argv: list[str], mountpoint: Path, log_path: Path,
+                    env: dict[str, str] | None = None,
+                    ready_timeout_s: float = READY_TIMEOUT_S) -> Mount:
+        """Run `argv`, a command that serves a mount at `mountpoint` and then prints one
+        JSON line with at least "mountpoint"; wait for that line. MountError with the
+        child's log (stderr, in `log_path`) if it does not come."""
         check_fuse()
         with open(log_path, "ab") as err:
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "fusefs", "mount", str(tree_file), str(mountpoint),
-                "--api-socket", api_socket, "--store-dir", str(store_dir), *extra,
-                stdout=asyncio.subprocess.PIPE, stderr=err, env=env, start_new_session=True)
+                *argv, stdout=asyncio.subprocess.PIPE, stderr=err, env=env,
+                start_new_session=True)
         assert proc.stdout is not None
         try:
-            line = await asyncio.wait_for(proc.stdout.readline(), READY_TIMEOUT_S)
+            line = await asyncio.wait_for(proc.stdout.readline(), ready_timeout_s)
             ready = json.loads(line)
         except (TimeoutError, json.JSONDecodeError) as exc:
             with contextlib.suppress(ProcessLookupError):
@@ -189,9 +201,11 @@ class Mount:
             await proc.wait()
             force_unmount(mountpoint)
             tail = log_path.read_text(errors="replace")[-2000:]
-            raise MountError(f"the mount at {mountpoint} did not start "
-                             f"({type(exc).__name__}); its log:\n{tail}") from None
-        return cls(proc, Path(ready["mountpoint"]), ready.get("read_ahead_kb"), log_path)
+            why = "it exited" if proc.returncode is not None and not isinstance(
+                exc, TimeoutError) else type(exc).__name__
+            raise MountError(f"the mount at {mountpoint} did not start ({why}); its log:\n"
+                             f"{tail}") from None
+        return cls(proc, Path(ready["mountpoint"]), ready.get("read_ahead_kb"), log_path, ready)
 
     async def stop(self, timeout_s: float = 10.0) -> int:
         """SIGTERM, wait, and make sure nothing stays mounted; the child's exit status."""

@@ -39,7 +39,7 @@ import logging
 from pathlib import Path
 from typing import Protocol
 
-from p2p.content import ContentId, ManifestError, check_content_id
+from p2p.content import ContentId, Manifest, ManifestError, check_content_id
 from p2p.localapi import AgentClient, AgentError
 from p2p.store import ChunkView, DamagedChunk, MissingChunk
 
@@ -87,6 +87,10 @@ class AgentSource:
         except TimeoutError:
             raise SourceError(f"{length} bytes of {content} at {offset} did not arrive within "
                               f"{self.read_timeout_s:g} s") from None
+
+    async def manifest(self, content: str) -> Manifest:
+        """The manifest of `content` (attached through the agent if the store has none)."""
+        return (await self._view(content)).manifest
 
     async def close(self) -> None:
         for task in list(self._inflight.values()):

@@ -29,12 +29,9 @@ import base64
 import datetime
 import json
 import shutil
-import socket
 import subprocess
 import threading
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -47,10 +44,10 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 from cryptography.x509.oid import NameOID
 
+from fusefs.image.testbed import TestbedError, local_registry
 from p2p.origin.oci_auth import Credentials
 from p2p.origin.oci_ref import ImageRef
 
-REGISTRY_BIN = "/usr/bin/docker-registry"
 USER, READER, PASSWORD = "bootseer", "reader", "correct horse battery"
 SERVICE, ISSUER = "bootseer-test-registry", "bootseer-test-issuer"
 START_TIMEOUT_S = 30.0
@@ -59,12 +56,6 @@ MODES = ("none", "htpasswd", "token")
 
 def _b64url(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class TokenIssuer:
@@ -203,70 +194,19 @@ def _htpasswd(directory: Path) -> Path:
     return path
 
 
-def _write_config(directory: Path, port: int, auth: dict[str, object]) -> Path:
-    config = {
-        "version": "0.1",
-        "log": {"level": "info", "accesslog": {"disabled": False}},
-        "storage": {"filesystem": {"rootdirectory": str(directory / "storage")},
-                    "delete": {"enabled": True}},
-        "http": {"addr": f"127.0.0.1:{port}", "secret": uuid.uuid4().hex},
-        "auth": auth,
-    }
-    path = directory / "config.yml"
-    path.write_text(json.dumps(config, indent=1))  # YAML is a superset of JSON
-    return path
-
-
-def _wait_ready(process: subprocess.Popen[bytes], port: int, log_path: Path) -> bool:
-    """True once /v2/ answers; False if the process exited (e.g. the port was taken)."""
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            return False
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=1).close()
-            return True
-        except urllib.error.HTTPError:
-            return True  # 401: up, and asking for credentials
-        except OSError:
-            time.sleep(0.05)
-    raise AssertionError(f"docker-registry did not answer within {START_TIMEOUT_S}s; log:\n"
-                         f"{log_path.read_text()[-2000:]}")
-
-
 @contextmanager
 def running_registry(directory: Path, mode: str = "none") -> Iterator[RunningRegistry]:
     """A started registry in `mode` (see the module docstring); stopped on exit."""
-    if not Path(REGISTRY_BIN).is_file():
-        raise AssertionError("docker-registry not installed: apt-get install docker-registry")
     directory.mkdir(parents=True, exist_ok=True)
     issuer = TokenIssuer(directory) if mode == "token" else None
     if issuer is not None:
         issuer.start()
-    log_path = directory / "registry.log"
-    process = None
     try:
-        auth = _auth_config(mode, directory, issuer)
-        for _ in range(3):  # a free port can be taken between probe and bind
-            port = free_port()
-            with log_path.open("ab") as log:
-                process = subprocess.Popen([REGISTRY_BIN, "serve",
-                                            str(_write_config(directory, port, auth))],
-                                           stdout=log, stderr=subprocess.STDOUT)
-            if _wait_ready(process, port, log_path):
-                break
-        else:
-            raise AssertionError(f"docker-registry exited at start; log:\n"
-                                 f"{log_path.read_text()[-2000:]}")
-        yield RunningRegistry(mode, f"127.0.0.1:{port}", directory / "storage", log_path,
-                              issuer, process)
+        with local_registry(directory, _auth_config(mode, directory, issuer)) as started:
+            yield RunningRegistry(mode, started.address, started.root, started.log_path,
+                                  issuer, started.process)
+    except TestbedError as exc:
+        raise AssertionError(str(exc)) from None
     finally:
-        if process is not None and process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
         if issuer is not None:
             issuer.stop()

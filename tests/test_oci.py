@@ -17,7 +17,6 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-import registry as registry_fixture
 from aiohttp import web
 from oci_images import (
     BuiltImage,
@@ -29,6 +28,7 @@ from oci_images import (
 )
 from registry import MODES, PASSWORD, READER, USER, RunningRegistry, running_registry
 
+from fusefs.image import testbed
 from p2p.origin import OriginError, OriginPool
 from p2p.origin.oci import RegistryClient, RegistryError, sha256_digest
 from p2p.origin.oci_auth import Credentials
@@ -322,8 +322,8 @@ async def test_a_blob_corrupted_in_the_registry_storage_is_detected(
 
 def test_the_fixture_fails_naming_the_package_when_the_registry_is_missing(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(registry_fixture, "REGISTRY_BIN", str(tmp_path / "no-such-binary"))
-    with pytest.raises(AssertionError, match="docker-registry not installed: apt-get install "
+    monkeypatch.setattr(testbed, "REGISTRY_BIN", str(tmp_path / "no-such-binary"))
+    with pytest.raises(AssertionError, match="docker-registry is not installed: apt-get install "
                        "docker-registry"), running_registry(tmp_path, "none"):
         pass
 

@@ -1,0 +1,83 @@
+"""Small Bootseer files kept in an image's own repository as OCI artifacts.
+
+A layer index or a hot-block record is pushed as one blob plus an OCI image
+manifest that names it (config: the OCI empty descriptor; `artifactType` says
+what it is) under a tag of our own, so the registry keeps the blob (garbage
+collection spares what a tagged manifest references) and any node that can
+pull the image can find it. Tags, not the referrers API: Debian's
+docker-registry (distribution 2.8) has no referrers API, and a tag is what its
+fallback schema uses anyway.
+
+Writing needs push rights on the repository; reading needs only pull rights.
+"""
+
+from __future__ import annotations
+
+import json
+
+from p2p.origin.oci import RegistryClient, RegistryError, sha256_digest
+from p2p.origin.oci_manifest import Descriptor, ImageManifest
+from p2p.origin.oci_ref import ImageRef
+
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+EMPTY_TYPE = "application/vnd.oci.empty.v1+json"
+EMPTY_BLOB = b"{}"
+INDEX_TYPE = "application/vnd.bootseer.layer-index.v1"
+RECORD_TYPE = "application/vnd.bootseer.hot-record.v1+json"
+TAG_HEX = 40  # digest hex digits in a tag (tags are at most 128 characters)
+
+
+def index_tag(layer_digest: str) -> str:
+    return f"bootseer-index-{layer_digest.removeprefix('sha256:')[:TAG_HEX]}"
+
+
+def record_tag(image_digest: str) -> str:
+    return f"bootseer-hot-{image_digest.removeprefix('sha256:')[:TAG_HEX]}"
+
+
+async def push_artifact(client: RegistryClient, ref: ImageRef, tag: str, artifact_type: str,
+                        data: bytes) -> str:
+    """Push `data` as the one blob of an artifact tagged `tag`; the blob's digest."""
+    repo = ref.with_tag(tag)
+    digest = await client.push_blob(repo, data)
+    await client.push_blob(repo, EMPTY_BLOB)
+    manifest = {
+        "schemaVersion": 2,
+        "mediaType": OCI_MANIFEST,
+        "artifactType": artifact_type,
+        "config": _descriptor(EMPTY_TYPE, EMPTY_BLOB),
+        "layers": [{"mediaType": artifact_type, "digest": digest, "size": len(data)}],
+    }
+    await client.put_manifest(repo, json.dumps(manifest).encode(), OCI_MANIFEST)
+    return digest
+
+
+async def pull_artifact(client: RegistryClient, ref: ImageRef, tag: str, artifact_type: str,
+                        max_bytes: int) -> bytes | None:
+    """The blob of the artifact tagged `tag`, or None if there is no such tag."""
+    repo = ref.with_tag(tag)
+    try:
+        pulled = await client.get_manifest(repo)
+    except RegistryError as exc:
+        if exc.status == 404:
+            return None
+        raise
+    layer = _only_layer(pulled.manifest, artifact_type, str(repo))
+    if layer.size > max_bytes:
+        raise RegistryError(f"{repo}: the {artifact_type} artifact has {layer.size} bytes, "
+                            f"more than the {max_bytes} allowed")
+    return await client.get_blob(repo, layer.digest, max_bytes=max_bytes)
+
+
+def _only_layer(manifest: ImageManifest, artifact_type: str, where: str) -> Descriptor:
+    layers = manifest.layers
+    if manifest.artifact_type != artifact_type or len(layers) != 1 \
+            or layers[0].media_type != artifact_type:
+        raise RegistryError(f"{where} is not a {artifact_type} artifact; delete the tag or "
+                            "let Bootseer write it")
+    return layers[0]
+
+
+def _descriptor(media_type: str, data: bytes) -> dict[str, object]:
+    return {"mediaType": media_type, "digest": sha256_digest(data), "size": len(data)}
+

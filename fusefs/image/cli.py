@@ -1,0 +1,261 @@
+"""`bootseer image ...`: index, mount, run and pull container images through the swarm.
+
+- `image index REF`: once per image (push rights needed): index every layer and
+  publish it to the tracker (see `catalog`).
+- `image mount REF DIR`: serve the image read-only at DIR from a background
+  process; prints one JSON line once it serves. `image umount DIR` ends it.
+- `image run REF [-- CMD ...]`: mount, run CMD (or the image's command) in the
+  image under runc or bubblewrap with a writable tmpfs layer on top, unmount;
+  exits with CMD's status. `--record` stores which blocks the launch touched,
+  so the next launch (on any node) prefetches exactly those.
+- `image pull REF`: fetch every layer into the local store now.
+- `image serve REF DIR`: the foreground serving process behind mount and run.
+
+Expected failures (no agent, no tracker, registry errors, an image not
+indexed, a bad layer) are one line on stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from p2p.cli import UserError
+
+log = logging.getLogger("bootseer.image")
+SUPPRESS = argparse.SUPPRESS
+
+
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register `bootseer image`."""
+    p = sub.add_parser("image", help="container images, lazily, from the swarm",
+                       description=__doc__.splitlines()[0])
+    image_sub = p.add_subparsers(dest="image_command", required=True, metavar="COMMAND")
+
+    i = image_sub.add_parser("index", help="index an image's layers once (needs push rights)")
+    _common(i)
+    i.add_argument("--digest", choices=("xxh3-128", "blake3"), default="xxh3-128",
+                   help="chunk digest of the layer contents (blake3: for clusters that do "
+                        "not trust every node)")
+    i.add_argument("--json", action="store_true", help="one JSON line per layer")
+    i.set_defaults(run=_run_index)
+
+    for name, help_text, run in (("mount", "mount an image read-only at DIR", _run_mount),
+                                 ("serve", "serve an image at DIR in the foreground",
+                                  _run_serve)):
+        m = image_sub.add_parser(name, help=help_text)
+        _common(m)
+        m.add_argument("mountpoint", metavar="DIR", type=Path)
+        _mount_flags(m)
+        m.set_defaults(run=run)
+
+    u = image_sub.add_parser("umount", help="unmount an image mounted with `image mount`")
+    u.add_argument("mountpoint", metavar="DIR", type=Path)
+    u.set_defaults(run=_run_umount)
+
+    r = image_sub.add_parser("run", help="run a command in an image; exits with its status")
+    _common(r)
+    _mount_flags(r)
+    r.add_argument("--runtime", choices=("runc", "bwrap"), default="runc")
+    r.add_argument("--json", action="store_true", help="print the launch timeline as JSON")
+    r.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ...",
+                   help="the command (default: the image's entrypoint and cmd)")
+    r.set_defaults(run=_run_run)
+
+    pl = image_sub.add_parser("pull", help="fetch every layer into the local store now")
+    _common(pl)
+    pl.add_argument("--json", action="store_true", help="only the final JSON line")
+    pl.set_defaults(run=_run_pull)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("ref", metavar="REF", help="image reference, e.g. registry:5000/repo:tag")
+    p.add_argument("--tracker", default=os.environ.get("BOOTSEER_TRACKER",
+                                                       "http://127.0.0.1:7070"))
+    p.add_argument("--api-socket", default=os.environ.get("BOOTSEER_API_SOCKET",
+                                                          "/run/bootseer/agent.sock"))
+    p.add_argument("--store-dir", type=Path,
+                   default=Path(os.environ.get("BOOTSEER_STORE_DIR", "/var/cache/bootseer")),
+                   help="the local agent's chunk store (read directly by the mount)")
+    p.add_argument("--plain-http", action="store_true",
+                   help="talk plain HTTP to the registry (loopback registries always do)")
+    p.add_argument("--log-level", default="WARNING", type=str.upper,
+                   choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+
+
+def _mount_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--record", action="store_true",
+                   help="record the blocks this launch touches for the next launches")
+    p.add_argument("--window", dest="window_s", type=float, default=60.0, metavar="SECONDS",
+                   help="record only the first SECONDS of the launch (default 60)")
+    p.add_argument("--no-prefetch", dest="prefetch", action="store_false",
+                   help="ignore the image's hot-block record")
+    p.add_argument("--read-timeout", dest="read_timeout_s", type=float, default=30.0,
+                   metavar="SECONDS", help="a read not served in time fails with EIO")
+    p.add_argument("--read-ahead-kb", type=int, default=4096, metavar="KB")
+    p.add_argument("--allow-other", action="store_true")
+
+
+def _setup(args: argparse.Namespace) -> None:
+    logging.basicConfig(level=args.log_level, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def _ref(text: str) -> Any:
+    from p2p.origin.oci_ref import ImageRefError, parse_reference
+
+    try:
+        return parse_reference(text)
+    except ImageRefError as exc:
+        raise UserError(str(exc)) from None
+
+
+def _secret() -> bytes:
+    from p2p.auth import SecretError, load_secret
+
+    try:
+        return load_secret()
+    except SecretError as exc:
+        raise UserError(str(exc)) from None
+
+
+def _options(args: argparse.Namespace, mountpoint: Path | None = None) -> Any:
+    from fusefs.image.mount import MountOptions
+
+    if args.read_timeout_s <= 0 or args.read_ahead_kb <= 0 or args.window_s <= 0:
+        raise UserError("--read-timeout, --read-ahead-kb and --window must be positive")
+    return MountOptions(args.ref, (mountpoint or args.mountpoint).absolute(), args.tracker,
+                        args.api_socket, args.store_dir.absolute(), args.plain_http,
+                        args.record, args.window_s, args.prefetch, args.read_timeout_s,
+                        args.read_ahead_kb, args.allow_other)
+
+
+def _expected(run: Any) -> Any:
+    """Run a coroutine; every expected failure becomes a UserError."""
+    from fusefs.image.catalog import ImageError
+    from fusefs.image.gzindex import LayerError
+    from fusefs.image.record import RecordError
+    from fusefs.mount import MountError
+    from fusefs.tree import TreeError
+    from p2p.localapi import AgentError
+    from p2p.origin.base import OriginError
+    from p2p.tracker_client import TrackerError, TrackerUnavailable
+
+    try:
+        return asyncio.run(run)
+    except (ImageError, LayerError, RecordError, MountError, TreeError, AgentError,
+            OriginError, TrackerError, TrackerUnavailable) as exc:
+        raise UserError(str(exc)) from None
+
+
+# ---- commands ------------------------------------------------------------------------
+
+
+def _run_index(args: argparse.Namespace) -> int:
+    from fusefs.image.catalog import index_image
+    from p2p.origin.oci import RegistryClient
+    from p2p.tracker_client import TrackerClient
+
+    _setup(args)
+    ref, secret = _ref(args.ref), _secret()
+
+    def show(summary: dict[str, Any]) -> None:
+        if args.json:
+            print(json.dumps(summary), flush=True)
+        else:
+            state = "indexed" if summary["new"] else "already indexed"
+            print(f"{summary['layer']}: {state} as {summary['content']}", flush=True)
+
+    async def index() -> None:
+        plain = (ref.registry,) if args.plain_http else ()
+        async with RegistryClient(plain_http=plain) as registry, \
+                TrackerClient(args.tracker, secret) as tracker:
+            await index_image(registry, tracker, ref, plain_http=args.plain_http,
+                              digest=args.digest, progress=show)
+
+    _expected(index())
+    return 0
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    from fusefs.image.mount import ready_line, serve_image
+    from fusefs.mount import MountError, check_fuse
+
+    _setup(args)
+    if not args.mountpoint.is_dir():
+        raise UserError(f"the mount point {args.mountpoint} is not a directory")
+    ref, secret, opts = _ref(args.ref), _secret(), _options(args)
+    try:
+        check_fuse()
+    except MountError as exc:
+        raise UserError(str(exc)) from None
+    summary = _expected(serve_image(opts, secret, ref, ready_line))
+    log.info("done: %s", json.dumps(summary))
+    return 0
+
+
+def _run_mount(args: argparse.Namespace) -> int:
+    from fusefs.image.mount import mount_child
+
+    if not args.mountpoint.is_dir():
+        raise UserError(f"the mount point {args.mountpoint} is not a directory")
+    _ref(args.ref)
+    opts = _options(args)
+    log_path = Path(os.environ.get("BOOTSEER_LOG_DIR", "/tmp")) / \
+        f"bootseer-image-{os.getpid()}.log"
+
+    async def mount() -> dict[str, Any]:
+        child = await mount_child(opts, log_path)
+        return {**child.ready, "pid": child.proc.pid, "log": str(log_path)}
+
+    ready = _expected(mount())
+    ready.pop("config", None)
+    print(json.dumps(ready))
+    return 0
+
+
+def _run_umount(args: argparse.Namespace) -> int:
+    from fusefs.mount import force_unmount, is_mounted
+
+    if not is_mounted(args.mountpoint):
+        raise UserError(f"no FUSE mount at {args.mountpoint}")
+    force_unmount(args.mountpoint)
+    return 0
+
+
+def _run_run(args: argparse.Namespace) -> int:
+    from fusefs.image.mount import run_image
+
+    _setup(args)
+    _ref(args.ref)
+    _secret()  # fail here, not inside the mount process
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    opts = _options(args, Path("/"))
+    status, timeline = _expected(run_image(opts, command or None, args.runtime))
+    if args.json:
+        print(json.dumps({"exit_status": status, **timeline}))
+    return status
+
+
+def _run_pull(args: argparse.Namespace) -> int:
+    from fusefs.image.pull import pull_image
+
+    _setup(args)
+    ref, secret = _ref(args.ref), _secret()
+    result = _expected(pull_image(ref, args, secret, quiet=args.json))
+    print(json.dumps(result))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m fusefs.image ...`: `bootseer image ...` without the console script."""
+    from p2p.cli import main as bootseer_main
+
+    return bootseer_main(["image", *(sys.argv[1:] if argv is None else argv)])

@@ -1,0 +1,169 @@
+"""Mount an image, and run a command in it.
+
+`serve_image` is the serving process of one image mount (it must not read its
+own mount, so it is always a process of its own): it opens the image (manifest,
+config and layer indexes, see `catalog`), merges the layers into one tree
+(`fusefs.tree.build_tree`: whiteouts, opaque directories, hard links), hands
+the agent the image's hot-block record as per-layer prefetch lists (lazy: the
+agent fetches those chunks in record order, from peers first, and nothing
+else), and serves the tree until SIGTERM or an unmount. In record mode it then
+merges what this launch touched into the stored record.
+
+`run_image` is `bootseer image run`: it starts that process as a child, waits
+for its mount, runs the command under a container runtime with an overlayfs
+upper on tmpfs over the mount (`runtime`), stops the mount (which writes the
+record) and returns the command's exit status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fusefs.image.catalog import Image, load_record, open_image, save_record
+from fusefs.image.record import WINDOW_S, Recorder
+from fusefs.image.source import ImageSource
+from fusefs.mount import READ_AHEAD_KB, Mount, serve
+from fusefs.source import READ_TIMEOUT_S, AgentSource
+from fusefs.tree import Layer, Tree, build_tree
+from p2p.localapi import AgentClient
+from p2p.origin.oci import RegistryClient
+from p2p.origin.oci_ref import ImageRef
+from p2p.tracker_client import TrackerClient
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class MountOptions:
+    ref: str
+    mountpoint: Path
+    tracker: str
+    api_socket: str
+    store_dir: Path
+    plain_http: bool = False
+    record: bool = False
+    window_s: float = WINDOW_S
+    prefetch: bool = True
+    read_timeout_s: float = READ_TIMEOUT_S
+    read_ahead_kb: int = READ_AHEAD_KB
+    allow_other: bool = False
+
+    def argv(self) -> list[str]:
+        """The `bootseer image serve` command line for these options."""
+        args = [sys.executable, "-m", "fusefs.image", "serve", self.ref, str(self.mountpoint),
+                "--tracker", self.tracker, "--api-socket", self.api_socket,
+                "--store-dir", str(self.store_dir), "--read-timeout", str(self.read_timeout_s),
+                "--read-ahead-kb", str(self.read_ahead_kb), "--window", str(self.window_s)]
+        flags = {"--plain-http": self.plain_http, "--record": self.record,
+                 "--no-prefetch": not self.prefetch, "--allow-other": self.allow_other}
+        return args + [flag for flag, on in flags.items() if on]
+
+
+def image_tree(image: Image) -> Tree:
+    return build_tree([Layer(layer.digest, layer.index.entries(layer.content_id))
+                       for layer in image.layers])
+
+
+async def serve_image(opts: MountOptions, secret: bytes, ref: ImageRef,
+                      on_ready: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    """Serve the image until SIGTERM or unmount; what was recorded and prefetched."""
+    registry = RegistryClient(plain_http=(ref.registry,) if opts.plain_http else ())
+    tracker = TrackerClient(opts.tracker, secret)
+    agent = AgentClient(opts.api_socket)
+    try:
+        image = await open_image(registry, tracker, agent, ref)
+        tree = await asyncio.to_thread(image_tree, image)
+        queued = await _prefetch(registry, agent, image) if opts.prefetch else 0
+        recorder = Recorder(image.digest, time.monotonic(), opts.window_s) \
+            if opts.record else None
+        source = ImageSource(AgentSource(opts.store_dir, agent, opts.read_timeout_s), recorder)
+        for layer in image.layers:
+            await source.add_layer(layer.content_id, layer.digest, layer.index)
+
+        def ready(info: dict[str, Any]) -> None:
+            on_ready({**info, "image": image.digest, "config": image.config,
+                      "layers": [{"digest": la.digest, "content": la.content_id}
+                                 for la in image.layers],
+                      "prefetch_chunks": queued})
+            log.info("serving %s (%d layers, %d nodes) at %s; %d chunks to prefetch",
+                     image.ref, len(image.layers), len(tree), info["mountpoint"], queued)
+
+        await serve(tree, source, opts.mountpoint, opts.read_ahead_kb, opts.allow_other, ready)
+        summary: dict[str, Any] = {"image": image.digest, "prefetch_chunks": queued}
+        if recorder is not None and len(recorder):
+            merged = await save_record(registry, image, recorder.record())
+            summary.update(recorded_chunks=len(recorder), record_runs=merged.runs,
+                           record_chunks=len(merged.times))
+            log.info("recorded %d chunks of %s; the record now has %d from %d launches",
+                     len(recorder), image.ref, len(merged.times), merged.runs)
+        return summary
+    finally:
+        await asyncio.gather(registry.close(), tracker.close(), agent.close())
+
+
+async def _prefetch(registry: RegistryClient, agent: AgentClient, image: Image) -> int:
+    record = await load_record(registry, image)
+    if record is None:
+        log.info("no hot-block record for %s yet: everything loads on demand", image.ref)
+        return 0
+    contents = {layer.digest: layer.content_id for layer in image.layers}
+    queued = 0
+    for digest, chunks in record.by_layer().items():
+        if digest in contents:
+            await agent.prefetch(contents[digest], chunks)
+            queued += len(chunks)
+    return queued
+
+
+async def mount_child(opts: MountOptions, log_path: Path) -> Mount:
+    """`bootseer image serve` in a child process, once it serves (MountError if not)."""
+    return await Mount.spawn(opts.argv(), opts.mountpoint, log_path,
+                             ready_timeout_s=opts.read_timeout_s + 60.0)
+
+
+async def run_image(opts: MountOptions, argv: list[str] | None, runtime: str,
+                    progress: Callable[[str], None] | None = None) -> tuple[int, dict[str, Any]]:
+    """Mount the image, run `argv` (or the image's own command) in it; (exit status,
+    timeline). The mount is always stopped, and its record written, before returning."""
+    from fusefs.image.runtime import process_from_config, run_in_rootfs
+
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="bootseer-run-") as scratch:
+        mountpoint = Path(scratch) / "rootfs"
+        mountpoint.mkdir()
+        opts = _with_mountpoint(opts, mountpoint)
+        mount = await mount_child(opts, Path(scratch) / "mount.log")
+        timeline: dict[str, Any] = {"mounted_s": round(time.monotonic() - started, 3),
+                                    "image": mount.ready.get("image"),
+                                    "prefetch_chunks": mount.ready.get("prefetch_chunks")}
+        try:
+            process = process_from_config(mount.ready.get("config", {}), argv,
+                                          rootfs=mountpoint)
+            status = await run_in_rootfs(mountpoint, process, runtime=runtime)
+            timeline["command_s"] = round(time.monotonic() - started, 3)
+        finally:
+            stopped = await mount.stop(timeout_s=30.0)
+            if stopped != 0:
+                log.warning("the mount process exited with %d; its log:\n%s", stopped,
+                            mount.log_path.read_text(errors="replace")[-2000:])
+    timeline["seconds"] = round(time.monotonic() - started, 3)
+    return status, timeline
+
+
+def _with_mountpoint(opts: MountOptions, mountpoint: Path) -> MountOptions:
+    from dataclasses import replace
+
+    return replace(opts, mountpoint=mountpoint)
+
+
+def ready_line(info: dict[str, Any]) -> None:
+    print(json.dumps({"event": "mounted", **info}), flush=True)
