@@ -98,8 +98,8 @@ class Record:
         if not isinstance(doc, dict) or doc.get("version") != FORMAT_VERSION:
             raise RecordError(f"{name}: not a version {FORMAT_VERSION} hot-block record")
         image, runs, chunks = doc.get("image"), doc.get("runs"), doc.get("chunks")
-        if not _is_digest(image) or not _is_count(runs) or not isinstance(chunks, list) \
-                or len(chunks) > MAX_CHUNKS:
+        if not (isinstance(image, str) and _is_digest(image) and isinstance(runs, int)
+                and _is_count(runs) and isinstance(chunks, list) and len(chunks) <= MAX_CHUNKS):
             raise RecordError(f"{name}: bad image, runs or chunks field")
         return cls(image, runs, dict(_entry(item, name) for item in chunks))
 
