@@ -20,6 +20,7 @@ import asyncio
 import json
 import sys
 import tempfile
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     s.add_argument("--json", action="store_true", help="print only the JSON line")
     s.add_argument("--workdir", type=Path, help="keep logs and stores here")
     s.set_defaults(run=_run)
+    for ep in sorted(entry_points(group="bootseer.benches"), key=lambda e: e.name):
+        ep.load()(kinds)  # other packages' benchmarks (p2p imports none of them)
 
 
 def bound_seconds(nodes: int, size: int, node_cap: float | None,

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from fusefs.image.record import MAX_RUNS, Record, RecordError, Recorder
+from fusefs.image.record import MAX_RUNS, Record, Recorder, RecordError
 
 IMAGE = "sha256:" + "a" * 64
 OTHER = "sha256:" + "b" * 64

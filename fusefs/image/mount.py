@@ -134,7 +134,8 @@ async def run_image(opts: MountOptions, argv: list[str] | None, runtime: str,
                     progress: Callable[[str], None] | None = None) -> tuple[int, dict[str, Any]]:
     """Mount the image, run `argv` (or the image's own command) in it; (exit status,
     timeline). The mount is always stopped, and its record written, before returning."""
-    from fusefs.image.runtime import process_from_config, run_in_rootfs
+    from fusefs.image.process import image_process
+    from fusefs.image.runtime import run_in_rootfs
 
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bootseer-run-") as scratch:
@@ -146,8 +147,8 @@ async def run_image(opts: MountOptions, argv: list[str] | None, runtime: str,
                                     "image": mount.ready.get("image"),
                                     "prefetch_chunks": mount.ready.get("prefetch_chunks")}
         try:
-            process = process_from_config(mount.ready.get("config", {}), argv,
-                                          rootfs=mountpoint)
+            config = mount.ready.get("config", {}).get("config") or {}
+            process = await asyncio.to_thread(image_process, mountpoint, config, argv)
             status = await run_in_rootfs(mountpoint, process, runtime=runtime)
             timeline["command_s"] = round(time.monotonic() - started, 3)
         finally:

@@ -38,16 +38,16 @@ async def pull_image(ref: ImageRef, args: argparse.Namespace, secret: bytes,
         fetch = asyncio.gather(*(agent.ensure(c) for c in contents))
         while show and not fetch.done():
             await asyncio.wait([fetch], timeout=REFRESH_S)
-            _show(str(image.ref), _totals(await agent.status(), contents))
+            _show(str(image.ref), totals(await agent.status(), contents))
         await fetch
-        totals = _totals(await agent.status(), contents)
+        held = totals(await agent.status(), contents)
     if show:
         sys.stderr.write("\n")
     return {"image": image.digest, "layers": len(contents),
-            "seconds": round(time.monotonic() - started, 3), **totals}
+            "seconds": round(time.monotonic() - started, 3), **held}
 
 
-def _totals(status: dict[str, Any], contents: list[str]) -> dict[str, int]:
+def totals(status: dict[str, Any], contents: list[str]) -> dict[str, int]:
     out = {"bytes": 0, "have_bytes": 0, "peer_bytes": 0, "origin_bytes": 0}
     for content in contents:
         info = status["contents"].get(content, {})

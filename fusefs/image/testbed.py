@@ -132,7 +132,7 @@ class CappedProxy:
 
     async def __aenter__(self) -> CappedProxy:
         self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
-        self.address = "127.0.0.1:%d" % self._server.sockets[0].getsockname()[1]
+        self.address = f"127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
         return self
 
     async def __aexit__(self, *exc: object) -> None:
