@@ -39,6 +39,9 @@ def mount(source: str, target: Path, fstype: str, flags: int, data: str) -> None
     code = ctypes.get_errno()
     hint = {errno.ENODEV: f"the kernel has no {fstype} (modprobe {fstype})",
             errno.EPERM: "mounting needs root (CAP_SYS_ADMIN)"}.get(code, os.strerror(code))
+    if fstype == "overlay" and code != errno.ENODEV:
+        # e.g. ENOSYS from a FUSE lower without statfs; the kernel logs the reason
+        hint += " (the kernel log, dmesg, says which layer overlayfs refused and why)"
     raise ContainerError(f"cannot mount {fstype} on {target}: {hint} [{data}]")
 
 

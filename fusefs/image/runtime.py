@@ -135,26 +135,25 @@ async def _run_runc(runc: str, scratch: Scratch, process: Process) -> int:
     spec = runc_spec(process, scratch.merged, [f for f in HOST_FILES if Path(f).is_file()])
     (scratch.bundle / "config.json").write_text(json.dumps(spec, indent=1))
     container = f"bootseer-{uuid.uuid4().hex[:16]}"
+
+    def forward(sig: int) -> None:
+        if child.returncode is None:
+            child.send_signal(sig)  # runc relays it to the container's init
+
+    async def kill() -> None:
+        await _quiet(runc, "kill", container, "KILL")
+
     try:
         child = await asyncio.create_subprocess_exec(
             runc, "run", "--bundle", str(scratch.bundle), container)
-
-        def forward(sig: int) -> None:
-            if child.returncode is None:
-                child.send_signal(sig)
-
-        async def kill() -> None:
-            await _quiet(runc, "kill", container, "KILL")
-
-        return await _supervise(child, forward, kill)
-    finally:
-        await _delete(runc, container)
-
-
-async def _delete(runc: str, container: str) -> None:
-    out = await _quiet(runc, "delete", "--force", container)
-    if out and b"does not exist" not in out and b"not exist" not in out:
-        raise ContainerError(f"runc delete --force {container} failed: {tail(out)}")
+        status = await _supervise(child, forward, kill)
+    except BaseException:
+        await _quiet(runc, "delete", "--force", container)  # best effort: the first error wins
+        raise
+    failure = await _quiet(runc, "delete", "--force", container)
+    if failure:
+        raise ContainerError(f"runc delete --force {container} failed: {tail(failure)}")
+    return status
 
 
 async def _quiet(*args: str) -> bytes:
@@ -190,6 +189,9 @@ async def _run_bwrap(bwrap: str, scratch: Scratch, process: Process) -> int:
         child = await asyncio.create_subprocess_exec(
             bwrap, "--info-fd", str(info_write), *bwrap_args(scratch.merged, process, host_files),
             pass_fds=(info_write,))
+    except BaseException:
+        os.close(info_read)
+        raise
     finally:
         os.close(info_write)
     pid = _ChildPid(info_read)
