@@ -34,7 +34,7 @@ from fusefs.image.process import (
     process_from_config,
     resolve_in_root,
 )
-from fusefs.image.runtime import RUNTIMES, run_in_rootfs
+from fusefs.image.runtime import RUNTIMES, find_command, run_in_rootfs
 from fusefs.image.sample import (
     BIG_FILE_PATH,
     WHITED_OUT,
@@ -121,6 +121,13 @@ async def test_missing_command_is_a_clear_error(runtime: str, rootfs: Path,
     process = process_from_config({"Env": ["PATH=/bin"]}, ["python3", "-V"])
     with pytest.raises(ContainerError, match=r"'python3' not found in the image \(PATH=/bin\)"):
         await run_in_rootfs(rootfs, process, runtime=runtime, scratch_dir=scratch)
+
+
+def test_find_command(rootfs: Path) -> None:
+    assert find_command(rootfs, "sh", "/nowhere:/bin") == rootfs / "bin" / "busybox"
+    assert find_command(rootfs, "./sh", "", cwd="/bin") == rootfs / "bin" / "busybox"
+    assert find_command(rootfs, "/etc/passwd", "/bin") is None  # not executable
+    assert find_command(rootfs, "sh", "/etc") is None
 
 
 async def test_rootfs_not_a_directory(tmp_path: Path, scratch: Path) -> None:

@@ -110,20 +110,28 @@ async def _scratch(rootfs: Path, parent: Path | None) -> AsyncIterator[Scratch]:
 def _prepare(merged: Path, process: Process, owner: tuple[int, int]) -> None:
     """Check the command exists in the image; create the working directory if missing."""
     env = dict(item.partition("=")[::2] for item in process.env)
-    if find_command(merged, process.argv[0], env.get("PATH", "")) is None:
+    if find_command(merged, process.argv[0], env.get("PATH", ""), process.cwd) is None:
         raise ContainerError(f"command {process.argv[0]!r} not found in the image "
                              f"(PATH={env.get('PATH', '')}); it would exit with 127")
     cwd = resolve_in_root(merged, process.cwd)
     if not cwd.is_dir():
-        cwd.mkdir(parents=True)
+        try:
+            cwd.mkdir(parents=True)
+        except OSError as e:
+            raise ContainerError(f"cannot create working directory {process.cwd} in the "
+                                 f"image: {e.strerror}") from e
         os.chown(cwd, *owner)
 
 
-def find_command(root: Path, command: str, path: str) -> Path | None:
-    """Where `command` resolves in `root` (a path, or a name searched on PATH), if anywhere."""
+def find_command(root: Path, command: str, path: str, cwd: str = "/") -> Path | None:
+    """Where `command` resolves in `root` (a path, or a name searched on PATH), if anywhere.
+
+    Relative paths (a command with a slash, or a relative PATH entry) start at `cwd`.
+    """
     candidates = [command] if "/" in command else [f"{d}/{command}" for d in path.split(":") if d]
     for candidate in candidates:
-        found = resolve_in_root(root, candidate if candidate.startswith("/") else "/" + candidate)
+        found = resolve_in_root(root, candidate if candidate.startswith("/")
+                                else f"{cwd}/{candidate}")
         if found.is_file() and os.access(found, os.X_OK):
             return found
     return None
