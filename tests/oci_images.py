@@ -1,101 +1,27 @@
-"""Small real images for the registry tests (not a test module).
+"""Registry test helpers around the sample images of `fusefs.image.sample` (not a test module).
 
-`busybox_image(arch)` packs Debian's `busybox-static` binary (`/bin/busybox`)
-and a few applet symlinks into one gzip tar layer, with an OCI image config
-(whose `diff_ids` is the sha256 of the uncompressed tar) and an OCI image
-manifest. Tars and gzip streams are deterministic (fixed times, owners), so
-the same inputs give the same digests. The `arch` label is recorded in the
-config and in `/etc/bootseer-platform`, so two platforms have distinct layers.
-
-Such images reach a registry two ways, both tested: `write_oci_layout` +
-`skopeo_copy` (skopeo reading an OCI layout directory), and `push_image`
+The images themselves (`busybox_image`, `BuiltImage`) come from
+`fusefs.image.sample`, the one place images are built. Here: an OCI image
+index over several of them, an OCI layout directory on disk, and the two ways
+such images reach a registry in the tests: `write_oci_layout` + `skopeo_copy`
+(skopeo reading an OCI layout directory), and `push_sample`/`push_index`
 (our own client).
 """
 
 from __future__ import annotations
 
 import asyncio
-import gzip
-import hashlib
-import io
 import json
 import shutil
-import tarfile
-from dataclasses import dataclass
 from pathlib import Path
 
+from fusefs.image.sample import BuiltImage, busybox_image, push_sample
 from p2p.origin.oci import RegistryClient, sha256_digest
-from p2p.origin.oci_manifest import OCI_INDEX, OCI_MANIFEST, Descriptor, Platform
+from p2p.origin.oci_manifest import OCI_INDEX
 from p2p.origin.oci_ref import ImageRef
 
-BUSYBOX = Path("/bin/busybox")
-APPLETS = ("sh", "ls", "cat", "echo", "true")
-LAYER_TYPE = "application/vnd.oci.image.layer.v1.tar+gzip"
-CONFIG_TYPE = "application/vnd.oci.image.config.v1+json"
-
-
-@dataclass(frozen=True)
-class BuiltImage:
-    platform: Platform
-    layer: bytes  # gzip tar
-    config: bytes
-    manifest: bytes
-
-    @property
-    def layer_digest(self) -> str:
-        return sha256_digest(self.layer)
-
-    @property
-    def digest(self) -> str:
-        return sha256_digest(self.manifest)
-
-    def descriptor(self) -> Descriptor:
-        return Descriptor(OCI_MANIFEST, self.digest, len(self.manifest), self.platform)
-
-
-def _tar(arch: str) -> bytes:
-    if not BUSYBOX.is_file():
-        raise AssertionError("busybox not installed: apt-get install busybox-static")
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for name in ("bin", "etc"):
-            tar.addfile(_info(name, tarfile.DIRTYPE, 0o755))
-        data = BUSYBOX.read_bytes()
-        tar.addfile(_info("bin/busybox", tarfile.REGTYPE, 0o755, len(data)), io.BytesIO(data))
-        for applet in APPLETS:
-            link = _info(f"bin/{applet}", tarfile.SYMTYPE, 0o777)
-            link.linkname = "busybox"
-            tar.addfile(link)
-        label = f"linux/{arch}\n".encode()
-        tar.addfile(_info("etc/bootseer-platform", tarfile.REGTYPE, 0o644, len(label)),
-                    io.BytesIO(label))
-    return out.getvalue()
-
-
-def _info(name: str, kind: bytes, mode: int, size: int = 0) -> tarfile.TarInfo:
-    info = tarfile.TarInfo(name)
-    info.type, info.mode, info.size, info.mtime = kind, mode, size, 1_700_000_000
-    info.uid = info.gid = 0
-    info.uname = info.gname = "root"
-    return info
-
-
-def busybox_image(arch: str = "amd64") -> BuiltImage:
-    tar = _tar(arch)
-    layer = gzip.compress(tar, compresslevel=6, mtime=0)
-    config = json.dumps({
-        "architecture": arch, "os": "linux",
-        "config": {"Cmd": ["/bin/sh"], "Env": ["PATH=/bin"]},
-        "rootfs": {"type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(tar).hexdigest()]},
-    }, sort_keys=True).encode()
-    manifest = json.dumps({
-        "schemaVersion": 2, "mediaType": OCI_MANIFEST,
-        "config": {"mediaType": CONFIG_TYPE, "digest": sha256_digest(config),
-                   "size": len(config)},
-        "layers": [{"mediaType": LAYER_TYPE, "digest": sha256_digest(layer),
-                    "size": len(layer)}],
-    }, sort_keys=True).encode()
-    return BuiltImage(Platform("linux", arch), layer, config, manifest)
+__all__ = ["BuiltImage", "busybox_image", "index_of", "push_index", "push_sample",
+           "skopeo_copy", "write_oci_layout"]
 
 
 def index_of(images: list[BuiltImage]) -> bytes:
@@ -109,7 +35,7 @@ def write_oci_layout(directory: Path, tag: str, images: list[BuiltImage]) -> Non
     blobs = directory / "blobs" / "sha256"
     blobs.mkdir(parents=True, exist_ok=True)
     for image in images:
-        for blob in (image.layer, image.config, image.manifest):
+        for blob in (*[layer.read() for layer in image.layers], image.config, image.manifest):
             (blobs / sha256_digest(blob).removeprefix("sha256:")).write_bytes(blob)
     if len(images) == 1:
         top = images[0].descriptor().to_json()
@@ -146,15 +72,8 @@ async def skopeo_copy(source: str, dest: str, *, creds: str | None = None,
         raise AssertionError(f"{' '.join(args)} {source} {dest} failed:\n{output.decode()}")
 
 
-async def push_image(client: RegistryClient, ref: ImageRef, image: BuiltImage) -> str:
-    """Push one image with our own client under `ref` (its tag or its digest)."""
-    await client.push_blob(ref, image.layer)
-    await client.push_blob(ref, image.config)
-    return await client.put_manifest(ref, image.manifest, OCI_MANIFEST)
-
-
 async def push_index(client: RegistryClient, ref: ImageRef, images: list[BuiltImage]) -> str:
     """Push several images by digest and an index of them under `ref`'s tag."""
     for image in images:
-        await push_image(client, ref.with_digest(image.digest), image)
+        await push_sample(client, ref.with_digest(image.digest), image)
     return await client.put_manifest(ref, index_of(images), OCI_INDEX)

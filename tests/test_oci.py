@@ -21,8 +21,8 @@ from aiohttp import web
 from oci_images import (
     BuiltImage,
     busybox_image,
-    push_image,
     push_index,
+    push_sample,
     skopeo_copy,
     write_oci_layout,
 )
@@ -80,7 +80,7 @@ async def test_skopeo_pushed_image_pulls_by_tag_and_by_digest(
         by_tag = await client.get_manifest(registry.ref("sk/busybox", "v1"))
         assert by_tag.digest == image.digest and by_tag.body == image.manifest
         assert by_tag.ref == registry.ref("sk/busybox", "v1").with_digest(image.digest)
-        assert [layer.digest for layer in by_tag.manifest.layers] == [image.layer_digest]
+        assert [layer.digest for layer in by_tag.manifest.layers] == [image.layers[0].digest]
         by_digest = await client.get_manifest(ImageRef(registry.address, "sk/busybox",
                                                        digest=image.digest))
         assert by_digest.body == image.manifest and by_digest.index_digest is None
@@ -95,13 +95,13 @@ async def test_own_push_is_read_back_by_skopeo(
         tmp_path: Path) -> None:
     registry, image = registries[mode], images["amd64"]
     async with client_for(registry) as client:
-        digest = await push_image(client, registry.ref("own/busybox", "v1"), image)
+        digest = await push_sample(client, registry.ref("own/busybox", "v1"), image)
         assert digest == image.digest
-        assert await push_image(client, registry.ref("own/busybox", "v1"), image) == digest
+        assert await push_sample(client, registry.ref("own/busybox", "v1"), image) == digest
     await skopeo_copy(f"docker://{registry.address}/own/busybox:v1", f"oci:{tmp_path}/out:v1",
                       creds=skopeo_creds(registry))
     blobs = tmp_path / "out" / "blobs" / "sha256"
-    for blob in (image.layer, image.config, image.manifest):
+    for blob in (image.layers[0].read(), image.config, image.manifest):
         assert (blobs / sha256_digest(blob).removeprefix("sha256:")).read_bytes() == blob
 
 
@@ -125,7 +125,7 @@ async def test_an_index_resolves_to_the_configured_platform(
             arm = await client.get_manifest(ref, Platform("linux", "arm64"))
             assert arm.digest == images["arm64"].digest
             layer = await client.get_blob(ref, arm.manifest.layers[0].digest)
-            assert layer == images["arm64"].layer
+            assert layer == images["arm64"].layers[0].read()
             with pytest.raises(RegistryError, match=rf"image {ref} on registry "
                                rf"{registry.address}: no manifest for platform linux/s390x "
                                r"\(available: linux/amd64, linux/arm64\)"):
@@ -150,29 +150,29 @@ async def test_docker_schema2_manifests_and_lists_are_read(
         assert one.media_type == DOCKER_MANIFEST
         layer = one.manifest.layers[0]
         assert layer.media_type == "application/vnd.docker.image.rootfs.diff.tar.gzip"
-        assert await client.get_blob(one.ref, layer.digest) == images["amd64"].layer
+        assert await client.get_blob(one.ref, layer.digest) == images["amd64"].layers[0].read()
         top = await client.get_manifest_raw(registry.ref("docker/multi", "v1"))
         assert top.media_type == DOCKER_LIST
         arm = await client.get_manifest(registry.ref("docker/multi", "v1"),
                                         Platform("linux", "arm64"))
         assert arm.media_type == DOCKER_MANIFEST and arm.index_digest == top.digest
         arm_layer = arm.manifest.layers[0].digest
-        assert await client.get_blob(arm.ref, arm_layer) == images["arm64"].layer
+        assert await client.get_blob(arm.ref, arm_layer) == images["arm64"].layers[0].read()
 
 
 @pytest.mark.parametrize("mode", MODES)
 async def test_blob_range_reads_and_streams_match_the_pushed_bytes(
         mode: str, registries: dict[str, RunningRegistry], images: dict[str, BuiltImage]) -> None:
     registry, image = registries[mode], images["amd64"]
-    ref, layer = registry.ref("ranges/busybox"), image.layer
+    ref, layer = registry.ref("ranges/busybox"), image.layers[0].read()
     async with client_for(registry) as client:
-        await push_image(client, ref, image)
-        assert await client.blob_size(ref, image.layer_digest) == len(layer)
+        await push_sample(client, ref, image)
+        assert await client.blob_size(ref, image.layers[0].digest) == len(layer)
         for offset, size in ((0, 100), (len(layer) // 2, 65_536), (len(layer) - 10, 10)):
             view = memoryview(bytearray(size))
-            await client.read_blob_range(ref, image.layer_digest, offset, view)
+            await client.read_blob_range(ref, image.layers[0].digest, offset, view)
             assert bytes(view) == layer[offset:offset + size]
-        streamed = b"".join([b async for b in client.stream_blob(ref, image.layer_digest)])
+        streamed = b"".join([b async for b in client.stream_blob(ref, image.layers[0].digest)])
         assert streamed == layer
 
 
@@ -183,20 +183,20 @@ async def test_the_origin_adapter_reads_a_chunk_of_a_layer_blob(
     registry, image = registries[mode], images["amd64"]
     ref = registry.ref("origin/busybox")
     async with client_for(registry) as client:
-        await push_image(client, ref, image)
+        await push_sample(client, ref, image)
     if mode != "none":
         monkeypatch.setenv("BOOTSEER_REGISTRY_AUTH", f"{USER}:{PASSWORD}")
-    url = blob_url(ref, image.layer_digest)
+    url = blob_url(ref, image.layers[0].digest)
     pool = OriginPool(concurrency=8)
     try:
         parts = [memoryview(bytearray(64 * 1024)) for _ in range(8)]
         await asyncio.gather(*(pool.for_url(url).read_into(url, n * 100_000, part)
                                for n, part in enumerate(parts)))
         for n, part in enumerate(parts):
-            assert bytes(part) == image.layer[n * 100_000:n * 100_000 + len(part)]
+            assert bytes(part) == image.layers[0].read()[n * 100_000:n * 100_000 + len(part)]
         chunk = memoryview(bytearray(256 * 1024))
         await pool.for_url(url).read_into(url, 300_000, chunk)
-        assert bytes(chunk) == image.layer[300_000:300_000 + len(chunk)]
+        assert bytes(chunk) == image.layers[0].read()[300_000:300_000 + len(chunk)]
         with pytest.raises(OriginError, match="bad registry blob URL"):
             await pool.for_url(url).read_into(f"oci://{registry.address}/origin/busybox:latest",
                                               0, chunk)
@@ -238,7 +238,7 @@ async def test_a_pull_only_user_is_denied_a_push_in_plain_words(
     async with client_for(registry, Credentials(READER, PASSWORD)) as client:
         with pytest.raises(RegistryError, match=rf"registry {registry.address} denied access "
                            r"to .* not allowed to push it"):
-            await push_image(client, registry.ref("readonly/app"), images["amd64"])
+            await push_sample(client, registry.ref("readonly/app"), images["amd64"])
 
 
 async def test_tokens_are_asked_once_per_scope(registries: dict[str, RunningRegistry],
@@ -247,7 +247,7 @@ async def test_tokens_are_asked_once_per_scope(registries: dict[str, RunningRegi
     assert registry.issuer is not None
     ref = registry.ref("scopes/busybox")
     async with client_for(registry) as client:
-        await push_image(client, ref, image)
+        await push_sample(client, ref, image)
         for _ in range(2):
             pulled = await client.get_manifest(ref)
             await client.get_blob(ref, pulled.manifest.config.digest)
@@ -264,7 +264,7 @@ async def test_a_refused_token_is_replaced_once(registries: dict[str, RunningReg
     ref = registry.ref("revoked/busybox")
     pull = (f"repository:{ref.repository}:pull",)
     async with client_for(registry) as client:
-        await push_image(client, ref, image)
+        await push_sample(client, ref, image)
         await client.get_manifest(ref)
         # The registry will refuse this cached token (the issuer never signed it), as it
         # would an expired or revoked one: the client must fetch a new one and go on.
@@ -280,7 +280,7 @@ async def test_missing_tag_and_blob_are_404s_naming_them(
     registry = registries[mode]
     ref = registry.ref("missing/busybox", "v1")
     async with client_for(registry) as client:
-        await push_image(client, ref, images["amd64"])
+        await push_sample(client, ref, images["amd64"])
         with pytest.raises(RegistryError, match=rf"image {ref.with_tag('nope')} not found on "
                            rf"registry {registry.address} \(HTTP 404: MANIFEST_UNKNOWN"):
             await client.get_manifest(ref.with_tag("nope"))
@@ -296,7 +296,7 @@ async def test_a_manifest_over_the_size_cap_is_refused(
     registry, image = registries["none"], images["amd64"]
     ref = registry.ref("capped/busybox")
     async with client_for(registry) as client:
-        await push_image(client, ref, image)
+        await push_sample(client, ref, image)
     cap = len(image.manifest) - 1
     async with client_for(registry, max_manifest_bytes=cap) as client:
         with pytest.raises(RegistryError, match=rf"manifest of image {ref} is "
@@ -309,15 +309,15 @@ async def test_a_blob_corrupted_in_the_registry_storage_is_detected(
     registry, image = registries["none"], images["amd64"]
     ref = registry.ref("corrupt/busybox")
     async with client_for(registry) as client:
-        await push_image(client, ref, image)
-        stored = registry.blob_path(image.layer_digest)
+        await push_sample(client, ref, image)
+        stored = registry.blob_path(image.layers[0].digest)
         data = bytearray(stored.read_bytes())
         data[1000] ^= 0xFF  # same size, one bit pattern changed: a lying disk
         stored.write_bytes(data)
-        with pytest.raises(RegistryError, match=rf"blob {image.layer_digest} of "
+        with pytest.raises(RegistryError, match=rf"blob {image.layers[0].digest} of "
                            rf"{registry.address}/corrupt/busybox from registry .* does not "
                            "match its digest"):
-            await client.get_blob(ref, image.layer_digest)
+            await client.get_blob(ref, image.layers[0].digest)
 
 
 def test_the_fixture_fails_naming_the_package_when_the_registry_is_missing(
@@ -457,12 +457,12 @@ async def test_a_served_blob_that_misses_its_digest_is_detected(
         hostile: tuple[Hostile, ImageRef], images: dict[str, BuiltImage]) -> None:
     server, ref = hostile
     image = images["amd64"]
-    server.blob = image.layer[:-1] + bytes([image.layer[-1] ^ 1])
+    server.blob = image.layers[0].read()[:-1] + bytes([image.layers[0].read()[-1] ^ 1])
     async with hostile_client() as client:
         with pytest.raises(RegistryError, match="does not match its digest"):
-            await client.get_blob(ref, image.layer_digest)
+            await client.get_blob(ref, image.layers[0].digest)
         with pytest.raises(RegistryError, match="does not match its digest"):
-            async for _ in client.stream_blob(ref, image.layer_digest):
+            async for _ in client.stream_blob(ref, image.layers[0].digest):
                 pass
 
 
@@ -470,19 +470,19 @@ async def test_a_range_answered_wrongly_is_refused(
         hostile: tuple[Hostile, ImageRef], images: dict[str, BuiltImage]) -> None:
     server, ref = hostile
     image = images["amd64"]
-    server.blob = image.layer
+    server.blob = image.layers[0].read()
     view = memoryview(bytearray(1000))
     async with hostile_client() as client:
         with pytest.raises(RegistryError, match=r"answered HTTP 200 for blob .* where HTTP 206 "
                            "was expected"):
-            await client.read_blob_range(ref, image.layer_digest, 5000, view)
+            await client.read_blob_range(ref, image.layers[0].digest, 5000, view)
         server.range_start_shift = 1
         with pytest.raises(RegistryError, match=r"answered a range of blob .* from byte '5001', "
                            "not 5000"):
-            await client.read_blob_range(ref, image.layer_digest, 5000, view)
+            await client.read_blob_range(ref, image.layers[0].digest, 5000, view)
         server.range_start_shift = 0
-        await client.read_blob_range(ref, image.layer_digest, 5000, view)
-        assert bytes(view) == image.layer[5000:6000]
+        await client.read_blob_range(ref, image.layers[0].digest, 5000, view)
+        assert bytes(view) == image.layers[0].read()[5000:6000]
 
 
 async def test_5xx_and_429_are_retried_then_reported(
