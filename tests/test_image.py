@@ -30,7 +30,6 @@ must not read a pyfuse3 mount it serves). What is proved:
 from __future__ import annotations
 
 import asyncio
-import gzip
 import hashlib
 import io
 import json
@@ -41,18 +40,19 @@ import sys
 import tarfile
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from oci_images import BUSYBOX, CONFIG_TYPE, LAYER_TYPE
 from registry import RunningRegistry, running_registry
 
 from fusefs.image.mount import MountOptions
+from fusefs.image.sample import BUSYBOX, BuiltImage, assemble, push_sample
+from fusefs.image.sample import Layer as SampleLayer
 from fusefs.mount import Mount, MountError, check_fuse, is_mounted
 from p2p.localcluster import AgentHandle, LocalCluster, bootseer_command
 from p2p.origin.oci import RegistryClient, sha256_digest
-from p2p.origin.oci_manifest import OCI_MANIFEST
+from p2p.origin.oci_manifest import Platform
 
 TEST_BOUND_S = 240.0
 MiB = 1 << 20
@@ -139,49 +139,20 @@ def data_layer() -> bytes:
                  _file("data/cold.bin", rng.randbytes(COLD_BYTES))])
 
 
-@dataclass(frozen=True)
-class TestImage:
-    layers: list[bytes]  # gzip blobs
-    config: bytes
-    manifest: bytes
-
-    @property
-    def digest(self) -> str:
-        return sha256_digest(self.manifest)
+def make_image(tars: list[bytes]) -> BuiltImage:
+    run = {"Cmd": ["/bin/sh", "-c", "echo default"], "Env": ["PATH=/bin"], "WorkingDir": "/"}
+    return assemble(Platform("linux", "amd64"), [SampleLayer.of_tar(t) for t in tars], run)
 
 
-def make_image(tars: list[bytes], layer_type: str = LAYER_TYPE,
-               blobs: list[bytes] | None = None) -> TestImage:
-    """An image of these layer tars (gzip-compressed unless the blobs are given)."""
-    blobs = blobs or [gzip.compress(t, 6, mtime=0) for t in tars]
-    config = json.dumps({
-        "architecture": "amd64", "os": "linux",
-        "config": {"Cmd": ["/bin/sh", "-c", "echo default"], "Env": ["PATH=/bin"],
-                   "WorkingDir": "/"},
-        "rootfs": {"type": "layers",
-                   "diff_ids": ["sha256:" + hashlib.sha256(t).hexdigest() for t in tars]},
-    }, sort_keys=True).encode()
-    manifest = json.dumps({
-        "schemaVersion": 2, "mediaType": OCI_MANIFEST,
-        "config": {"mediaType": CONFIG_TYPE, "digest": sha256_digest(config),
-                   "size": len(config)},
-        "layers": [{"mediaType": layer_type, "digest": sha256_digest(b), "size": len(b)}
-                   for b in blobs],
-    }, sort_keys=True).encode()
-    return TestImage(blobs, config, manifest)
-
-
-async def push(registry: RunningRegistry, repository: str, image: TestImage) -> str:
+async def push(registry: RunningRegistry, repository: str, image: BuiltImage) -> str:
     ref = registry.ref(repository)
     async with RegistryClient() as client:
-        for blob in (*image.layers, image.config):
-            await client.push_blob(ref, blob)
-        await client.put_manifest(ref, image.manifest, OCI_MANIFEST)
+        await push_sample(client, ref, image)
     return str(ref)
 
 
 @pytest.fixture(scope="module")
-def image() -> TestImage:
+def image() -> BuiltImage:
     if not BUSYBOX.is_file():
         pytest.fail("busybox is not installed: apt-get install busybox-static")
     return make_image([base_layer(), tree_layer(), data_layer()])
@@ -280,7 +251,7 @@ def describe(root: Path) -> dict[str, tuple[object, ...]]:
 
 
 async def test_a_mounted_image_on_two_agents_is_what_the_real_tools_unpack(
-        fuse_ready: None, registry: RunningRegistry, image: TestImage, tmp_path: Path) -> None:
+        fuse_ready: None, registry: RunningRegistry, image: BuiltImage, tmp_path: Path) -> None:
     from fusefs.image.baseline import full_pull
 
     ref = await push(registry, "test/tree", image)
@@ -307,7 +278,7 @@ async def test_a_mounted_image_on_two_agents_is_what_the_real_tools_unpack(
 
 
 async def test_run_passes_output_and_exit_status_and_keeps_writes_out_of_the_image(
-        fuse_ready: None, registry: RunningRegistry, image: TestImage, tmp_path: Path) -> None:
+        fuse_ready: None, registry: RunningRegistry, image: BuiltImage, tmp_path: Path) -> None:
     ref = await push(registry, "test/run", image)
     async with asyncio.timeout(TEST_BOUND_S), cluster_of(tmp_path, 1) as (cluster, agents):
         await index(cluster, ref, agents[0])
@@ -333,9 +304,9 @@ def blob_gets(registry: RunningRegistry, digest: str) -> int:
 
 
 async def test_a_recorded_launch_is_prefetched_on_another_agent_from_peers(
-        fuse_ready: None, registry: RunningRegistry, image: TestImage, tmp_path: Path) -> None:
+        fuse_ready: None, registry: RunningRegistry, image: BuiltImage, tmp_path: Path) -> None:
     ref = await push(registry, "test/record", image)
-    data_digest = sha256_digest(image.layers[2])
+    data_digest = image.layers[2].digest
     async with asyncio.timeout(TEST_BOUND_S), cluster_of(tmp_path, 2) as (cluster, agents):
         summaries = await index(cluster, ref, agents[0])
         data_content = summaries[2]["content"]
@@ -371,12 +342,15 @@ async def test_bad_layers_are_refused_naming_the_image_and_the_layer(
     elif case == "absolute":
         bad = make_image([good, _tar([_file("/etc/evil", b"x")])])
     elif case == "corrupt-gzip":
-        extra = _tar([_file("x", random.Random(3).randbytes(200_000))])
-        blob = bytearray(gzip.compress(extra, 6, mtime=0))
+        layer = SampleLayer.of_tar(_tar([_file("x", random.Random(3).randbytes(200_000))]))
+        blob = bytearray(layer.read())
         blob[len(blob) // 2] ^= 0xFF
-        bad = make_image([good, extra], blobs=[gzip.compress(good, 6, mtime=0), bytes(blob)])
+        broken = SampleLayer(bytes(blob), sha256_digest(bytes(blob)), layer.diff_id, len(blob))
+        bad = assemble(Platform("linux", "amd64"), [SampleLayer.of_tar(good), broken], {})
     else:
-        bad = make_image([good], layer_type="application/vnd.oci.image.layer.v1.tar+zstd")
+        zstd = replace(SampleLayer.of_tar(good),
+                       media_type="application/vnd.oci.image.layer.v1.tar+zstd")
+        bad = assemble(Platform("linux", "amd64"), [zstd], {})
     ref = await push(registry, f"test/bad-{case}", bad)
     async with asyncio.timeout(TEST_BOUND_S), cluster_of(tmp_path, 0) as (cluster, _):
         status, _, err = await bootseer(cluster, "image", "index", ref,
@@ -387,7 +361,7 @@ async def test_bad_layers_are_refused_naming_the_image_and_the_layer(
 
 
 async def test_an_image_never_indexed_cannot_be_mounted_and_says_what_to_run(
-        fuse_ready: None, registry: RunningRegistry, image: TestImage, tmp_path: Path) -> None:
+        fuse_ready: None, registry: RunningRegistry, image: BuiltImage, tmp_path: Path) -> None:
     ref = await push(registry, "test/unindexed", image)
     async with asyncio.timeout(TEST_BOUND_S), cluster_of(tmp_path, 1) as (cluster, agents):
         status, _, err = await bootseer(cluster, "image", "run", ref,

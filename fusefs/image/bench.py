@@ -89,7 +89,10 @@ async def _bench_in(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     from p2p.origin.oci import RegistryClient
     from p2p.origin.oci_ref import ImageRef
 
-    log = (lambda *_: None) if args.json else (lambda m: print(m, flush=True))
+    def log(message: str) -> None:
+        if not args.json:
+            print(message, flush=True)
+
     log("building the sample images (cached after the first run)")
     image = await python3_image()
     big = await python3_image(big_file_bytes=args.big_file_mb * MiB)

@@ -142,6 +142,7 @@ def _expected(run: Any) -> Any:
     from fusefs.image.catalog import ImageError
     from fusefs.image.gzindex import LayerError
     from fusefs.image.record import RecordError
+    from fusefs.image.tool import ToolError
     from fusefs.mount import MountError
     from fusefs.tree import TreeError
     from p2p.localapi import AgentError
@@ -151,7 +152,7 @@ def _expected(run: Any) -> Any:
     try:
         return asyncio.run(run)
     except (ImageError, LayerError, RecordError, MountError, TreeError, AgentError,
-            OriginError, TrackerError, TrackerUnavailable) as exc:
+            OriginError, TrackerError, TrackerUnavailable, ToolError) as exc:
         raise UserError(str(exc)) from None
 
 
@@ -241,7 +242,7 @@ def _run_run(args: argparse.Namespace) -> int:
     status, timeline = _expected(run_image(opts, command or None, args.runtime))
     if args.json:
         print(json.dumps({"exit_status": status, **timeline}))
-    return status
+    return int(status)
 
 
 def _run_pull(args: argparse.Namespace) -> int:

@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from fusefs.image.catalog import open_image
@@ -47,7 +48,7 @@ async def pull_image(ref: ImageRef, args: argparse.Namespace, secret: bytes,
             "seconds": round(time.monotonic() - started, 3), **held}
 
 
-def totals(status: dict[str, Any], contents: list[str]) -> dict[str, int]:
+def totals(status: dict[str, Any], contents: Sequence[str]) -> dict[str, int]:
     out = {"bytes": 0, "have_bytes": 0, "peer_bytes": 0, "origin_bytes": 0}
     for content in contents:
         info = status["contents"].get(content, {})

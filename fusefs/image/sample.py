@@ -57,12 +57,14 @@ BIG_RECIPE = 1  # bump when the big layer's contents change for the same inputs
 
 @dataclass(frozen=True, slots=True)
 class Layer:
-    """One gzip tar layer: its bytes (small) or the file holding them (big)."""
+    """One tar layer (gzip unless `media_type` says otherwise): its bytes (small) or the
+    file holding them (big)."""
 
     blob: bytes | Path
     digest: str  # sha256 of the gzip stream: the registry's name for it
     diff_id: str  # sha256 of the tar: the config's name for it
     size: int
+    media_type: str = LAYER_TYPE
 
     def read(self) -> bytes:
         return self.blob if isinstance(self.blob, bytes) else self.blob.read_bytes()
@@ -111,8 +113,8 @@ def assemble(platform: Platform, layers: Iterable[Layer], run: Mapping[str, obje
         "schemaVersion": 2, "mediaType": OCI_MANIFEST,
         "config": {"mediaType": CONFIG_TYPE, "digest": sha256_digest(config),
                    "size": len(config)},
-        "layers": [{"mediaType": LAYER_TYPE, "digest": layer.digest, "size": layer.size}
-                   for layer in layers],
+        "layers": [{"mediaType": layer.media_type, "digest": layer.digest,
+                    "size": layer.size} for layer in layers],
     }, sort_keys=True).encode()
     return BuiltImage(platform, layers, config, manifest)
 
