@@ -2,9 +2,16 @@
 
 Theory of operation
 -------------------
-The swarm tracks which chunks this node holds, which connected peers hold or
-are fetching which chunks, and which requests are in flight. After every
-event it fills free request slots:
+The swarm tracks which chunks this node holds, which it *wants*, which
+connected peers hold or are fetching which chunks, and which requests are in
+flight. An eager swarm (the default) wants every chunk. A lazy one (`lazy=True`,
+for a content that is read, not copied: a container image) starts wanting
+nothing; reader demand (`ReaderWants`) and prefetch lists (`PrefetchGiven`) add
+to what it wants, for good, and `WantedAll` makes it eager. Everything below
+works on the *missing* chunks, wanted and not held; a lazy swarm with none
+missing is idle (no requests, no origin, no deadline) but still connects, so
+peers can read from it. `Complete` still means every chunk is held.
+After every event it fills free request slots:
 
 1. Peers. Candidates are chunks we lack that no one is fetching for us and
    that a peer with a free slot holds. Reader demand goes first, then the
@@ -30,14 +37,22 @@ event it fills free request slots:
    A new fetcher first hears from the peers the tracker named (their Join
    lists what they are fetching), for at most `settle_s`, so fetchers that
    still disagree about their count do not start on the same chunks.
+   A lazy swarm differs in one rule: a chunk a reader is blocked on that no
+   connected peer holds, is fetching, or has pending goes to the origin as soon
+   as the swarm has settled, owned or not; prefetched chunks follow the rules
+   above (an appointed fetcher fetches the owned chunks it wants), so nodes that
+   all prefetch the same hot list read each byte from the origin about once.
+   Known limit: at a cold launch with no recorded list, many nodes blocked on
+   the same chunk all read it from the origin.
 
 Failures: a request that times out or is rejected counts against the peer,
 which then backs off exponentially; a peer that sends bytes failing
 verification is banned, disconnected and reported. An origin that fails is
 retried with backoff; one that keeps serving bad bytes aborts the content.
-When no chunk arrives for `no_source_deadline_s` while chunks are wanted, the
+When no chunk arrives for `no_source_deadline_s` while chunks are missing, the
 content aborts with what was tried (see `stall.py`). A held chunk that the
-store later finds damaged (`ChunkLost`) is wanted again, even after Complete.
+store later finds damaged (`ChunkLost`) is fetched again if it is wanted, even
+after Complete.
 
 It never reads a clock, touches a socket or a file, or uses the global random
 module: `now` comes with every call and the rng is passed in. That is why the
@@ -75,6 +90,7 @@ from p2p.swarm.events import (
     ReaderWants,
     Report,
     Request,
+    WantedAll,
 )
 from p2p.swarm.origin import origin_order, owned_chunks, region_start
 from p2p.swarm.policy import CHUNK_PICKERS, PEER_CHOOSERS, PeerLoad
@@ -105,7 +121,8 @@ class Swarm:
     """
 
     def __init__(self, me: PeerId, rack: str, chunks: int, have: Sequence[bool],
-                 chunk_bytes: int, config: SwarmConfig, rng: random.Random, now: float) -> None:
+                 chunk_bytes: int, config: SwarmConfig, rng: random.Random, now: float,
+                 *, lazy: bool = False) -> None:
         if len(have) != chunks:
             raise ValueError(f"have has {len(have)} entries for {chunks} chunks")
         self.me, self.rack, self.chunks, self.config = me, rack, chunks, config
@@ -115,6 +132,8 @@ class Swarm:
         self._chooser = PEER_CHOOSERS[config.peer_chooser]()
         self._all = (1 << chunks) - 1
         self._have = bits.from_bools(have)
+        self._eager = not lazy
+        self._wanted = 0 if lazy else self._all
         self._avail = [0] * chunks  # connected peers holding each chunk
         self._avail_mask = 0
         self._pending_mask = 0  # chunks some peer is fetching from the origin
@@ -160,6 +179,21 @@ class Swarm:
 
     def held(self, chunk: int) -> bool:
         return bool(self._have >> chunk & 1)
+
+    @property
+    def lazy(self) -> bool:
+        """Fetching only what readers and prefetch lists asked for (until `WantedAll`)."""
+        return not self._eager
+
+    @property
+    def wanted(self) -> int:
+        """Chunks to fetch, held or not, as a bit mask: all of them unless lazy."""
+        return self._wanted
+
+    @property
+    def fetching(self) -> bool:
+        """Some wanted chunk is not held yet."""
+        return bool(self._missing())
 
     @property
     def peers(self) -> list[PeerId]:
@@ -208,11 +242,24 @@ class Swarm:
                 pass  # handled above: it may reopen a finished swarm
             case ReaderWants(chunks):
                 self._demand = [c for c in chunks if 0 <= c < self.chunks] + self._demand
+                self._want(bits.from_indices(self._demand), now)
             case PrefetchGiven(chunks):
                 self._prefetch = [c for c in chunks if 0 <= c < self.chunks]
+                self._want(bits.from_indices(self._prefetch), now)
+            case WantedAll():
+                self._eager = True
+                self._want(self._all, now)
         if self._finished:
             return actions
         return actions + self._schedule(now)
+
+    def _want(self, chunks: int, now: float) -> None:
+        if not self._missing() and chunks & ~self._have:
+            # Idle until now: patience and the no-source deadline count from here, not
+            # from the last arrival, which may be hours old.
+            self._last_progress = now
+            self._stall.progressed(now)
+        self._wanted |= chunks
 
     def _on_chunk_lost(self, chunk: int, now: float) -> list[Action]:
         if self._aborted or not 0 <= chunk < self.chunks or not self.held(chunk):
@@ -263,13 +310,13 @@ class Swarm:
         state = self._peers.get(peer)
         if state is None or not 0 <= chunk < self.chunks:
             return True  # the full path handles (or rejects) it
-        if self.held(chunk):
+        if not self._missing() >> chunk & 1:
             return False
         return (len(state.inflight) < self.config.per_peer_inflight
                 and state.backoff_until <= now
                 and self._inflight_total < self.config.max_inflight
                 and (not self._requested >> chunk & 1
-                     or bits.count(self._all & ~self._have) <= self.config.endgame_tail))
+                     or bits.count(self._missing()) <= self.config.endgame_tail))
 
     def _on_peer_has(self, peer: PeerId, chunk: int) -> list[Action]:
         state = self._peers.get(peer)
@@ -367,25 +414,29 @@ class Swarm:
         if self._finished:
             return None
         peers = self._peers.values()
-        settle = self._settle_until if self._settle_until is not None and self._unheard else 0.0
-        times = chain(
+        bookkeeping = chain(
             self._origin.values(),
             (deadline for s in peers for _, deadline in s.inflight.values()),
             (until for s in peers for until in s.pending.values()),
-            (s.backoff_until for s in peers),
             self._retry_at.values(),
-            (self._origin_backoff_until, self._last_progress + self._patience(),
-             settle, self._stall.due),
         )
+        if self._missing():
+            settle = self._settle_until if self._settle_until is not None and self._unheard \
+                else 0.0
+            times = chain(bookkeeping, (s.backoff_until for s in peers),
+                          (self._origin_backoff_until, self._last_progress + self._patience(),
+                           settle, self._stall.due))
+        else:  # an idle lazy swarm: nothing to fetch, so nothing to be patient about
+            times = bookkeeping
         return min((t for t in times if t > self._now), default=None)
 
     def handle_timer(self, now: float) -> list[Action]:
         self._now = now
         if self._finished:
             return []
-        if now >= self._stall.due and not self.complete:
+        if now >= self._stall.due and self._missing():
             self._finished = self._aborted = True
-            missing = bits.count(self._all & ~self._have)
+            missing = bits.count(self._missing())
             return [Abort(self._stall.reason(missing, self.chunks))]
         actions: list[Action] = []
         for peer, state in list(self._peers.items()):
@@ -516,7 +567,7 @@ class Swarm:
         offered = 0
         for state in free.values():
             offered |= state.have
-        wanted = offered & ~self._have & ~self._requested & ~self._origin_mask()
+        wanted = offered & self._missing() & ~self._requested & ~self._origin_mask()
         actions: list[Action] = []
         for chunk in self._ordered(wanted, limit=budget * 4):
             if budget == 0 or not free:
@@ -524,7 +575,7 @@ class Swarm:
             if (peer := self._ask(chunk, free, now)) is not None:
                 actions.append(Request(peer, chunk))
                 budget -= 1
-        missing = bits.count(self._all & ~self._have)
+        missing = bits.count(self._missing())
         if (budget and free and missing <= self.config.endgame_tail
                 and not wanted & ~self._requested & ~self._have):
             actions += self._endgame(free, budget, now)
@@ -564,12 +615,17 @@ class Swarm:
         room = self.config.max_origin_inflight - len(self._origin)
         if room <= 0 or now < self._origin_backoff_until:
             return []
-        todo = self._all & ~self._have & ~self._origin_mask()
+        todo = self._missing() & ~self._origin_mask()
         if self.config.use_peers:
             todo &= ~self._requested & ~self._avail_mask & ~self._pending_mask
             starved = now - self._last_progress >= self._patience()
-            if not starved:
-                todo &= self._owned if self._settled(now) else 0
+            if not starved and not self._settled(now):
+                todo = 0
+            elif not starved:
+                # A lazy swarm's reader is blocked: no one we see can give it the chunk,
+                # so waiting out the patience would only stall the reader.
+                demand = bits.from_indices(self._demand) if self.lazy else 0
+                todo &= self._owned | demand
         if not todo:
             return []
         actions: list[Action] = []
@@ -593,3 +649,7 @@ class Swarm:
 
     def _origin_mask(self) -> int:
         return bits.from_indices(self._origin)
+
+    def _missing(self) -> int:
+        """Wanted chunks not held: what the swarm works on."""
+        return self._wanted & ~self._have
