@@ -29,7 +29,8 @@ def lazy(mine: str, slot: int | None = None, slots: int = 1, peers: tuple[PeerId
     s = Swarm(PeerId("me"), "r1", len(mine), have(mine), 100, SwarmConfig(**config),  # type: ignore[arg-type]
               random.Random(1), now=0.0, lazy=True)
     hints = tuple(PeerHint(p, "r1") for p in peers)
-    return s, list(s.handle(PeersFound(hints, origin_slot=slot, origin_slots=slots), 0.0))
+    first = s.start(0.0)
+    return s, first + s.handle(PeersFound(hints, origin_slot=slot, origin_slots=slots), 0.0)
 
 
 def test_lazy_swarm_asks_peers_only_for_demanded_and_prefetched_chunks() -> None:
@@ -137,3 +138,9 @@ def test_end_game_counts_only_wanted_chunks() -> None:
     acts = s.handle(ReaderWants((0,)), 0.0)
     assert len(requests(acts)) == 2  # one missing chunk: the tail, duplicated
     assert {c for _, c in requests(acts)} == {0}
+
+
+def test_a_complete_lazy_swarm_records_that_it_became_eager() -> None:
+    s, acts = lazy("11")
+    assert acts == [Complete()]
+    assert s.lazy and s.handle(WantedAll(), 1.0) == [] and not s.lazy

@@ -212,8 +212,8 @@ class Swarm:
         self._now = now
         if isinstance(event, ChunkLost):
             return self._on_chunk_lost(event.chunk, now)
-        if self._finished:
-            return []
+        if self._finished and not isinstance(event, ReaderWants | PrefetchGiven | WantedAll):
+            return []  # what is wanted is still recorded: a lost chunk may reopen the swarm
         if isinstance(event, PeerHas) and not self._may_request(event.peer, event.chunk, now):
             # The common case in a big swarm: only availability changes. Nothing new
             # can be asked of this peer, so skip the scheduling pass.
