@@ -93,23 +93,9 @@ from p2p.swarm.events import (
     WantedAll,
 )
 from p2p.swarm.origin import origin_order, owned_chunks, region_start
+from p2p.swarm.peers import PeerState, PeerTable
 from p2p.swarm.policy import CHUNK_PICKERS, PEER_CHOOSERS, PeerLoad
 from p2p.swarm.stall import Stall
-
-
-class _Peer:
-    """What we know of one connected peer."""
-
-    __slots__ = ("backoff_until", "failures", "have", "inflight", "pending", "rack", "rate")
-
-    def __init__(self, rack: str, have: int) -> None:
-        self.rack = rack
-        self.have = have
-        self.pending: dict[int, float] = {}  # chunk -> when the mark expires
-        self.inflight: dict[int, tuple[float, float]] = {}  # chunk -> (sent, deadline)
-        self.failures = 0
-        self.backoff_until = 0.0
-        self.rate = 0.0
 
 
 class Swarm:
@@ -134,12 +120,8 @@ class Swarm:
         self._have = bits.from_bools(have)
         self._eager = not lazy
         self._wanted = 0 if lazy else self._all
-        self._avail = [0] * chunks  # connected peers holding each chunk
-        self._avail_mask = 0
-        self._pending_mask = 0  # chunks some peer is fetching from the origin
-        self._requested = 0  # chunks with at least one peer request in flight
-        self._inflight_total = 0  # peer requests in flight, duplicates included
-        self._requesters: dict[int, list[PeerId]] = {}
+        self._table = PeerTable(chunks)
+        self._peers = self._table.peers
         self._origin: dict[int, float] = {}  # chunk -> deadline
         self._origin_failures = 0
         self._origin_corrupt = 0
@@ -152,7 +134,6 @@ class Swarm:
         self._fetchers_appointed = False
         self._unheard: set[PeerId] = set()
         self._origin_start = rng.randrange(chunks) if chunks else 0
-        self._peers: dict[PeerId, _Peer] = {}
         self._known: dict[PeerId, str] = {}  # tracker hints: peer -> rack
         self._connecting: set[PeerId] = set()
         self._retry_at: dict[PeerId, float] = {}
@@ -295,14 +276,9 @@ class Swarm:
             return self._misbehaved(peer, "bad join message", now)
         if peer in self._peers:
             self._drop_peer(peer, now)
-        state = _Peer(event.rack, bits.from_bools(event.have))
-        self._peers[peer] = state
+        self._table.add(peer, PeerState(event.rack, bits.from_bools(event.have)), event.pending,
+                        now + self.config.pending_ttl_s)
         self._known.setdefault(peer, event.rack)
-        for c in bits.indices(state.have):
-            self._add_avail(c)
-        for c in event.pending:
-            state.pending[c] = now + self.config.pending_ttl_s
-        self._refresh_pending()
         return []
 
     def _may_request(self, peer: PeerId, chunk: int, now: float) -> bool:
@@ -314,8 +290,8 @@ class Swarm:
             return False
         return (len(state.inflight) < self.config.per_peer_inflight
                 and state.backoff_until <= now
-                and self._inflight_total < self.config.max_inflight
-                and (not self._requested >> chunk & 1
+                and self._table.inflight_total < self.config.max_inflight
+                and (not self._table.requested >> chunk & 1
                      or bits.count(self._missing()) <= self.config.endgame_tail))
 
     def _on_peer_has(self, peer: PeerId, chunk: int) -> list[Action]:
@@ -324,11 +300,7 @@ class Swarm:
             return []
         if not 0 <= chunk < self.chunks:
             return [Disconnect(peer, f"announced chunk {chunk} out of range", hostile=True)]
-        if not state.have >> chunk & 1:
-            state.have |= 1 << chunk
-            self._add_avail(chunk)
-        if state.pending.pop(chunk, None) is not None:
-            self._refresh_pending()
+        self._table.has(state, chunk)
         return []
 
     def _on_peer_pending(self, peer: PeerId, chunk: int, now: float) -> list[Action]:
@@ -337,8 +309,7 @@ class Swarm:
             return []
         if not 0 <= chunk < self.chunks:
             return [Disconnect(peer, f"pending chunk {chunk} out of range", hostile=True)]
-        state.pending[chunk] = now + self.config.pending_ttl_s
-        self._pending_mask |= 1 << chunk
+        self._table.pending(state, chunk, now + self.config.pending_ttl_s)
         return []
 
     def _on_chunk_arrived(self, event: ChunkArrived, now: float) -> list[Action]:
@@ -348,7 +319,7 @@ class Swarm:
         if not event.ok:
             return self._on_corrupt(chunk, source, now)
         actions: list[Action] = []
-        sent = self._clear_request(chunk, source)
+        sent = self._table.clear_request(chunk, source)
         if source is None:
             self._origin.pop(chunk, None)
             self._origin_failures = 0
@@ -357,11 +328,7 @@ class Swarm:
             if sent is not None and now > sent:
                 rate = self._chunk_bytes / (now - sent)
                 state.rate = rate if state.rate == 0 else 0.7 * state.rate + 0.3 * rate
-        for other in self._requesters.pop(chunk, []):
-            if self._peers[other].inflight.pop(chunk, None) is not None:
-                self._inflight_total -= 1
-            actions.append(Cancel(other, chunk))
-        self._requested &= ~(1 << chunk)
+        actions += [Cancel(other, chunk) for other in self._table.clear_all(chunk)]
         if self.held(chunk):
             return actions
         self._have |= 1 << chunk
@@ -386,7 +353,7 @@ class Swarm:
                               "match the manifest")]
             self._origin_backoff(now)
             return []
-        self._clear_request(chunk, source)
+        self._table.clear_request(chunk, source)
         self._banned.add(source)
         self._drop_peer(source, now)
         return [Disconnect(source, f"sent corrupt chunk {chunk}", hostile=True),
@@ -398,7 +365,7 @@ class Swarm:
                 self._stall.origin_failed(event.reason)
                 self._origin_backoff(now)
             return []
-        if self._clear_request(event.chunk, event.source) is None:
+        if self._table.clear_request(event.chunk, event.source) is None:
             return []
         return self._peer_failed(event.source, now)
 
@@ -414,12 +381,8 @@ class Swarm:
         if self._finished:
             return None
         peers = self._peers.values()
-        bookkeeping = chain(
-            self._origin.values(),
-            (deadline for s in peers for _, deadline in s.inflight.values()),
-            (until for s in peers for until in s.pending.values()),
-            self._retry_at.values(),
-        )
+        bookkeeping = chain(self._origin.values(), self._table.deadlines(),
+                            self._retry_at.values())
         if self._missing():
             settle = self._settle_until if self._settle_until is not None and self._unheard \
                 else 0.0
@@ -443,65 +406,24 @@ class Swarm:
             late = [c for c, (_, deadline) in state.inflight.items() if deadline <= now]
             for chunk in late:
                 self.stats["timeouts"] += 1
-                self._clear_request(chunk, peer)
+                self._table.clear_request(chunk, peer)
             if late and peer in self._peers:
                 actions += self._peer_failed(peer, now)
-            expired = [c for c, until in state.pending.items() if until <= now]
-            for chunk in expired:
-                del state.pending[chunk]
         for chunk in [c for c, deadline in self._origin.items() if deadline <= now]:
             del self._origin[chunk]
             self._stall.origin_failed(f"chunk {chunk} timed out after "
                                       f"{self.config.origin_timeout_s:g} s")
             self._origin_backoff(now)
-        self._refresh_pending()
+        self._table.expire_pending(now)
         return actions + self._schedule(now)
 
     # ---- bookkeeping ----------------------------------------------------------
-
-    def _add_avail(self, chunk: int) -> None:
-        self._avail[chunk] += 1
-        self._avail_mask |= 1 << chunk
-
-    def _refresh_pending(self) -> None:
-        mask = 0
-        for state in self._peers.values():
-            for chunk in state.pending:
-                mask |= 1 << chunk
-        self._pending_mask = mask
-
-    def _clear_request(self, chunk: int, peer: PeerId | None) -> float | None:
-        """Forget `peer`'s request for `chunk`; returns when it was sent, if it was."""
-        if peer is None:
-            return None
-        state = self._peers.get(peer)
-        entry = state.inflight.pop(chunk, None) if state else None
-        if entry is not None:
-            self._inflight_total -= 1
-        askers = self._requesters.get(chunk)
-        if askers and peer in askers:
-            askers.remove(peer)
-            if not askers:
-                del self._requesters[chunk]
-                self._requested &= ~(1 << chunk)
-        return entry[0] if entry else None
 
     def _drop_peer(self, peer: PeerId, now: float) -> None:
         self._connecting.discard(peer)
         self._unheard.discard(peer)
         self._retry_at.setdefault(peer, now + self.config.backoff_base_s)
-        state = self._peers.get(peer)
-        if state is None:
-            return
-        for chunk in list(state.inflight):
-            self._clear_request(chunk, peer)
-        del self._peers[peer]
-        for chunk in bits.indices(state.have):
-            self._avail[chunk] -= 1
-            if self._avail[chunk] == 0:
-                self._avail_mask &= ~(1 << chunk)
-        if state.pending:
-            self._refresh_pending()
+        self._table.drop(peer)
 
     def _peer_failed(self, peer: PeerId, now: float) -> list[Action]:
         state = self._peers[peer]
@@ -554,12 +476,12 @@ class Swarm:
         self._demand = [c for c in self._demand if not self._have >> c & 1]
         if len(head) >= limit or not mask:
             return head[:limit]
-        rest = self._picker.order(list(bits.indices(mask)), self._avail, limit - len(head),
+        rest = self._picker.order(list(bits.indices(mask)), self._table.avail, limit - len(head),
                                   self._rng)
         return head + rest
 
     def _request_from_peers(self, now: float) -> list[Action]:
-        budget = self.config.max_inflight - self._inflight_total
+        budget = self.config.max_inflight - self._table.inflight_total
         free = {p: s for p, s in self._peers.items()
                 if len(s.inflight) < self.config.per_peer_inflight and s.backoff_until <= now}
         if budget <= 0 or not free:
@@ -567,7 +489,7 @@ class Swarm:
         offered = 0
         for state in free.values():
             offered |= state.have
-        wanted = offered & self._missing() & ~self._requested & ~self._origin_mask()
+        wanted = offered & self._missing() & ~self._table.requested & ~self._origin_mask()
         actions: list[Action] = []
         for chunk in self._ordered(wanted, limit=budget * 4):
             if budget == 0 or not free:
@@ -577,11 +499,11 @@ class Swarm:
                 budget -= 1
         missing = bits.count(self._missing())
         if (budget and free and missing <= self.config.endgame_tail
-                and not wanted & ~self._requested & ~self._have):
+                and not wanted & ~self._table.requested & ~self._have):
             actions += self._endgame(free, budget, now)
         return actions
 
-    def _ask(self, chunk: int, free: dict[PeerId, _Peer], now: float,
+    def _ask(self, chunk: int, free: dict[PeerId, PeerState], now: float,
              exclude: Sequence[PeerId] = ()) -> PeerId | None:
         holders = [PeerLoad(p, s.rack == self.rack, len(s.inflight), s.failures, s.rate)
                    for p, s in free.items() if s.have >> chunk & 1 and p not in exclude]
@@ -589,19 +511,15 @@ class Swarm:
             return None
         peer = self._chooser.choose(holders, self._rng)
         self._stall.peer_tried(peer)
-        state = free[peer]
-        state.inflight[chunk] = (now, now + self.config.request_timeout_s)
-        self._inflight_total += 1
-        self._requesters.setdefault(chunk, []).append(peer)
-        self._requested |= 1 << chunk
-        if len(state.inflight) >= self.config.per_peer_inflight:
+        self._table.asked(peer, chunk, now, now + self.config.request_timeout_s)
+        if len(free[peer].inflight) >= self.config.per_peer_inflight:
             del free[peer]
         return peer
 
-    def _endgame(self, free: dict[PeerId, _Peer], budget: int, now: float) -> list[Action]:
+    def _endgame(self, free: dict[PeerId, PeerState], budget: int, now: float) -> list[Action]:
         """Every missing chunk is requested: duplicate the tail into idle slots."""
         actions: list[Action] = []
-        for chunk, askers in sorted(self._requesters.items()):
+        for chunk, askers in sorted(self._table.requesters.items()):
             if budget == 0 or not free:
                 break
             if len(askers) > self.config.endgame_duplicates:
@@ -617,7 +535,8 @@ class Swarm:
             return []
         todo = self._missing() & ~self._origin_mask()
         if self.config.use_peers:
-            todo &= ~self._requested & ~self._avail_mask & ~self._pending_mask
+            table = self._table
+            todo &= ~table.requested & ~table.avail_mask & ~table.pending_mask
             starved = now - self._last_progress >= self._patience()
             if not starved and not self._settled(now):
                 todo = 0
