@@ -6,6 +6,8 @@ holds is what its store directory holds, not only what its status claims.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -32,22 +34,30 @@ async def status_of(agent: AgentHandle, content: str) -> dict[str, Any]:
         return info
 
 
-async def start(cluster: LocalCluster, tmp_path: Path, name: str) -> tuple[Path, str]:
-    source = tmp_path / "origin" / name
-    write_random_file(source, CHUNKS * CHUNK, seed=len(name))
-    if not cluster.tracker_url:
+@contextlib.asynccontextmanager
+async def published(tmp_path: Path) -> AsyncIterator[tuple[LocalCluster, bytes, str]]:
+    """A tracker and an origin serving one published content: its bytes and id."""
+    cluster = LocalCluster(tmp_path / "cluster")
+    try:
+        source = tmp_path / "origin" / "image.bin"
+        write_random_file(source, CHUNKS * CHUNK, seed=5)
         await cluster.start_tracker()
         await cluster.start_origin(source.parent)
-    manifest = await cluster.publish(source, CHUNK)
-    return source, manifest.content_id
+        manifest = await cluster.publish(source, CHUNK)
+        yield cluster, source.read_bytes(), manifest.content_id
+    finally:
+        await cluster.stop()
+
+
+async def read_back(agent: AgentHandle, content: str, data: bytes, offset: int,
+                    length: int) -> None:
+    async with agent.client(120) as client:
+        assert await client.read(content, offset, length) == data[offset:offset + length]
 
 
 async def test_read_and_prefetch_fetch_only_their_chunks_from_peers_then_ensure_all(
         tmp_path: Path) -> None:
-    cluster = LocalCluster(tmp_path / "cluster")
-    try:
-        source, content = await start(cluster, tmp_path, "image.bin")
-        data = source.read_bytes()
+    async with published(tmp_path) as (cluster, data, content):
         a = await cluster.start_agent(0, "r1")
         b = await cluster.start_agent(1, "r1", PATIENT)
         async with a.client(120) as client:
@@ -55,9 +65,8 @@ async def test_read_and_prefetch_fetch_only_their_chunks_from_peers_then_ensure_
         from_origin = await cluster.origin_bytes()
         assert from_origin >= len(data)
 
+        await read_back(b, content, data, 2 * CHUNK + 100, CHUNK)  # chunks 2 and 3
         async with b.client(120) as client:
-            offset = 2 * CHUNK + 100  # chunks 2 and 3
-            assert await client.read(content, offset, CHUNK) == data[offset:offset + CHUNK]
             info = await status_of(b, content)
             assert (info["mode"], info["have"], info["wanted"]) == ("lazy", 2, 2), info
             assert (info["peer_bytes"], info["origin_bytes"]) == (2 * CHUNK, 0), info
@@ -79,23 +88,20 @@ async def test_read_and_prefetch_fetch_only_their_chunks_from_peers_then_ensure_
             assert (info["peer_bytes"], info["origin_bytes"]) == (CHUNKS * CHUNK, 0), info
             assert chunk_files(b, content) == list(range(CHUNKS))
         assert await cluster.origin_bytes() == from_origin
-    finally:
-        await cluster.stop()
 
 
 async def test_lazy_read_no_peer_can_serve_reads_just_its_chunk_from_the_origin(
         tmp_path: Path) -> None:
-    cluster = LocalCluster(tmp_path / "cluster")
-    try:
-        source, content = await start(cluster, tmp_path, "layer.bin")
-        data = source.read_bytes()
+    async with published(tmp_path) as (cluster, data, content):
         agent = await cluster.start_agent(0, "r1")
-        async with agent.client(120) as client:
-            offset = 4 * CHUNK + 7
-            assert await client.read(content, offset, 1000) == data[offset:offset + 1000]
+        await read_back(agent, content, data, 4 * CHUNK + 7, 1000)
         info = await status_of(agent, content)
         assert (info["mode"], info["have"], info["origin_bytes"]) == ("lazy", 1, CHUNK), info
         assert chunk_files(agent, content) == [4]
         assert await cluster.origin_bytes() == CHUNK
-    finally:
-        await cluster.stop()
+        # Idle now, it still serves what it holds: a second reader's chunk comes from it.
+        second = await cluster.start_agent(1, "r1", PATIENT)
+        await read_back(second, content, data, 4 * CHUNK, 10)
+        info = await status_of(second, content)
+        assert (info["peer_bytes"], info["origin_bytes"]) == (CHUNK, 0), info
+        assert await cluster.origin_bytes() == CHUNK
