@@ -343,7 +343,7 @@ class Agent:
             session.timer.cancel()
             session.timer = None
         when = session.swarm.next_timer()
-        if when is not None:
+        if when is not None and session.failed is None:  # a failed session stays stopped
             session.timer = self._loop.call_at(when, self._on_timer, session)
 
     def _completed(self, session: Session) -> None:
