@@ -104,6 +104,10 @@ class Swarm:
     Driven by events (`handle`) and by time (`handle_timer`, due at
     `next_timer`). Both take `now` in seconds on the caller's clock and return
     the actions the caller must carry out.
+
+    `lazy` is an argument, not a `SwarmConfig` knob: the config is the node's
+    policy, shared by every content, while lazy or eager is a property of one
+    content, decided by how it was asked for (read or ensured).
     """
 
     def __init__(self, me: PeerId, rack: str, chunks: int, have: Sequence[bool],
