@@ -47,7 +47,7 @@ from p2p.origin import OriginError, OriginPool
 from p2p.peer import PeerConnection, PeerInfo, RateLimiter
 from p2p.session import BufferPool, ContentFailed, Session
 from p2p.store import ChunkStore, CorruptChunk, MissingChunk, StoreError, UnknownContent
-from p2p.swarm import Swarm, bits
+from p2p.swarm import Swarm
 from p2p.swarm.events import (
     Abort,
     Action,
@@ -71,6 +71,7 @@ from p2p.swarm.events import (
     ReaderWants,
     Report,
     Request,
+    WantedAll,
 )
 from p2p.tracker_client import AnnounceReply, TrackerClient, TrackerError, TrackerUnavailable
 from p2p.wire import Have, Join, Pending, Piece, RemoteProtocolError, pack_bits, unpack_bits
@@ -114,8 +115,8 @@ class Agent:
         self.me = PeerInfo(peer, f"{self.config.host}:{self.port}", self.config.rack)
         self._conns.start(self.me)
         for manifest in self.store.known():
-            try:  # resume or seed what survived a restart
-                await self._open_session(manifest)
+            try:  # seed what survived a restart; whoever still wants it all asks again
+                await self._open_session(manifest, lazy=True)
             except StoreError as exc:
                 log.error("cannot resume %s: %s", manifest.content_id, exc)
 
@@ -152,9 +153,19 @@ class Agent:
 
     # ---- the local API's verbs ------------------------------------------------
 
-    async def ensure(self, content: ContentId, manifest: Manifest | None = None) -> Session:
-        """The live session for `content`: a failed one is replaced by a fresh one, and
-        a new content's manifest comes from the tracker unless given."""
+    async def ensure(self, content: ContentId, manifest: Manifest | None = None, *,
+                     lazy: bool = False) -> Session:
+        """The live session for `content`, fetching every chunk unless `lazy` (then it
+        fetches what is read or prefetched; a lazy session asked for eagerly turns
+        eager). A failed session is replaced by a fresh one, and a new content's
+        manifest comes from the tracker unless given."""
+        session = await self._live(content, manifest, lazy)
+        if not lazy and session.swarm.lazy:
+            self._feed(session, WantedAll())
+        return session
+
+    async def _live(self, content: ContentId, manifest: Manifest | None,
+                    lazy: bool) -> Session:
         session = self.sessions.get(content)
         if session is not None and session.failed is None:
             return session
@@ -169,7 +180,7 @@ class Agent:
                             else await self.tracker.get_manifest(content))
             if session is not None:
                 log.info("content %s failed before (%s); trying again", content, session.failed)
-            opened = await self._open_session(manifest)
+            opened = await self._open_session(manifest, lazy)
         except BaseException as exc:
             opening.set_exception(exc)
             raise
@@ -192,7 +203,7 @@ class Agent:
         piece is read and checked in a worker thread as its chunk lands. A chunk found
         damaged on disk is fetched again and read again.
         """
-        session = await self.ensure(content)
+        session = await self.ensure(content, lazy=True)
         pieces = list(self.store.read_range(content, offset, length))
         missing = tuple(c for c, _, _ in pieces if not session.swarm.held(c))
         if missing:
@@ -203,7 +214,7 @@ class Agent:
     async def _read_piece(self, session: Session, chunk: int, lo: int, hi: int) -> memoryview:
         for _ in range(READ_ATTEMPTS):
             if not session.swarm.held(chunk):
-                waiter = self._waiter(session, chunk)
+                waiter = session.waiter(chunk, self._loop)
                 self._feed(session, ReaderWants((chunk,)))
                 await waiter
             try:
@@ -218,19 +229,9 @@ class Agent:
     def prefetch(self, session: Session, chunks: tuple[int, ...]) -> None:
         self._feed(session, PrefetchGiven(chunks))
 
-    def _waiter(self, session: Session, chunk: int) -> asyncio.Future[None]:
-        fut: asyncio.Future[None] = self._loop.create_future()
-        if session.done.done() and session.done.exception() is not None:
-            fut.set_exception(session.done.exception())  # type: ignore[arg-type]
-        elif session.swarm.held(chunk):
-            fut.set_result(None)
-        else:
-            session.waiters.setdefault(chunk, []).append(fut)
-        return fut
-
     # ---- sessions -------------------------------------------------------------
 
-    async def _open_session(self, manifest: Manifest) -> Session:
+    async def _open_session(self, manifest: Manifest, lazy: bool) -> Session:
         """Attach the content in the store (checking its files) and start its swarm.
         StoreError if the store cannot hold it."""
         present = await asyncio.to_thread(self.store.attach, manifest)
@@ -242,7 +243,7 @@ class Agent:
         assert self.me is not None
         swarm = Swarm(self.me.peer, self.config.rack, manifest.chunks, present,
                       manifest.chunk_size, self.config.swarm, random.Random(self._rng.random()),
-                      self._loop.time())
+                      self._loop.time(), lazy=lazy)
         session = Session(manifest, swarm, self._new_done(), started=self._loop.time())
         self.sessions[manifest.content_id] = session
         self.metrics.contents.set(len(self.sessions))
@@ -312,26 +313,44 @@ class Agent:
                     self._failed(session, reason)
                 case _:
                     assert_never(action)
+        self._pin_while_fetching(session)
         self._rearm(session)
+
+    def _pin_while_fetching(self, session: Session) -> None:
+        """Pin the content in the store while its swarm fetches, and only then.
+
+        A complete content, or a lazy one that holds all it was asked for, is seeded
+        while it stays but is not "in use": the store may evict it, least recently
+        used first, for new ones (a lazy image on a node runs to many of those).
+        Pinning again is bookkeeping under the store's lock: the content was
+        verified when the session opened."""
+        fetching = session.swarm.fetching
+        if (fetching == session.pinned or session.failed is not None
+                or self.sessions.get(session.content) is not session):
+            return
+        try:
+            if fetching:
+                self.store.attach(session.manifest)
+            else:
+                self.store.detach(session.content)
+        except StoreError as exc:
+            self._failed(session, str(exc))
+            return
+        session.pinned = fetching
 
     def _rearm(self, session: Session) -> None:
         if session.timer:
             session.timer.cancel()
             session.timer = None
         when = session.swarm.next_timer()
-        if when is not None:
+        if when is not None and session.failed is None:  # a failed session stays stopped
             session.timer = self._loop.call_at(when, self._on_timer, session)
 
     def _completed(self, session: Session) -> None:
         session.finished = self._loop.time()
-        if session.pinned:
-            # Complete contents are seeded while they stay, but are not "in use":
-            # the store may evict them, least recently used first, for new ones.
-            self.store.detach(session.content)
-            session.pinned = False
         if not session.done.done():
             session.done.set_result(None)
-        self._wake(session, range(session.manifest.chunks))
+        session.wake(range(session.manifest.chunks))
         self._spawn(self._announcer.once(session.content))
         log.info("content %s complete", session.content)
 
@@ -365,12 +384,6 @@ class Agent:
             session.finished = None
             session.done = self._new_done()  # not complete until the chunk is back
         self._feed(session, ChunkLost(chunk))
-
-    def _wake(self, session: Session, chunks: range | list[int]) -> None:
-        for chunk in chunks:
-            for fut in session.waiters.pop(chunk, []):
-                if not fut.done():
-                    fut.set_result(None)
 
     # ---- peers ----------------------------------------------------------------
 
@@ -419,7 +432,7 @@ class Agent:
         for link in self._links_joined(session.content):
             link.send_soon(msg)
         if not pending:
-            self._wake(session, [chunk])
+            session.wake([chunk])
 
     def _links_joined(self, content: ContentId) -> list[Link]:
         links = {id(link): link for link in self._conns.links.values()}
@@ -494,7 +507,7 @@ class Agent:
 
     async def _seed_from_store(self, link: Link, manifest: Manifest) -> None:
         try:
-            session = await self.ensure(manifest.content_id, manifest)
+            session = await self.ensure(manifest.content_id, manifest, lazy=True)
         except StoreError as exc:
             log.error("cannot seed %s: %s", manifest.content_id, exc)
             return
@@ -601,20 +614,7 @@ class Agent:
 
     def status(self) -> dict[str, object]:
         now = self._loop.time()
-        contents = {}
-        for content, s in self.sessions.items():
-            contents[content] = {
-                "size": s.manifest.size,
-                "chunks": s.manifest.chunks,
-                "have": bits.count(s.swarm.have),
-                "complete": s.swarm.complete,
-                "failed": s.failed is not None,
-                "failure": s.failed,
-                "origin_bytes": s.origin_bytes,
-                "peer_bytes": s.peer_bytes,
-                "peers": len(s.links),
-                "seconds": round((s.finished or now) - s.started, 3),
-            }
+        contents = {content: s.status(now) for content, s in self.sessions.items()}
         return {"peer": self.me.peer if self.me else None, "port": self.port,
                 "rack": self.config.rack, "peers_connected": len(self._conns.links),
                 "contents": contents}

@@ -7,6 +7,12 @@ hdfs_stripe and the CLI on the same node.
     GET  /v1/status                        progress of every content, as JSON
     GET  /metrics                          Prometheus exposition
 
+A content first asked for by `read` or `prefetch` is fetched lazily: only the
+chunks read and the chunks prefetched (an image is gigabytes, a launch reads a
+few per cent). `ensure` fetches every chunk, turning a lazy content eager.
+Status says which (`mode`), and per content what came from peers and from the
+origin (see `Session.status`).
+
 A Unix socket keeps the API local and lets file permissions decide who may
 use it: the socket is mode 0660 in a directory of mode 0750 (group
 `api_group` if set), whatever the umask, and it is bound only where nothing
@@ -144,7 +150,7 @@ async def _prefetch(request: web.Request) -> web.Response:
     if not isinstance(chunks, list) or len(chunks) > MAX_PREFETCH or not all(
             isinstance(c, int) and not isinstance(c, bool) for c in chunks):
         return _fail(400, f"{usage}, at most {MAX_PREFETCH} of them")
-    session = await agent.ensure(content)
+    session = await agent.ensure(content, lazy=True)
     bad = [c for c in chunks if not 0 <= c < session.manifest.chunks]
     if bad:
         return _fail(400, f"chunk {bad[0]} is outside content {content} "

@@ -1,4 +1,10 @@
-"""What the agent keeps per content, and its receive buffers."""
+"""What the agent keeps per content, and its receive buffers.
+
+A session is *lazy* when it was opened to read or prefetch: its swarm fetches
+only the chunks asked for, and it serves, announces and takes more reads when
+those are held. `ensure` makes it *eager*: it fetches every chunk, and is
+complete when it holds them all.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +13,7 @@ from dataclasses import dataclass, field
 
 from p2p.content import ContentId, Manifest, PeerId
 from p2p.link import Link
-from p2p.swarm import Swarm
+from p2p.swarm import Swarm, bits
 
 
 class ContentFailed(Exception):
@@ -35,6 +41,46 @@ class Session:
     @property
     def content(self) -> ContentId:
         return self.manifest.content_id
+
+    def waiter(self, chunk: int, loop: asyncio.AbstractEventLoop) -> asyncio.Future[None]:
+        """A future that resolves when `chunk` is held, or fails with the session."""
+        fut: asyncio.Future[None] = loop.create_future()
+        if self.done.done() and self.done.exception() is not None:
+            fut.set_exception(self.done.exception())  # type: ignore[arg-type]
+        elif self.swarm.held(chunk):
+            fut.set_result(None)
+        else:
+            self.waiters.setdefault(chunk, []).append(fut)
+        return fut
+
+    def wake(self, chunks: range | list[int]) -> None:
+        for chunk in chunks:
+            for fut in self.waiters.pop(chunk, []):
+                if not fut.done():
+                    fut.set_result(None)
+
+    def status(self, now: float) -> dict[str, object]:
+        """What `GET /v1/status` says of this content.
+
+        `have` counts held chunks, `wanted` the chunks the swarm fetches (all of them
+        unless `mode` is "lazy"); `peer_bytes` and `origin_bytes` count what this
+        session received from peers (duplicates of the end game included) and read
+        from the origin."""
+        swarm = self.swarm
+        return {
+            "size": self.manifest.size,
+            "chunks": self.manifest.chunks,
+            "mode": "lazy" if swarm.lazy else "eager",
+            "have": bits.count(swarm.have),
+            "wanted": bits.count(swarm.wanted),
+            "complete": swarm.complete,
+            "failed": self.failed is not None,
+            "failure": self.failed,
+            "origin_bytes": self.origin_bytes,
+            "peer_bytes": self.peer_bytes,
+            "peers": len(self.links),
+            "seconds": round((self.finished or now) - self.started, 3),
+        }
 
 
 class BufferPool:

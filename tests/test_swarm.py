@@ -333,7 +333,7 @@ def test_random_event_storm_keeps_bookkeeping_consistent(seed: int) -> None:
             elif isinstance(a, FetchFromOrigin):
                 outstanding.append((None, a.chunk))
         inflight = sum(len(st.inflight) for st in s._peers.values())
-        assert s._inflight_total == inflight <= 6 + s.config.endgame_duplicates * 6
+        assert s._table.inflight_total == inflight <= 6 + s.config.endgame_duplicates * 6
         for a in acts:
             if isinstance(a, Request):
                 assert not s.held(a.chunk)

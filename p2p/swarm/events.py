@@ -105,21 +105,30 @@ class ChunkLost:
 
 @dataclass(frozen=True, slots=True)
 class ReaderWants:
-    """A local reader is blocked on these chunks: they go before everything else."""
+    """A local reader is blocked on these chunks: they go before everything else.
+
+    A lazy swarm adds them to the chunks it wants."""
 
     chunks: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)
 class PrefetchGiven:
-    """An ordered list (e.g. recorded hot blocks) to fetch before rarest-first."""
+    """An ordered list (e.g. recorded hot blocks) to fetch before rarest-first.
+
+    It replaces the previous order; a lazy swarm adds its chunks to what it wants."""
 
     chunks: tuple[int, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class WantedAll:
+    """Someone needs the whole content (e.g. `ensure`): a lazy swarm fetches every chunk."""
+
+
 Event = (
     PeersFound | PeerJoined | PeerHas | PeerPending | PeerLost | ChunkArrived | ChunkFailed
-    | ChunkLost | ReaderWants | PrefetchGiven
+    | ChunkLost | ReaderWants | PrefetchGiven | WantedAll
 )
 
 

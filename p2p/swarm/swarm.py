@@ -2,9 +2,16 @@
 
 Theory of operation
 -------------------
-The swarm tracks which chunks this node holds, which connected peers hold or
-are fetching which chunks, and which requests are in flight. After every
-event it fills free request slots:
+The swarm tracks which chunks this node holds, which it *wants*, which
+connected peers hold or are fetching which chunks, and which requests are in
+flight. An eager swarm (the default) wants every chunk. A lazy one (`lazy=True`,
+for a content that is read, not copied: a container image) starts wanting
+nothing; reader demand (`ReaderWants`) and prefetch lists (`PrefetchGiven`) add
+to what it wants, for good, and `WantedAll` makes it eager. Everything below
+works on the *missing* chunks, wanted and not held; a lazy swarm with none
+missing is idle (no requests, no origin, no deadline) but still connects, so
+peers can read from it. `Complete` still means every chunk is held.
+After every event it fills free request slots:
 
 1. Peers. Candidates are chunks we lack that no one is fetching for us and
    that a peer with a free slot holds. Reader demand goes first, then the
@@ -30,14 +37,22 @@ event it fills free request slots:
    A new fetcher first hears from the peers the tracker named (their Join
    lists what they are fetching), for at most `settle_s`, so fetchers that
    still disagree about their count do not start on the same chunks.
+   A lazy swarm differs in one rule: a chunk a reader is blocked on that no
+   connected peer holds, is fetching, or has pending goes to the origin as soon
+   as the swarm has settled, owned or not; prefetched chunks follow the rules
+   above (an appointed fetcher fetches the owned chunks it wants), so nodes that
+   all prefetch the same hot list read each byte from the origin about once.
+   Known limit: at a cold launch with no recorded list, many nodes blocked on
+   the same chunk all read it from the origin.
 
 Failures: a request that times out or is rejected counts against the peer,
 which then backs off exponentially; a peer that sends bytes failing
 verification is banned, disconnected and reported. An origin that fails is
 retried with backoff; one that keeps serving bad bytes aborts the content.
-When no chunk arrives for `no_source_deadline_s` while chunks are wanted, the
+When no chunk arrives for `no_source_deadline_s` while chunks are missing, the
 content aborts with what was tried (see `stall.py`). A held chunk that the
-store later finds damaged (`ChunkLost`) is wanted again, even after Complete.
+store later finds damaged (`ChunkLost`) is fetched again if it is wanted, even
+after Complete.
 
 It never reads a clock, touches a socket or a file, or uses the global random
 module: `now` comes with every call and the rng is passed in. That is why the
@@ -75,25 +90,12 @@ from p2p.swarm.events import (
     ReaderWants,
     Report,
     Request,
+    WantedAll,
 )
 from p2p.swarm.origin import origin_order, owned_chunks, region_start
+from p2p.swarm.peers import PeerState, PeerTable
 from p2p.swarm.policy import CHUNK_PICKERS, PEER_CHOOSERS, PeerLoad
 from p2p.swarm.stall import Stall
-
-
-class _Peer:
-    """What we know of one connected peer."""
-
-    __slots__ = ("backoff_until", "failures", "have", "inflight", "pending", "rack", "rate")
-
-    def __init__(self, rack: str, have: int) -> None:
-        self.rack = rack
-        self.have = have
-        self.pending: dict[int, float] = {}  # chunk -> when the mark expires
-        self.inflight: dict[int, tuple[float, float]] = {}  # chunk -> (sent, deadline)
-        self.failures = 0
-        self.backoff_until = 0.0
-        self.rate = 0.0
 
 
 class Swarm:
@@ -102,10 +104,15 @@ class Swarm:
     Driven by events (`handle`) and by time (`handle_timer`, due at
     `next_timer`). Both take `now` in seconds on the caller's clock and return
     the actions the caller must carry out.
+
+    `lazy` is an argument, not a `SwarmConfig` knob: the config is the node's
+    policy, shared by every content, while lazy or eager is a property of one
+    content, decided by how it was asked for (read or ensured).
     """
 
     def __init__(self, me: PeerId, rack: str, chunks: int, have: Sequence[bool],
-                 chunk_bytes: int, config: SwarmConfig, rng: random.Random, now: float) -> None:
+                 chunk_bytes: int, config: SwarmConfig, rng: random.Random, now: float,
+                 *, lazy: bool = False) -> None:
         if len(have) != chunks:
             raise ValueError(f"have has {len(have)} entries for {chunks} chunks")
         self.me, self.rack, self.chunks, self.config = me, rack, chunks, config
@@ -115,12 +122,10 @@ class Swarm:
         self._chooser = PEER_CHOOSERS[config.peer_chooser]()
         self._all = (1 << chunks) - 1
         self._have = bits.from_bools(have)
-        self._avail = [0] * chunks  # connected peers holding each chunk
-        self._avail_mask = 0
-        self._pending_mask = 0  # chunks some peer is fetching from the origin
-        self._requested = 0  # chunks with at least one peer request in flight
-        self._inflight_total = 0  # peer requests in flight, duplicates included
-        self._requesters: dict[int, list[PeerId]] = {}
+        self._eager = not lazy
+        self._wanted = 0 if lazy else self._all
+        self._table = PeerTable(chunks)
+        self._peers = self._table.peers
         self._origin: dict[int, float] = {}  # chunk -> deadline
         self._origin_failures = 0
         self._origin_corrupt = 0
@@ -133,7 +138,6 @@ class Swarm:
         self._fetchers_appointed = False
         self._unheard: set[PeerId] = set()
         self._origin_start = rng.randrange(chunks) if chunks else 0
-        self._peers: dict[PeerId, _Peer] = {}
         self._known: dict[PeerId, str] = {}  # tracker hints: peer -> rack
         self._connecting: set[PeerId] = set()
         self._retry_at: dict[PeerId, float] = {}
@@ -162,6 +166,21 @@ class Swarm:
         return bool(self._have >> chunk & 1)
 
     @property
+    def lazy(self) -> bool:
+        """Fetching only what readers and prefetch lists asked for (until `WantedAll`)."""
+        return not self._eager
+
+    @property
+    def wanted(self) -> int:
+        """Chunks to fetch, held or not, as a bit mask: all of them unless lazy."""
+        return self._wanted
+
+    @property
+    def fetching(self) -> bool:
+        """Some wanted chunk is not held yet."""
+        return bool(self._missing())
+
+    @property
     def peers(self) -> list[PeerId]:
         return sorted(self._peers)
 
@@ -178,8 +197,8 @@ class Swarm:
         self._now = now
         if isinstance(event, ChunkLost):
             return self._on_chunk_lost(event.chunk, now)
-        if self._finished:
-            return []
+        if self._finished and not isinstance(event, ReaderWants | PrefetchGiven | WantedAll):
+            return []  # what is wanted is still recorded: a lost chunk may reopen the swarm
         if isinstance(event, PeerHas) and not self._may_request(event.peer, event.chunk, now):
             # The common case in a big swarm: only availability changes. Nothing new
             # can be asked of this peer, so skip the scheduling pass.
@@ -208,11 +227,24 @@ class Swarm:
                 pass  # handled above: it may reopen a finished swarm
             case ReaderWants(chunks):
                 self._demand = [c for c in chunks if 0 <= c < self.chunks] + self._demand
+                self._want(bits.from_indices(self._demand), now)
             case PrefetchGiven(chunks):
                 self._prefetch = [c for c in chunks if 0 <= c < self.chunks]
+                self._want(bits.from_indices(self._prefetch), now)
+            case WantedAll():
+                self._eager = True
+                self._want(self._all, now)
         if self._finished:
             return actions
         return actions + self._schedule(now)
+
+    def _want(self, chunks: int, now: float) -> None:
+        if not self._missing() and chunks & ~self._have:
+            # Idle until now: patience and the no-source deadline count from here, not
+            # from the last arrival, which may be hours old.
+            self._last_progress = now
+            self._stall.progressed(now)
+        self._wanted |= chunks
 
     def _on_chunk_lost(self, chunk: int, now: float) -> list[Action]:
         if self._aborted or not 0 <= chunk < self.chunks or not self.held(chunk):
@@ -248,14 +280,9 @@ class Swarm:
             return self._misbehaved(peer, "bad join message", now)
         if peer in self._peers:
             self._drop_peer(peer, now)
-        state = _Peer(event.rack, bits.from_bools(event.have))
-        self._peers[peer] = state
+        self._table.add(peer, PeerState(event.rack, bits.from_bools(event.have)), event.pending,
+                        now + self.config.pending_ttl_s)
         self._known.setdefault(peer, event.rack)
-        for c in bits.indices(state.have):
-            self._add_avail(c)
-        for c in event.pending:
-            state.pending[c] = now + self.config.pending_ttl_s
-        self._refresh_pending()
         return []
 
     def _may_request(self, peer: PeerId, chunk: int, now: float) -> bool:
@@ -263,13 +290,13 @@ class Swarm:
         state = self._peers.get(peer)
         if state is None or not 0 <= chunk < self.chunks:
             return True  # the full path handles (or rejects) it
-        if self.held(chunk):
+        if not self._missing() >> chunk & 1:
             return False
         return (len(state.inflight) < self.config.per_peer_inflight
                 and state.backoff_until <= now
-                and self._inflight_total < self.config.max_inflight
-                and (not self._requested >> chunk & 1
-                     or bits.count(self._all & ~self._have) <= self.config.endgame_tail))
+                and self._table.inflight_total < self.config.max_inflight
+                and (not self._table.requested >> chunk & 1
+                     or bits.count(self._missing()) <= self.config.endgame_tail))
 
     def _on_peer_has(self, peer: PeerId, chunk: int) -> list[Action]:
         state = self._peers.get(peer)
@@ -277,11 +304,7 @@ class Swarm:
             return []
         if not 0 <= chunk < self.chunks:
             return [Disconnect(peer, f"announced chunk {chunk} out of range", hostile=True)]
-        if not state.have >> chunk & 1:
-            state.have |= 1 << chunk
-            self._add_avail(chunk)
-        if state.pending.pop(chunk, None) is not None:
-            self._refresh_pending()
+        self._table.has(state, chunk)
         return []
 
     def _on_peer_pending(self, peer: PeerId, chunk: int, now: float) -> list[Action]:
@@ -290,8 +313,7 @@ class Swarm:
             return []
         if not 0 <= chunk < self.chunks:
             return [Disconnect(peer, f"pending chunk {chunk} out of range", hostile=True)]
-        state.pending[chunk] = now + self.config.pending_ttl_s
-        self._pending_mask |= 1 << chunk
+        self._table.pending(state, chunk, now + self.config.pending_ttl_s)
         return []
 
     def _on_chunk_arrived(self, event: ChunkArrived, now: float) -> list[Action]:
@@ -301,7 +323,7 @@ class Swarm:
         if not event.ok:
             return self._on_corrupt(chunk, source, now)
         actions: list[Action] = []
-        sent = self._clear_request(chunk, source)
+        sent = self._table.clear_request(chunk, source)
         if source is None:
             self._origin.pop(chunk, None)
             self._origin_failures = 0
@@ -310,11 +332,7 @@ class Swarm:
             if sent is not None and now > sent:
                 rate = self._chunk_bytes / (now - sent)
                 state.rate = rate if state.rate == 0 else 0.7 * state.rate + 0.3 * rate
-        for other in self._requesters.pop(chunk, []):
-            if self._peers[other].inflight.pop(chunk, None) is not None:
-                self._inflight_total -= 1
-            actions.append(Cancel(other, chunk))
-        self._requested &= ~(1 << chunk)
+        actions += [Cancel(other, chunk) for other in self._table.clear_all(chunk)]
         if self.held(chunk):
             return actions
         self._have |= 1 << chunk
@@ -339,7 +357,7 @@ class Swarm:
                               "match the manifest")]
             self._origin_backoff(now)
             return []
-        self._clear_request(chunk, source)
+        self._table.clear_request(chunk, source)
         self._banned.add(source)
         self._drop_peer(source, now)
         return [Disconnect(source, f"sent corrupt chunk {chunk}", hostile=True),
@@ -351,7 +369,7 @@ class Swarm:
                 self._stall.origin_failed(event.reason)
                 self._origin_backoff(now)
             return []
-        if self._clear_request(event.chunk, event.source) is None:
+        if self._table.clear_request(event.chunk, event.source) is None:
             return []
         return self._peer_failed(event.source, now)
 
@@ -367,90 +385,49 @@ class Swarm:
         if self._finished:
             return None
         peers = self._peers.values()
-        settle = self._settle_until if self._settle_until is not None and self._unheard else 0.0
-        times = chain(
-            self._origin.values(),
-            (deadline for s in peers for _, deadline in s.inflight.values()),
-            (until for s in peers for until in s.pending.values()),
-            (s.backoff_until for s in peers),
-            self._retry_at.values(),
-            (self._origin_backoff_until, self._last_progress + self._patience(),
-             settle, self._stall.due),
-        )
+        bookkeeping = chain(self._origin.values(), self._table.deadlines(),
+                            self._retry_at.values())
+        if self._missing():
+            settle = self._settle_until if self._settle_until is not None and self._unheard \
+                else 0.0
+            times = chain(bookkeeping, (s.backoff_until for s in peers),
+                          (self._origin_backoff_until, self._last_progress + self._patience(),
+                           settle, self._stall.due))
+        else:  # an idle lazy swarm: nothing to fetch, so nothing to be patient about
+            times = bookkeeping
         return min((t for t in times if t > self._now), default=None)
 
     def handle_timer(self, now: float) -> list[Action]:
         self._now = now
         if self._finished:
             return []
-        if now >= self._stall.due and not self.complete:
+        if now >= self._stall.due and self._missing():
             self._finished = self._aborted = True
-            missing = bits.count(self._all & ~self._have)
+            missing = bits.count(self._missing())
             return [Abort(self._stall.reason(missing, self.chunks))]
         actions: list[Action] = []
         for peer, state in list(self._peers.items()):
             late = [c for c, (_, deadline) in state.inflight.items() if deadline <= now]
             for chunk in late:
                 self.stats["timeouts"] += 1
-                self._clear_request(chunk, peer)
+                self._table.clear_request(chunk, peer)
             if late and peer in self._peers:
                 actions += self._peer_failed(peer, now)
-            expired = [c for c, until in state.pending.items() if until <= now]
-            for chunk in expired:
-                del state.pending[chunk]
         for chunk in [c for c, deadline in self._origin.items() if deadline <= now]:
             del self._origin[chunk]
             self._stall.origin_failed(f"chunk {chunk} timed out after "
                                       f"{self.config.origin_timeout_s:g} s")
             self._origin_backoff(now)
-        self._refresh_pending()
+        self._table.expire_pending(now)
         return actions + self._schedule(now)
 
     # ---- bookkeeping ----------------------------------------------------------
-
-    def _add_avail(self, chunk: int) -> None:
-        self._avail[chunk] += 1
-        self._avail_mask |= 1 << chunk
-
-    def _refresh_pending(self) -> None:
-        mask = 0
-        for state in self._peers.values():
-            for chunk in state.pending:
-                mask |= 1 << chunk
-        self._pending_mask = mask
-
-    def _clear_request(self, chunk: int, peer: PeerId | None) -> float | None:
-        """Forget `peer`'s request for `chunk`; returns when it was sent, if it was."""
-        if peer is None:
-            return None
-        state = self._peers.get(peer)
-        entry = state.inflight.pop(chunk, None) if state else None
-        if entry is not None:
-            self._inflight_total -= 1
-        askers = self._requesters.get(chunk)
-        if askers and peer in askers:
-            askers.remove(peer)
-            if not askers:
-                del self._requesters[chunk]
-                self._requested &= ~(1 << chunk)
-        return entry[0] if entry else None
 
     def _drop_peer(self, peer: PeerId, now: float) -> None:
         self._connecting.discard(peer)
         self._unheard.discard(peer)
         self._retry_at.setdefault(peer, now + self.config.backoff_base_s)
-        state = self._peers.get(peer)
-        if state is None:
-            return
-        for chunk in list(state.inflight):
-            self._clear_request(chunk, peer)
-        del self._peers[peer]
-        for chunk in bits.indices(state.have):
-            self._avail[chunk] -= 1
-            if self._avail[chunk] == 0:
-                self._avail_mask &= ~(1 << chunk)
-        if state.pending:
-            self._refresh_pending()
+        self._table.drop(peer)
 
     def _peer_failed(self, peer: PeerId, now: float) -> list[Action]:
         state = self._peers[peer]
@@ -503,12 +480,12 @@ class Swarm:
         self._demand = [c for c in self._demand if not self._have >> c & 1]
         if len(head) >= limit or not mask:
             return head[:limit]
-        rest = self._picker.order(list(bits.indices(mask)), self._avail, limit - len(head),
+        rest = self._picker.order(list(bits.indices(mask)), self._table.avail, limit - len(head),
                                   self._rng)
         return head + rest
 
     def _request_from_peers(self, now: float) -> list[Action]:
-        budget = self.config.max_inflight - self._inflight_total
+        budget = self.config.max_inflight - self._table.inflight_total
         free = {p: s for p, s in self._peers.items()
                 if len(s.inflight) < self.config.per_peer_inflight and s.backoff_until <= now}
         if budget <= 0 or not free:
@@ -516,7 +493,7 @@ class Swarm:
         offered = 0
         for state in free.values():
             offered |= state.have
-        wanted = offered & ~self._have & ~self._requested & ~self._origin_mask()
+        wanted = offered & self._missing() & ~self._table.requested & ~self._origin_mask()
         actions: list[Action] = []
         for chunk in self._ordered(wanted, limit=budget * 4):
             if budget == 0 or not free:
@@ -524,13 +501,13 @@ class Swarm:
             if (peer := self._ask(chunk, free, now)) is not None:
                 actions.append(Request(peer, chunk))
                 budget -= 1
-        missing = bits.count(self._all & ~self._have)
+        missing = bits.count(self._missing())
         if (budget and free and missing <= self.config.endgame_tail
-                and not wanted & ~self._requested & ~self._have):
+                and not wanted & ~self._table.requested & ~self._have):
             actions += self._endgame(free, budget, now)
         return actions
 
-    def _ask(self, chunk: int, free: dict[PeerId, _Peer], now: float,
+    def _ask(self, chunk: int, free: dict[PeerId, PeerState], now: float,
              exclude: Sequence[PeerId] = ()) -> PeerId | None:
         holders = [PeerLoad(p, s.rack == self.rack, len(s.inflight), s.failures, s.rate)
                    for p, s in free.items() if s.have >> chunk & 1 and p not in exclude]
@@ -538,19 +515,15 @@ class Swarm:
             return None
         peer = self._chooser.choose(holders, self._rng)
         self._stall.peer_tried(peer)
-        state = free[peer]
-        state.inflight[chunk] = (now, now + self.config.request_timeout_s)
-        self._inflight_total += 1
-        self._requesters.setdefault(chunk, []).append(peer)
-        self._requested |= 1 << chunk
-        if len(state.inflight) >= self.config.per_peer_inflight:
+        self._table.asked(peer, chunk, now, now + self.config.request_timeout_s)
+        if len(free[peer].inflight) >= self.config.per_peer_inflight:
             del free[peer]
         return peer
 
-    def _endgame(self, free: dict[PeerId, _Peer], budget: int, now: float) -> list[Action]:
+    def _endgame(self, free: dict[PeerId, PeerState], budget: int, now: float) -> list[Action]:
         """Every missing chunk is requested: duplicate the tail into idle slots."""
         actions: list[Action] = []
-        for chunk, askers in sorted(self._requesters.items()):
+        for chunk, askers in sorted(self._table.requesters.items()):
             if budget == 0 or not free:
                 break
             if len(askers) > self.config.endgame_duplicates:
@@ -564,12 +537,18 @@ class Swarm:
         room = self.config.max_origin_inflight - len(self._origin)
         if room <= 0 or now < self._origin_backoff_until:
             return []
-        todo = self._all & ~self._have & ~self._origin_mask()
+        todo = self._missing() & ~self._origin_mask()
         if self.config.use_peers:
-            todo &= ~self._requested & ~self._avail_mask & ~self._pending_mask
+            table = self._table
+            todo &= ~table.requested & ~table.avail_mask & ~table.pending_mask
             starved = now - self._last_progress >= self._patience()
-            if not starved:
-                todo &= self._owned if self._settled(now) else 0
+            if not starved and not self._settled(now):
+                todo = 0
+            elif not starved:
+                # A lazy swarm's reader is blocked: no one we see can give it the chunk,
+                # so waiting out the patience would only stall the reader.
+                demand = bits.from_indices(self._demand) if self.lazy else 0
+                todo &= self._owned | demand
         if not todo:
             return []
         actions: list[Action] = []
@@ -593,3 +572,7 @@ class Swarm:
 
     def _origin_mask(self) -> int:
         return bits.from_indices(self._origin)
+
+    def _missing(self) -> int:
+        """Wanted chunks not held: what the swarm works on."""
+        return self._wanted & ~self._have

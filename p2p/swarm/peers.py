@@ -1,0 +1,132 @@
+"""What one node knows of its connected peers for one content. No I/O.
+
+Bookkeeping only: which chunks each peer holds and is fetching from the
+origin, and our requests to it. Which peer to ask, when, and what a failure
+costs are the swarm's decisions (`swarm.py`); this table keeps the figures
+those decisions read consistent with each other: how many peers hold each
+chunk, the masks of chunks held, pending and requested, and the number of
+requests in flight. Times are passed in; nothing here reads a clock or draws
+a random number.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+from p2p.content import PeerId
+from p2p.swarm import bits
+
+
+class PeerState:
+    """What we know of one connected peer."""
+
+    __slots__ = ("backoff_until", "failures", "have", "inflight", "pending", "rack", "rate")
+
+    def __init__(self, rack: str, have: int) -> None:
+        self.rack = rack
+        self.have = have
+        self.pending: dict[int, float] = {}  # chunk -> when the mark expires
+        self.inflight: dict[int, tuple[float, float]] = {}  # chunk -> (sent, deadline)
+        self.failures = 0
+        self.backoff_until = 0.0
+        self.rate = 0.0
+
+
+class PeerTable:
+    """Connected peers, their chunks, and our requests to them; see the module docstring."""
+
+    def __init__(self, chunks: int) -> None:
+        self.peers: dict[PeerId, PeerState] = {}
+        self.avail = [0] * chunks  # connected peers holding each chunk
+        self.avail_mask = 0
+        self.pending_mask = 0  # chunks some peer is fetching from the origin
+        self.requested = 0  # chunks with at least one request in flight
+        self.inflight_total = 0  # requests in flight, duplicates included
+        self.requesters: dict[int, list[PeerId]] = {}
+
+    def add(self, peer: PeerId, state: PeerState, pending: Iterable[int], until: float) -> None:
+        self.peers[peer] = state
+        for chunk in bits.indices(state.have):
+            self._add_avail(chunk)
+        for chunk in pending:
+            state.pending[chunk] = until
+        self.refresh_pending()
+
+    def has(self, state: PeerState, chunk: int) -> None:
+        if not state.have >> chunk & 1:
+            state.have |= 1 << chunk
+            self._add_avail(chunk)
+        if state.pending.pop(chunk, None) is not None:
+            self.refresh_pending()
+
+    def pending(self, state: PeerState, chunk: int, until: float) -> None:
+        state.pending[chunk] = until
+        self.pending_mask |= 1 << chunk
+
+    def asked(self, peer: PeerId, chunk: int, now: float, deadline: float) -> None:
+        self.peers[peer].inflight[chunk] = (now, deadline)
+        self.inflight_total += 1
+        self.requesters.setdefault(chunk, []).append(peer)
+        self.requested |= 1 << chunk
+
+    def clear_request(self, chunk: int, peer: PeerId | None) -> float | None:
+        """Forget `peer`'s request for `chunk`; returns when it was sent, if it was."""
+        if peer is None:
+            return None
+        state = self.peers.get(peer)
+        entry = state.inflight.pop(chunk, None) if state else None
+        if entry is not None:
+            self.inflight_total -= 1
+        askers = self.requesters.get(chunk)
+        if askers and peer in askers:
+            askers.remove(peer)
+            if not askers:
+                del self.requesters[chunk]
+                self.requested &= ~(1 << chunk)
+        return entry[0] if entry else None
+
+    def clear_all(self, chunk: int) -> list[PeerId]:
+        """Forget every request for `chunk` (it arrived); the peers still asked."""
+        others = self.requesters.pop(chunk, [])
+        for other in others:
+            if self.peers[other].inflight.pop(chunk, None) is not None:
+                self.inflight_total -= 1
+        self.requested &= ~(1 << chunk)
+        return others
+
+    def drop(self, peer: PeerId) -> None:
+        state = self.peers.get(peer)
+        if state is None:
+            return
+        for chunk in list(state.inflight):
+            self.clear_request(chunk, peer)
+        del self.peers[peer]
+        for chunk in bits.indices(state.have):
+            self.avail[chunk] -= 1
+            if self.avail[chunk] == 0:
+                self.avail_mask &= ~(1 << chunk)
+        if state.pending:
+            self.refresh_pending()
+
+    def expire_pending(self, now: float) -> None:
+        for state in self.peers.values():
+            for chunk in [c for c, until in state.pending.items() if until <= now]:
+                del state.pending[chunk]
+        self.refresh_pending()
+
+    def refresh_pending(self) -> None:
+        mask = 0
+        for state in self.peers.values():
+            for chunk in state.pending:
+                mask |= 1 << chunk
+        self.pending_mask = mask
+
+    def deadlines(self) -> Iterator[float]:
+        """When requests time out and pending marks expire."""
+        for state in self.peers.values():
+            yield from (deadline for _, deadline in state.inflight.values())
+            yield from state.pending.values()
+
+    def _add_avail(self, chunk: int) -> None:
+        self.avail[chunk] += 1
+        self.avail_mask |= 1 << chunk
