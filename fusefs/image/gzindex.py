@@ -111,7 +111,7 @@ def _read_toc(stream: _DecodedStream, layer: str) -> tuple[tuple[Member, ...], i
                 members.append(member_from_tarinfo(info, layer))
             return tuple(members), tar.offset
     except (tarfile.TarError, EOFError) as exc:
-        after = f"after member {members[-1].path!r}" if members else "at its start"
+        after = f"in or after member {members[-1].path!r}" if members else "at its start"
         raise LayerError(layer, "", f"corrupt or truncated tar {after} ({exc})") from None
 
 
