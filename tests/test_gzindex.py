@@ -148,6 +148,24 @@ def test_python_made_layers(tmp_path: Path, make: Callable[[], bytes]) -> None:
     assert got == expected
 
 
+def test_multi_member_gzip_and_empty_tar(tmp_path: Path) -> None:
+    tar = pax_tar()
+    blob = tmp_path / "multi.gz"
+    blob.write_bytes(gzip.compress(tar[:3000], mtime=0) + gzip.compress(tar[3000:], mtime=0))
+    index = build(blob)
+    with reader(index, blob) as r:
+        assert r.read(0, len(tar)) == tar
+    empty = build(gzip_file(tmp_path / "empty.gz", bytes(10240)))
+    assert (empty.members, empty.tar_bytes, len(empty.spans)) == ((), 10240, 1)
+
+
+def test_closed_reader_refuses(cli_layer: tuple[Path, Path], cli_index: LayerIndex) -> None:
+    r = reader(cli_index, cli_layer[0])
+    r.close()
+    with pytest.raises(ValueError, match="closed"):
+        r.read(0, 10)
+
+
 def test_pax_metadata(tmp_path: Path) -> None:
     index = build(gzip_file(tmp_path / "layer.tar.gz", pax_tar()))
     by_path = {m.path: m for m in index.members}

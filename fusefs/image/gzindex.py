@@ -301,6 +301,7 @@ class LayerReader:
         self._handles: list[Any] = []  # the open rapidgzip reader and its blob, if any
         self._closer = weakref.finalize(self, _close_handles, self._handles)
         self.decoded_spans = 0
+        self._closed = False
         with self._lock:
             self._open()
 
@@ -312,6 +313,8 @@ class LayerReader:
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
+            self._cache.clear()
             self._closer()
 
     def compressed_range(self, tar_offset: int, length: int) -> tuple[int, int]:
@@ -325,6 +328,8 @@ class LayerReader:
         end = min(tar_offset + length, self.index.tar_bytes)
         pieces: list[memoryview] = []
         with self._lock:
+            if self._closed:
+                raise ValueError("read from a closed LayerReader")
             span = self.index.span_at(tar_offset)
             while tar_offset < end:
                 start, data = self.index.spans[span].tar_offset, self._span(span)
