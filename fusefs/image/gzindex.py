@@ -89,7 +89,7 @@ def _decode(hashed: _HashedBlob, layer: str, span_bytes: int) -> LayerIndex:
         stream = _DecodedStream(gz, layer)
         members, tar_end = _read_toc(stream, layer)
         stream.drain()
-        _check_tar_end(stream, tar_end, layer)
+        _check_tar_end(stream, tar_end, members, layer)
         points = _access_points(gz, hashed.size, stream.position, layer)
         zran = io.BytesIO()
         gz.export_index(zran, index_format=rapidgzip.IndexFormat.GZTOOL)
@@ -111,16 +111,26 @@ def _read_toc(stream: _DecodedStream, layer: str) -> tuple[tuple[Member, ...], i
                 members.append(member_from_tarinfo(info, layer))
             return tuple(members), tar.offset
     except (tarfile.TarError, EOFError) as exc:
-        after = f"in or after member {members[-1].path!r}" if members else "at its start"
-        raise LayerError(layer, "", f"corrupt or truncated tar {after} ({exc})") from None
+        raise LayerError(layer, _near(members, "in or after"),
+                         f"corrupt or truncated tar ({exc})") from None
+    except LayerError as exc:
+        if exc.where:
+            raise
+        raise LayerError(layer, _near(members, "in or after"), exc.why) from None
 
 
-def _check_tar_end(stream: _DecodedStream, tar_end: int, layer: str) -> None:
+def _near(members: list[Member], how: str) -> str:
+    return f"{how} member {members[-1].path!r}" if members else "at the tar's start"
+
+
+def _check_tar_end(stream: _DecodedStream, tar_end: int, members: tuple[Member, ...],
+                   layer: str) -> None:
+    where = _near(list(members), "after")
     if stream.nonzero_end > tar_end:
-        raise LayerError(layer, "", f"the tar ends at byte {tar_end}, but data follows: a "
-                                    "corrupt header, or data after the archive")
+        raise LayerError(layer, where, f"the tar ends at byte {tar_end}, but data follows: "
+                                       "a corrupt header, or data after the archive")
     if stream.position < tar_end + END_MARKER_BYTES:
-        raise LayerError(layer, "", "the tar has no end-of-archive marker: truncated")
+        raise LayerError(layer, where, "the tar has no end-of-archive marker: truncated")
 
 
 def _access_points(gz: rapidgzip.RapidgzipFile, blob_bytes: int, tar_bytes: int, layer: str
@@ -322,7 +332,8 @@ class LayerReader:
 
     def read(self, tar_offset: int, length: int) -> bytes:
         """Tar bytes [tar_offset, +length), clipped to the tar's end; LayerError if a span
-        does not decode to its digest."""
+        does not decode to its digest. The blob bytes read are within `compressed_range`,
+        except that the first read after a failed span reopens (`HEADER_BYTES` again)."""
         if tar_offset < 0 or length < 0:
             raise ValueError(f"bad range {tar_offset}+{length}")
         end = min(tar_offset + length, self.index.tar_bytes)

@@ -64,6 +64,7 @@ class LayerError(ValueError):
         super().__init__(f"layer {layer}: {where}: {why}" if where else f"layer {layer}: {why}")
         self.layer = layer
         self.where = where
+        self.why = why
 
 
 @dataclass(frozen=True, slots=True)
