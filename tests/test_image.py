@@ -36,7 +36,6 @@ import json
 import os
 import random
 import stat
-import sys
 import tarfile
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -284,8 +283,8 @@ async def test_run_passes_output_and_exit_status_and_keeps_writes_out_of_the_ima
         await index(cluster, ref, agents[0])
         for runtime in ("runc", "bwrap"):
             status, out, err = await bootseer(
-                cluster, "image", "run", ref, *agent_flags(cluster, agents[0]),
-                "--runtime", runtime, "--json", "--", "sh", "-c",
+                cluster, "image", "run", *agent_flags(cluster, agents[0]),
+                "--runtime", runtime, "--json", ref, "--", "sh", "-c",
                 "cat /srv/a-hard | head -c 6; touch /newfile && ls /newfile; exit 7",
                 check=False)
             lines = out.splitlines()
@@ -310,8 +309,8 @@ async def test_a_recorded_launch_is_prefetched_on_another_agent_from_peers(
     async with asyncio.timeout(TEST_BOUND_S), cluster_of(tmp_path, 2) as (cluster, agents):
         summaries = await index(cluster, ref, agents[0])
         data_content = summaries[2]["content"]
-        await bootseer(cluster, "image", "run", ref, *agent_flags(cluster, agents[0]),
-                       "--record", "--", "sh", "-c", "cat /data/hot.bin > /dev/null")
+        await bootseer(cluster, "image", "run", *agent_flags(cluster, agents[0]),
+                       "--record", ref, "--", "sh", "-c", "cat /data/hot.bin > /dev/null")
         first = (await contents_of(agents[0]))[data_content]
         hot_chunks = first["have"]
         assert 0 < hot_chunks < first["chunks"], "the first launch fetched the cold file too"
@@ -364,8 +363,8 @@ async def test_an_image_never_indexed_cannot_be_mounted_and_says_what_to_run(
         fuse_ready: None, registry: RunningRegistry, image: BuiltImage, tmp_path: Path) -> None:
     ref = await push(registry, "test/unindexed", image)
     async with asyncio.timeout(TEST_BOUND_S), cluster_of(tmp_path, 1) as (cluster, agents):
-        status, _, err = await bootseer(cluster, "image", "run", ref,
-                                        *agent_flags(cluster, agents[0]), "--", "true",
+        status, _, err = await bootseer(cluster, "image", "run",
+                                        *agent_flags(cluster, agents[0]), ref, "--", "true",
                                         check=False)
         assert status == 2 and "Traceback" not in err
         assert "bootseer image index" in err, err
@@ -375,5 +374,7 @@ def test_the_image_commands_are_registered() -> None:
     from p2p.cli import build_parser
 
     parser = build_parser()
-    args = parser.parse_args(["image", "run", "r/x:1", "--", "sh", "-c", "exit 3"])
-    assert args.command[-3:] == ["sh", "-c", "exit 3"] and sys.executable
+    args = parser.parse_args(["image", "run", "--tracker", "http://t:1", "r/x:1", "--",
+                              "sh", "-c", "exit 3"])
+    assert args.cmd[-3:] == ["sh", "-c", "exit 3"] and args.tracker == "http://t:1"
+    assert args.command == "image" and args.image_command == "run"

@@ -163,9 +163,9 @@ async def _cases(args: argparse.Namespace, cluster: Any, proxy: Any, ref: str, w
 async def _launch(cluster: Any, agent: Any, ref: str, argv: list[str], runtime: str,
                   *extra: str) -> tuple[float, dict[str, Any]]:
     started = time.monotonic()
-    _, out = await _cli(cluster, "image", "run", ref, "--tracker", cluster.tracker_url,
+    _, out = await _cli(cluster, "image", "run", "--tracker", cluster.tracker_url,
                         "--api-socket", agent.api_socket, "--store-dir", str(agent.store_dir),
-                        "--runtime", runtime, "--json", *extra, "--", *argv)
+                        "--runtime", runtime, "--json", *extra, ref, "--", *argv)
     seconds = round(time.monotonic() - started, 3)
     timeline = json.loads(out.splitlines()[-1])
     _check_status(timeline["exit_status"], f"the launch on {agent.child.name}")

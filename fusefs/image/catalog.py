@@ -45,8 +45,10 @@ from fusefs.image.artifact import (
     push_artifact,
     record_tag,
 )
-from fusefs.image.gzindex import LayerError, LayerIndex, build_index
+from fusefs.image.gzindex import build_index
+from fusefs.image.layerindex import LayerIndex
 from fusefs.image.record import MAX_RECORD_BYTES, Record
+from fusefs.image.toc import LayerError
 from fusefs.tree import Layer, TreeError, build_tree
 from p2p.content import DEFAULT_DIGEST, ContentId, Manifest, ManifestBuilder, MiB
 from p2p.localapi import AgentClient
@@ -165,7 +167,7 @@ async def _index_layer(client: RegistryClient, tracker: TrackerClient, ref: Imag
     await tracker.put_name(index_name(layer.digest), index_manifest.content_id)
     return {"layer": layer.digest, "content": manifest.content_id,
             "index": index_manifest.content_id, "new": True, "layer_bytes": layer.size,
-            "index_bytes": len(data), "files": index.file_count}
+            "index_bytes": len(data), "members": len(index.members)}
 
 
 def _checked_index(ref: ImageRef, digest: str, path: Path) -> LayerIndex:
@@ -223,10 +225,11 @@ async def _open_layer(tracker: TrackerClient, agent: AgentClient, ref: ImageRef,
         raise ImageError(f"image {ref}: the index of layer {layer.digest} has "
                          f"{info['size']} bytes, more than {MAX_INDEX_BYTES}")
     data = await agent.read(index_id, 0, info["size"])
-    index = await asyncio.to_thread(LayerIndex.from_bytes, data, f"index of {layer.digest}")
-    if index.layer_digest != layer.digest:
-        raise ImageError(f"image {ref}: the index named for layer {layer.digest} is the index "
-                         f"of {index.layer_digest}")
+    try:
+        index = await asyncio.to_thread(LayerIndex.from_bytes, data,
+                                        f"index of {layer.digest}", layer.digest)
+    except LayerError as exc:
+        raise ImageError(f"image {ref}: {exc}") from None
     return ImageLayer(layer.digest, layer_id, index)
 
 

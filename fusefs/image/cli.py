@@ -4,7 +4,7 @@
   publish it to the tracker (see `catalog`).
 - `image mount REF DIR`: serve the image read-only at DIR from a background
   process; prints one JSON line once it serves. `image umount DIR` ends it.
-- `image run REF [-- CMD ...]`: mount, run CMD (or the image's command) in the
+- `image run [OPTIONS] REF [--] [CMD ...]`: mount, run CMD (or the image's command) in the
   image under runc or bubblewrap with a writable tmpfs layer on top, unmount;
   exits with CMD's status. `--record` stores which blocks the launch touched,
   so the next launch (on any node) prefetches exactly those.
@@ -65,8 +65,9 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     _mount_flags(r)
     r.add_argument("--runtime", choices=("runc", "bwrap"), default="runc")
     r.add_argument("--json", action="store_true", help="print the launch timeline as JSON")
-    r.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ...",
-                   help="the command (default: the image's entrypoint and cmd)")
+    r.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD",
+                   help="the command and its arguments, after REF (options go before REF, "
+                        "as with docker run); default: the image's entrypoint and cmd")
     r.set_defaults(run=_run_run)
 
     pl = image_sub.add_parser("pull", help="fetch every layer into the local store now")
@@ -140,8 +141,8 @@ def _options(args: argparse.Namespace, mountpoint: Path | None = None) -> Any:
 def _expected(run: Any) -> Any:
     """Run a coroutine; every expected failure becomes a UserError."""
     from fusefs.image.catalog import ImageError
-    from fusefs.image.gzindex import LayerError
     from fusefs.image.record import RecordError
+    from fusefs.image.toc import LayerError
     from fusefs.image.tool import ToolError
     from fusefs.mount import MountError
     from fusefs.tree import TreeError
@@ -237,8 +238,8 @@ def _run_run(args: argparse.Namespace) -> int:
     _setup(args)
     _ref(args.ref)
     _secret()  # fail here, not inside the mount process
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
     opts = _options(args, Path("/"))
+    command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     status, timeline = _expected(run_image(opts, command or None, args.runtime))
     if args.json:
         print(json.dumps({"exit_status": status, **timeline}))

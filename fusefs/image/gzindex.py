@@ -330,6 +330,16 @@ class LayerReader:
     def compressed_range(self, tar_offset: int, length: int) -> tuple[int, int]:
         return self.index.compressed_range(tar_offset, length)
 
+    def cached(self, tar_offset: int, length: int) -> bool:
+        """Whether every span of those tar bytes is decoded already (a read of them needs
+        no blob bytes). A hint, without the lock: the event loop asks it while a decoder
+        thread may hold the lock waiting for that loop to supply blob bytes."""
+        end = min(tar_offset + length, self.index.tar_bytes)
+        if tar_offset < 0 or tar_offset >= end:
+            return True
+        first, last = self.index.span_at(tar_offset), self.index.span_at(end - 1)
+        return all(span in self._cache for span in range(first, last + 1))
+
     def read(self, tar_offset: int, length: int) -> bytes:
         """Tar bytes [tar_offset, +length), clipped to the tar's end; LayerError if a span
         does not decode to its digest. The blob bytes read are within `compressed_range`,

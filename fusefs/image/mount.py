@@ -87,7 +87,7 @@ async def serve_image(opts: MountOptions, secret: bytes, ref: ImageRef,
             if opts.record else None
         source = ImageSource(AgentSource(opts.store_dir, agent, opts.read_timeout_s), recorder)
         for layer in image.layers:
-            await source.add_layer(layer.content_id, layer.digest, layer.index)
+            source.add_layer(layer.content_id, layer.digest, layer.index)
 
         def ready(info: dict[str, Any]) -> None:
             on_ready({**info, "image": image.digest, "config": image.config,

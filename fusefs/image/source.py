@@ -3,17 +3,23 @@
 An image tree's extents name a layer's swarm content and an offset in the
 layer's *uncompressed* tar stream (that is what the tar table of contents
 gives). `ImageSource.read` turns such a range into the compressed byte range
-a decode needs (`LayerReader.compressed_range`: from the span's access point
+a decode needs (`LayerIndex.compressed_range`: from the span's access point
 to a little past the next one), makes sure those compressed chunks are local
 and verified (through `fusefs.source.AgentSource`: the store's files, or the
 agent for missing ones, concurrently, under its read deadline), then decodes
 in a worker thread (`LayerReader.read`, which checks each decoded span
-against the index's digest and keeps recent spans).
+against the index's sha256 and keeps recent spans). Reads of spans already
+decoded skip the first step.
 
 The decoder reads compressed bytes through a small synchronous file object.
 Almost always those bytes are already local (just made so), but if a decode
-wanders further, the file object asks the event loop for them and waits: a
-correct read is never traded for a fast one.
+wanders further (a reader reopening after a failed span reads the blob's head
+again), the file object asks the event loop for them and waits: a correct read
+is never traded for a fast one.
+
+A layer's reader is made on its first read, not at mount: opening one reads
+the blob's first `HEADER_BYTES`, and most layers of a large image are never
+read by a launch.
 
 Recording: with a `Recorder`, every read reports the compressed chunks it
 needed, per layer digest, before any cache answers it, so a record lists what
@@ -26,21 +32,28 @@ import asyncio
 import io
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import BinaryIO, cast
 
-from fusefs.image.gzindex import LayerError, LayerIndex, LayerReader
+from fusefs.image.gzindex import HEADER_BYTES, LayerError, LayerReader
+from fusefs.image.layerindex import LayerIndex
 from fusefs.image.record import Recorder
 from fusefs.source import AgentSource, Buffer, SourceError
 from p2p.content import ContentId
 
-SPAN_CACHE_BYTES = 64 << 20  # decoded spans kept per layer
+SPAN_CACHE_BYTES = 32 << 20  # decoded spans kept per layer
+BRIDGE_SLACK_S = 5.0  # a decoder thread waits the read deadline plus this for blob bytes
 
 
-@dataclass(frozen=True, slots=True)
 class _Layer:
-    digest: str
-    reader: LayerReader
-    chunk_bytes: int
+    """One gzip layer of the image; its reader once something was read."""
+
+    def __init__(self, content: ContentId, digest: str, index: LayerIndex) -> None:
+        self.content = content
+        self.digest = digest
+        self.index = index
+        self.chunk_bytes = 0
+        self.reader: LayerReader | None = None
+        self.opening = asyncio.Lock()
 
 
 class ImageSource:
@@ -53,37 +66,63 @@ class ImageSource:
         self._clock = clock
         self._layers: dict[str, _Layer] = {}
 
-    async def add_layer(self, content_id: ContentId, digest: str, index: LayerIndex) -> None:
-        """Serve `content_id` (the gzip blob of layer `digest`) decompressed."""
-        manifest = await self.inner.manifest(content_id)
-        loop = asyncio.get_running_loop()
-        timeout = self.inner.read_timeout_s + 5.0
-
-        def read_compressed(offset: int, length: int) -> bytes:
-            future = asyncio.run_coroutine_threadsafe(
-                self.inner.read(content_id, offset, length), loop)
-            return bytes(future.result(timeout))
-
-        blob = _BlobFile(manifest.size, read_compressed)
-        reader = LayerReader(index, blob, cache_bytes=SPAN_CACHE_BYTES)
-        self._layers[content_id] = _Layer(digest, reader, manifest.chunk_size)
+    def add_layer(self, content: ContentId, digest: str, index: LayerIndex) -> None:
+        """Serve `content` (the gzip blob of layer `digest`) decompressed."""
+        self._layers[content] = _Layer(content, digest, index)
 
     async def read(self, content: str, offset: int, length: int) -> Buffer:
         layer = self._layers.get(content)
         if layer is None:
             return await self.inner.read(content, offset, length)
-        start, end = layer.reader.compressed_range(offset, length)
-        if self.recorder is not None:
+        reader = layer.reader or await self._open(layer)
+        start, end = reader.compressed_range(offset, length)
+        if self.recorder is not None and end > start:
             first, last = start // layer.chunk_bytes, (end - 1) // layer.chunk_bytes
             self.recorder.touched(layer.digest, range(first, last + 1), self._clock())
-        if not layer.reader.cached(offset, length):
+        if not reader.cached(offset, length):
             await self.inner.read(content, start, end - start)  # local and verified now
         try:
-            return await asyncio.to_thread(layer.reader.read, offset, length)
-        except LayerError as exc:
+            return await asyncio.to_thread(reader.read, offset, length)
+        except (LayerError, SourceError) as exc:
             raise SourceError(str(exc)) from None
+        except TimeoutError:  # the decoder waited for blob bytes the loop could not give
+            raise SourceError(f"layer {layer.digest}: blob bytes for tar bytes {offset}+"
+                              f"{length} did not arrive in time") from None
+
+    async def _open(self, layer: _Layer) -> LayerReader:
+        async with layer.opening:
+            if layer.reader is not None:
+                return layer.reader
+            manifest = await self.inner.manifest(layer.content)
+            if manifest.size != layer.index.blob_bytes:
+                raise SourceError(f"layer {layer.digest}: its content has {manifest.size} "
+                                  f"bytes, its index says {layer.index.blob_bytes}")
+            await self.inner.read(layer.content, 0, min(HEADER_BYTES, manifest.size))
+            opener = self._blob_opener(layer.content, manifest.size)
+            try:
+                reader = await asyncio.to_thread(LayerReader, layer.index, opener,
+                                                 SPAN_CACHE_BYTES)
+            except LayerError as exc:
+                raise SourceError(str(exc)) from None
+            layer.chunk_bytes, layer.reader = manifest.chunk_size, reader
+            return reader
+
+    def _blob_opener(self, content: ContentId, size: int) -> Callable[[], BinaryIO]:
+        loop = asyncio.get_running_loop()
+        wait_s = self.inner.read_timeout_s + BRIDGE_SLACK_S
+
+        def read_at(offset: int, length: int) -> bytes:  # in a decoder thread
+            future = asyncio.run_coroutine_threadsafe(
+                self.inner.read(content, offset, length), loop)
+            return bytes(future.result(wait_s))
+
+        # A raw file object is all the decoder uses (readinto, seek, tell) of BinaryIO.
+        return lambda: cast(BinaryIO, _BlobFile(size, read_at))
 
     async def close(self) -> None:
+        for layer in self._layers.values():
+            if layer.reader is not None:
+                layer.reader.close()
         await self.inner.close()
 
 
