@@ -332,24 +332,33 @@ async def test_a_recorded_launch_is_prefetched_on_another_agent_from_peers(
             assert after["have"] == hot_chunks and after["origin_bytes"] == 0
 
 
-@pytest.mark.parametrize("case", ["dotdot", "absolute", "corrupt-gzip", "zstd-type"])
+BAD_MEMBERS = {
+    "dotdot": [_file("../escape", b"x")],
+    "absolute": [_file("/etc/evil", b"x")],
+    "duplicate": [_file("etc/twice", b"1"), _file("etc/twice", b"2")],
+    "hardlink-to-nothing": [_link("etc/hard", "etc/nothing", tarfile.LNKTYPE)],
+}
+
+
+@pytest.mark.parametrize("case", [*BAD_MEMBERS, "corrupt-gzip", "truncated-tar", "zstd-type"])
 async def test_bad_layers_are_refused_naming_the_image_and_the_layer(
         registry: RunningRegistry, tmp_path: Path, case: str) -> None:
     good = base_layer()
-    if case == "dotdot":
-        bad = make_image([good, _tar([_file("../escape", b"x")])])
-    elif case == "absolute":
-        bad = make_image([good, _tar([_file("/etc/evil", b"x")])])
+    platform = Platform("linux", "amd64")
+    if case in BAD_MEMBERS:
+        bad = make_image([good, _tar(BAD_MEMBERS[case])])
     elif case == "corrupt-gzip":
         layer = SampleLayer.of_tar(_tar([_file("x", random.Random(3).randbytes(200_000))]))
         blob = bytearray(layer.read())
         blob[len(blob) // 2] ^= 0xFF
         broken = SampleLayer(bytes(blob), sha256_digest(bytes(blob)), layer.diff_id, len(blob))
-        bad = assemble(Platform("linux", "amd64"), [SampleLayer.of_tar(good), broken], {})
+        bad = assemble(platform, [SampleLayer.of_tar(good), broken], {})
+    elif case == "truncated-tar":
+        bad = make_image([good, _tar([_file("x", random.Random(4).randbytes(50_000))])[:30_000]])
     else:
         zstd = replace(SampleLayer.of_tar(good),
                        media_type="application/vnd.oci.image.layer.v1.tar+zstd")
-        bad = assemble(Platform("linux", "amd64"), [zstd], {})
+        bad = assemble(platform, [zstd], {})
     ref = await push(registry, f"test/bad-{case}", bad)
     async with asyncio.timeout(TEST_BOUND_S), cluster_of(tmp_path, 0) as (cluster, _):
         status, _, err = await bootseer(cluster, "image", "index", ref,
@@ -378,3 +387,41 @@ def test_the_image_commands_are_registered() -> None:
                               "sh", "-c", "exit 3"])
     assert args.cmd[-3:] == ["sh", "-c", "exit 3"] and args.tracker == "http://t:1"
     assert args.command == "image" and args.image_command == "run"
+
+
+async def test_pull_then_mount_and_umount_from_the_command_line(
+        fuse_ready: None, registry: RunningRegistry, image: BuiltImage, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    ref = await push(registry, "test/cli", image)
+    async with asyncio.timeout(TEST_BOUND_S), cluster_of(tmp_path, 2) as (cluster, agents):
+        await index(cluster, ref, agents[0])
+        pulls = []
+        for agent in agents:
+            _, out, _ = await bootseer(cluster, "image", "pull", *agent_flags(cluster, agent),
+                                       "--json", ref)
+            pulls.append(json.loads(out.splitlines()[-1]))
+        size = sum(layer.size for layer in image.layers)
+        assert [p["bytes"] for p in pulls] == [p["have_bytes"] for p in pulls] == [size, size]
+        assert pulls[0]["origin_bytes"] == size and pulls[0]["peer_bytes"] == 0
+        assert pulls[1]["peer_bytes"] > 0, "the second node pulled nothing from the first"
+
+        where = tmp_path / "mnt"
+        where.mkdir()
+        monkeypatch.setenv("BOOTSEER_LOG_DIR", str(tmp_path))
+        _, out, _ = await bootseer(cluster, "image", "mount", *agent_flags(cluster, agents[1]),
+                                   ref, str(where))
+        ready = json.loads(out)
+        try:
+            text = await asyncio.to_thread((where / "srv/a.txt").read_bytes)
+            assert text == b"alpha\n" * 1000 and ready["image"] == image.digest
+        finally:
+            status, _, err = await bootseer(cluster, "image", "umount", str(where), check=False)
+        assert status == 0, err
+        assert not is_mounted(where)
+        for _ in range(100):  # bounded: 10 s for the serving process to finish
+            if not Path(f"/proc/{ready['pid']}").exists():
+                break
+            await asyncio.sleep(0.1)
+        assert not Path(f"/proc/{ready['pid']}").exists(), "the serving process outlived umount"
+        status, _, err = await bootseer(cluster, "image", "umount", str(where), check=False)
+        assert status == 2 and "no FUSE mount" in err

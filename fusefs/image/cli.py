@@ -22,7 +22,10 @@ import asyncio
 import json
 import logging
 import os
+import select
+import subprocess
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -188,39 +191,62 @@ def _run_index(args: argparse.Namespace) -> int:
 
 def _run_serve(args: argparse.Namespace) -> int:
     from fusefs.image.mount import ready_line, serve_image
-    from fusefs.mount import MountError, check_fuse
+    from fusefs.mount import check_fuse
 
     _setup(args)
     if not args.mountpoint.is_dir():
         raise UserError(f"the mount point {args.mountpoint} is not a directory")
     ref, secret, opts = _ref(args.ref), _secret(), _options(args)
-    try:
-        check_fuse()
-    except MountError as exc:
-        raise UserError(str(exc)) from None
+    _expected_sync(check_fuse)
     summary = _expected(serve_image(opts, secret, ref, ready_line))
     log.info("done: %s", json.dumps(summary))
     return 0
 
 
 def _run_mount(args: argparse.Namespace) -> int:
-    from fusefs.image.mount import mount_child
+    from fusefs.mount import check_fuse
 
     if not args.mountpoint.is_dir():
         raise UserError(f"the mount point {args.mountpoint} is not a directory")
     _ref(args.ref)
+    _secret()  # fail here, not inside the serving process
+    _expected_sync(check_fuse)
     opts = _options(args)
-    log_path = Path(os.environ.get("BOOTSEER_LOG_DIR", "/tmp")) / \
+    log_path = Path(os.environ.get("BOOTSEER_LOG_DIR", tempfile.gettempdir())) / \
         f"bootseer-image-{os.getpid()}.log"
-
-    async def mount() -> dict[str, Any]:
-        child = await mount_child(opts, log_path)
-        return {**child.ready, "pid": child.proc.pid, "log": str(log_path)}
-
-    ready = _expected(mount())
+    ready = _detached(opts.argv(), log_path, opts.read_timeout_s + 60.0)
     ready.pop("config", None)
-    print(json.dumps(ready))
+    print(json.dumps({**ready, "log": str(log_path)}))
     return 0
+
+
+def _detached(argv: list[str], log_path: Path, timeout_s: float) -> dict[str, Any]:
+    """Start the serving process in a session of its own, wait for its "mounted" line, and
+    leave it running (an asyncio child would be killed when this process's loop closes)."""
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    assert proc.stdout is not None
+    ready_now, _, _ = select.select([proc.stdout], [], [], timeout_s)
+    line = proc.stdout.readline() if ready_now else b""
+    proc.stdout.close()
+    try:
+        return {**json.loads(line), "pid": proc.pid}
+    except json.JSONDecodeError:
+        proc.kill()
+        proc.wait()
+        tail = log_path.read_text(errors="replace").strip().splitlines()[-3:]
+        raise UserError(f"the mount did not start; {log_path} ends with: "
+                        f"{' / '.join(tail) or 'nothing'}") from None
+
+
+def _expected_sync(check: Any) -> None:
+    from fusefs.mount import MountError
+
+    try:
+        check()
+    except MountError as exc:
+        raise UserError(str(exc)) from None
 
 
 def _run_umount(args: argparse.Namespace) -> int:
