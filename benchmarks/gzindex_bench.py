@@ -21,7 +21,8 @@ from pathlib import Path
 
 import msgpack
 
-from fusefs.image.gzindex import LayerReader, build_index
+from fusefs.image.gzindex import build_index
+from fusefs.image.layerreader import LayerReader
 
 MB = 1e6
 READ_BYTES = 4096

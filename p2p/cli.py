@@ -18,13 +18,19 @@ class UserError(Exception):
     """An expected failure: bad input or a missing server. Printed, not traced."""
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole parser; with `command` naming a package's entry point (e.g. "image"),
+    only that package's commands: the others' modules are then never imported, which
+    keeps a short-lived command (or the mount process `image run` starts) fast to start."""
     parser = argparse.ArgumentParser(
         prog="bootseer",
         description="Fast startup for large training jobs: images, dependencies and "
                     "checkpoints from peers, not from the origin.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for ep in sorted(entry_points(group="bootseer.commands"), key=lambda e: e.name):
+    found = sorted(entry_points(group="bootseer.commands"), key=lambda e: e.name)
+    if any(ep.name == command for ep in found):
+        found = [ep for ep in found if ep.name == command]
+    for ep in found:
         try:
             add: Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None] = ep.load()
         except ImportError as exc:
@@ -47,7 +53,8 @@ def _unavailable(sub: argparse._SubParsersAction[argparse.ArgumentParser], name:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser(words[0] if words else None).parse_args(words)
     try:
         return int(args.run(args) or 0)
     except UserError as exc:

@@ -23,7 +23,8 @@ from typing import Any, BinaryIO
 import msgpack
 import pytest
 
-from fusefs.image.gzindex import HEADER_BYTES, LayerError, LayerIndex, LayerReader, build_index
+from fusefs.image.gzindex import LayerError, LayerIndex, build_index
+from fusefs.image.layerreader import HEADER_BYTES, LayerReader
 from fusefs.tree import Kind, TreeError, build_tree
 
 MiB = 1 << 20
@@ -484,3 +485,30 @@ def test_unsafe_paths_reach_build_tree(tmp_path: Path, names: list[str], match: 
     with pytest.raises(TreeError, match=match) as caught:
         build_tree([index.layer("c1-x")])
     assert index.layer_digest in str(caught.value)
+
+
+def test_a_plain_tar_layer_is_indexed_without_spans(tmp_path: Path) -> None:
+    members = {"a.txt": b"alpha\n" * 100, "dir/b.bin": os.urandom(3 * 1024 * 1024 + 7)}
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    blob = buf.getvalue()
+    digest = "sha256:" + hashlib.sha256(blob).hexdigest()
+    index = build_index(io.BytesIO(blob), digest, compressed=False)
+    assert not index.compressed and index.spans == () and index.tar_bytes == len(blob)
+    for entry in index.entries("c1-" + "0" * 64):
+        if entry.path in members:
+            (extent,) = entry.extents
+            assert blob[extent.offset:extent.offset + extent.length] == members[entry.path]
+    assert index.compressed_range(10, 100) == (10, 110)
+    again = LayerIndex.from_bytes(index.to_bytes(), "plain", digest)
+    assert again == index
+    with pytest.raises(LayerError, match="digest"):
+        build_index(io.BytesIO(blob), "sha256:" + "0" * 64, compressed=False)
+    with pytest.raises(LayerError, match=r"truncated|corrupt"):
+        cut = blob[:len(blob) // 2]
+        build_index(io.BytesIO(cut), "sha256:" + hashlib.sha256(cut).hexdigest(),
+                    compressed=False)

@@ -3,9 +3,9 @@
 A module-scoped `docker-registry` (tests/registry.py) holds a three-layer
 image built here from real files: Debian's busybox-static with applet
 symlinks; a layer with a directory tree, a hard link, xattrs, a whiteout of a
-base file and an opaque directory; and a layer with a small "hot" and a
-larger "cold" file of random bytes (incompressible, so they span several
-1 MiB chunks of the gzip blob). Each test starts a tracker and agents on
+base file and an opaque directory; and a plain (uncompressed) tar layer, as
+incompressible contents should be, with a small "hot" and a larger "cold" file
+of random bytes spanning several 1 MiB chunks. Each test starts a tracker and agents on
 127.0.0.1 (`p2p.localcluster`), indexes the image with `bootseer image index`
 and mounts or runs it with `bootseer image ...` in child processes (a process
 must not read a pyfuse3 mount it serves). What is proved:
@@ -138,9 +138,11 @@ def data_layer() -> bytes:
                  _file("data/cold.bin", rng.randbytes(COLD_BYTES))])
 
 
-def make_image(tars: list[bytes]) -> BuiltImage:
+def make_image(tars: list[bytes], plain: tuple[bytes, ...] = ()) -> BuiltImage:
+    """gzip layers of `tars`, then plain (uncompressed) layers of `plain`."""
     run = {"Cmd": ["/bin/sh", "-c", "echo default"], "Env": ["PATH=/bin"], "WorkingDir": "/"}
-    return assemble(Platform("linux", "amd64"), [SampleLayer.of_tar(t) for t in tars], run)
+    layers = [SampleLayer.of_tar(t) for t in tars] + [SampleLayer.of_plain_tar(t) for t in plain]
+    return assemble(Platform("linux", "amd64"), layers, run)
 
 
 async def push(registry: RunningRegistry, repository: str, image: BuiltImage) -> str:
@@ -154,7 +156,7 @@ async def push(registry: RunningRegistry, repository: str, image: BuiltImage) ->
 def image() -> BuiltImage:
     if not BUSYBOX.is_file():
         pytest.fail("busybox is not installed: apt-get install busybox-static")
-    return make_image([base_layer(), tree_layer(), data_layer()])
+    return make_image([base_layer(), tree_layer()], plain=(data_layer(),))
 
 
 # ---- the cluster ----------------------------------------------------------------------

@@ -48,7 +48,8 @@ def add_parser(kinds: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--node-cap", type=float, default=100.0, help="MB/s per agent, each way")
     p.add_argument("--registry-cap", type=float, default=100.0, help="MB/s out of the registry")
     p.add_argument("--big-file-mb", type=int, default=1024,
-                   help="size of the file read through the mount for fuse_read_gbps")
+                   help="size of the file read through the mount for fuse_read_gbps "
+                        "(0: skip that case)")
     p.add_argument("--command", default=DEFAULT_COMMAND, help="what each launch runs")
     p.add_argument("--runtime", choices=("runc", "bwrap"), default="runc")
     p.add_argument("--json", action="store_true", help="print only the JSON line")
@@ -95,25 +96,28 @@ async def _bench_in(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 
     log("building the sample images (cached after the first run)")
     image = await python3_image()
-    big = await python3_image(big_file_bytes=args.big_file_mb * MiB)
+    big = await python3_image(big_file_bytes=args.big_file_mb * MiB) \
+        if args.big_file_mb else None
     with local_registry(work / "registry") as registry:
         async with RegistryClient() as client:
             for name, img in (("bench/python", image), ("bench/python-big", big)):
-                await push_sample(client, ImageRef(registry.address, name, "1"), img)
+                if img is not None:
+                    await push_sample(client, ImageRef(registry.address, name, "1"), img)
         async with CappedProxy(registry.address, args.registry_cap) as proxy:
             cluster = LocalCluster(work / "cluster")
             try:
                 await cluster.start_tracker()
                 ref, big_ref = f"{proxy.address}/bench/python:1", \
                     f"{proxy.address}/bench/python-big:1"
-                for r in (ref, big_ref):
+                for r in (ref, big_ref) if big is not None else (ref,):
                     await _cli(cluster, "image", "index", r, "--tracker", cluster.tracker_url)
                 result = {"bench": "image", "node_cap_mbps": args.node_cap,
                           "registry_cap_mbps": args.registry_cap, "command": args.command,
                           "runtime": args.runtime,
                           "image_bytes": sum(la.size for la in image.layers)}
                 result |= await _cases(args, cluster, proxy, ref, work, log)
-                result |= await _fuse_read(args, cluster, big_ref, big, work, log)
+                if big is not None:
+                    result |= await _fuse_read(args, cluster, big_ref, big, work, log)
             finally:
                 await cluster.stop()
     return _ratios(result)

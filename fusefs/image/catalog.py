@@ -1,6 +1,7 @@
 """Where an image's Bootseer side lives, and how a node finds it.
 
-An image stays exactly what was pushed. For each gzip layer, `index_image`
+An image stays exactly what was pushed. For each layer (gzip or plain tar),
+`index_image`
 (`bootseer image index REF`, once per image, by someone with push rights):
 
 1. streams the blob from the registry (sha256 checked end to end) to a work
@@ -63,6 +64,8 @@ log = logging.getLogger(__name__)
 LAYER_CHUNK_BYTES = 1 * MiB  # measured: the python3 startup set needs 23 MB at 1 MiB, 46 at 4
 GZIP_LAYER_TYPES = ("application/vnd.oci.image.layer.v1.tar+gzip",
                     "application/vnd.docker.image.rootfs.diff.tar.gzip")
+TAR_LAYER_TYPES = ("application/vnd.oci.image.layer.v1.tar",
+                   "application/vnd.docker.image.rootfs.diff.tar")
 MAX_CONFIG_BYTES = 4 * MiB
 MAX_INDEX_BYTES = 256 * MiB
 
@@ -113,10 +116,10 @@ async def resolve(client: RegistryClient, ref: ImageRef) -> tuple[PulledManifest
 
 
 def _check_layer_type(ref: ImageRef, layer: Descriptor) -> None:
-    if layer.media_type not in GZIP_LAYER_TYPES:
+    if layer.media_type not in GZIP_LAYER_TYPES + TAR_LAYER_TYPES:
         raise ImageError(f"image {ref}: layer {layer.digest} has media type "
-                         f"{layer.media_type!r}; Bootseer serves gzip layers "
-                         f"({', '.join(GZIP_LAYER_TYPES)})")
+                         f"{layer.media_type!r}; Bootseer serves gzip and plain tar layers "
+                         f"({', '.join(GZIP_LAYER_TYPES + TAR_LAYER_TYPES)})")
 
 
 # ---- indexing (once per image) --------------------------------------------------------
@@ -154,7 +157,7 @@ async def _index_layer(client: RegistryClient, tracker: TrackerClient, ref: Imag
             raise
     path = scratch / layer.digest.removeprefix("sha256:")
     manifest = await _download(client, ref, layer, path, plain_http, digest)
-    index = await asyncio.to_thread(_checked_index, ref, layer.digest, path)
+    index = await asyncio.to_thread(_checked_index, ref, layer, path)
     data = index.to_bytes()
     path.unlink()
     index_digest = await push_artifact(client, ref, index_tag(layer.digest), INDEX_TYPE, data)
@@ -170,13 +173,14 @@ async def _index_layer(client: RegistryClient, tracker: TrackerClient, ref: Imag
             "index_bytes": len(data), "members": len(index.members)}
 
 
-def _checked_index(ref: ImageRef, digest: str, path: Path) -> LayerIndex:
+def _checked_index(ref: ImageRef, layer: Descriptor, path: Path) -> LayerIndex:
     """The layer's index, once its tree is known to be servable (paths inside the root,
     no duplicates, hard links to earlier files): refused now, not at every mount."""
     try:
         with open(path, "rb") as blob:
-            index = build_index(blob, digest)
-        build_tree([Layer(digest, index.entries(ContentId("c1-" + "0" * 64)))])
+            index = build_index(blob, layer.digest,
+                                compressed=layer.media_type in GZIP_LAYER_TYPES)
+        build_tree([Layer(layer.digest, index.entries(ContentId("c1-" + "0" * 64)))])
     except (LayerError, TreeError) as exc:
         raise ImageError(f"image {ref}: {exc}") from None
     return index

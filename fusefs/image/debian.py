@@ -148,9 +148,11 @@ def file_sha256(path: Path) -> str:
 
 # -- the build -------------------------------------------------------------------------------
 
-async def python3_base_layer(cache_dir: Path, arch: str = "amd64") -> Path:
-    """The cached base layer's `.tar.gz` (see `cached` for its digests), built if absent."""
-    inputs = BaseInputs(SUITE, VARIANT, INCLUDE, machine_mirror(SUITE), arch)
+async def python3_base_layer(cache_dir: Path, arch: str = "amd64",
+                             packages: tuple[str, ...] = INCLUDE) -> Path:
+    """The cached base layer's `.tar.gz` (see `cached` for its digests), built if absent;
+    `packages` are the Debian packages installed on top of minbase."""
+    inputs = BaseInputs(SUITE, VARIANT, packages, machine_mirror(SUITE), arch)
     layer = cache_dir / f"python3-{inputs.key()}.tar.gz"
     if cached(layer) is None:
         cache_dir.mkdir(parents=True, exist_ok=True)

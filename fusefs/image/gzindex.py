@@ -11,12 +11,10 @@ hashes the decoded bytes between consecutive access points (a *span*), and
 lists the tar members (`fusefs.image.toc`). Everything is a pure function of
 the blob, so two builders produce the same bytes (`LayerIndex.to_bytes`).
 
-Reading (`LayerReader`) decodes whole spans: seek a long-lived rapidgzip
-reader to a span's start, read the span, check its sha256, keep it in an LRU
-of decoded spans bounded by `cache_bytes`, and answer reads (which may cross
-spans) from those. The chunk store verifies compressed bytes, but a wrong
-window or offset in an index would decode to wrong bytes; the span digests
-turn that into `LayerError`, never into file contents.
+A plain (uncompressed) tar layer gets the same index without spans or zran:
+its tar offsets are blob offsets, read straight from the swarm's chunks.
+
+Reading a gzip layer is `fusefs.image.layerreader.LayerReader`'s job.
 
 Which compressed bytes a decode reads (measured with rapidgzip 0.16): from
 the span's access point through the next point plus one 128 KiB read-ahead,
@@ -36,9 +34,6 @@ from __future__ import annotations
 import hashlib
 import io
 import tarfile
-import threading
-import weakref
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import IO, Any, BinaryIO, cast
 
@@ -47,11 +42,9 @@ import rapidgzip
 from fusefs.image.layerindex import DIGEST_PATTERN, MAX_SPAN_BYTES, LayerIndex, MiB, Span
 from fusefs.image.toc import LayerError, Member, member_from_tarinfo
 
-__all__ = ["LayerError", "LayerIndex", "LayerReader", "Span", "build_index"]
+__all__ = ["LayerError", "LayerIndex", "Span", "build_index"]
 
 SPAN_BYTES = 1 * MiB  # see benchmarks/LAYER_ACCESS.md for why 1 MiB
-HEADER_BYTES = 128 * 1024  # what opening a reader reads from the blob's start
-CACHE_BYTES = 64 * MiB
 COPY_BYTES = 256 * 1024  # tarfile copies its buffer per header: 1 MiB is slower
 END_MARKER_BYTES = 1024  # two zero blocks end a tar
 
@@ -59,14 +52,18 @@ END_MARKER_BYTES = 1024  # two zero blocks end a tar
 # ---- building ------------------------------------------------------------------------
 
 
-def build_index(blob: BinaryIO, layer_digest: str, span_bytes: int = SPAN_BYTES) -> LayerIndex:
-    """Index the gzip layer `blob` (read once, never held in memory); LayerError if it is
-    not `layer_digest`, not a complete gzip, or not a tar this index can serve."""
+def build_index(blob: BinaryIO, layer_digest: str, span_bytes: int = SPAN_BYTES,
+                compressed: bool = True) -> LayerIndex:
+    """Index the layer `blob` (read once, never held in memory): a gzip tar, or with
+    `compressed=False` a plain tar (no spans, no zran: its tar offsets are blob offsets);
+    LayerError if it is not `layer_digest`, not a complete gzip, or not a tar this index
+    can serve."""
     if not DIGEST_PATTERN.fullmatch(layer_digest):
         raise LayerError(layer_digest, "", "not a sha256 layer digest")
     hashed = _HashedBlob(blob)
     try:
-        index = _decode(hashed, layer_digest, span_bytes)
+        index = _decode(hashed, layer_digest, span_bytes) if compressed \
+            else _plain(hashed, layer_digest, span_bytes)
     except LayerError:
         _check_digest(hashed, layer_digest)  # a wrong blob explains any other error best
         raise
@@ -86,19 +83,29 @@ def _decode(hashed: _HashedBlob, layer: str, span_bytes: int) -> LayerIndex:
     except (RuntimeError, ValueError) as exc:
         raise LayerError(layer, "", f"not a gzip stream ({exc})") from None
     with gz:
-        stream = _DecodedStream(gz, layer)
+        stream = _DecodedStream(gz.read, layer,
+                                _SpanHasher(lambda: gz.available_block_offsets().values()))
         members, tar_end = _read_toc(stream, layer)
         stream.drain()
         _check_tar_end(stream, tar_end, members, layer)
         points = _access_points(gz, hashed.size, stream.position, layer)
         zran = io.BytesIO()
         gz.export_index(zran, index_format=rapidgzip.IndexFormat.GZTOOL)
+    assert stream.spans is not None
     digests = stream.spans.finish([*points, (8 * hashed.size, stream.position)], layer)
     spans = tuple(Span(u, bit, d) for (bit, u), d in zip(
         _span_points(points, stream.position), digests, strict=True))
     _check_span_sizes(spans, stream.position, layer)
     return LayerIndex(layer, hashed.size, stream.position, span_bytes, spans, members,
                       zran.getvalue())
+
+
+def _plain(hashed: _HashedBlob, layer: str, span_bytes: int) -> LayerIndex:
+    stream = _DecodedStream(hashed.read, layer, None)
+    members, tar_end = _read_toc(stream, layer)
+    stream.drain()
+    _check_tar_end(stream, tar_end, members, layer)
+    return LayerIndex(layer, hashed.size, stream.position, span_bytes, (), members, b"")
 
 
 def _read_toc(stream: _DecodedStream, layer: str) -> tuple[tuple[Member, ...], int]:
@@ -207,19 +214,21 @@ class _HashedBlob(io.RawIOBase):
 
 
 class _DecodedStream:
-    """rapidgzip's output as tarfile reads it, hashed span by span; also tracks where
-    the last nonzero byte ends, to check what follows the tar's last member."""
+    """The tar as tarfile reads it (rapidgzip's output, or a plain blob), hashed span by
+    span if there are spans; also tracks where the last nonzero byte ends, to check what
+    follows the tar's last member."""
 
-    def __init__(self, gz: rapidgzip.RapidgzipFile, layer: str) -> None:
-        self._gz = gz
+    def __init__(self, read: Callable[[int], bytes | None], layer: str,
+                 spans: _SpanHasher | None) -> None:
+        self._read = read
         self._layer = layer
         self.position = 0
         self.nonzero_end = 0
-        self.spans = _SpanHasher(lambda: gz.available_block_offsets().values())
+        self.spans = spans
 
     def read(self, size: int = -1) -> bytes:
         try:
-            data: bytes = self._gz.read(size if 0 <= size <= COPY_BYTES else COPY_BYTES)
+            data = self._read(size if 0 <= size <= COPY_BYTES else COPY_BYTES) or b""
         except (RuntimeError, ValueError) as exc:
             raise LayerError(self._layer, "", f"corrupt gzip stream ({exc}) near tar byte "
                                               f"{self.position}") from None
@@ -228,7 +237,8 @@ class _DecodedStream:
             if zeros < len(data):
                 self.nonzero_end = self.position + len(data) - zeros
             self.position += len(data)
-            self.spans.feed(data)
+            if self.spans is not None:
+                self.spans.feed(data)
         return data
 
     def drain(self) -> None:
@@ -286,139 +296,3 @@ class _SpanHasher:
         if self._held_bytes or sorted(self._digests) != starts:
             raise LayerError(layer, "", "rapidgzip reported access points out of order")
         return [self._digests[u] for u in starts]
-
-
-# ---- reading ------------------------------------------------------------------------
-
-
-class LayerReader:
-    """Bytes of a layer's uncompressed tar, decoded span by span (see the module docstring).
-
-    `open_blob` returns a new seekable binary file object over the compressed blob; the
-    reader calls it when it opens (now) and again after a failed decode. Thread-safe:
-    one lock serialises decodes and cache updates. Close it (or use `with`): rapidgzip
-    aborts the interpreter if a reader is still open at exit.
-    """
-
-    def __init__(self, index: LayerIndex, open_blob: Callable[[], BinaryIO],
-                 cache_bytes: int = CACHE_BYTES) -> None:
-        self.index = index
-        self._open_blob = open_blob
-        self._cache_bytes = cache_bytes
-        self._lock = threading.Lock()
-        self._cache: OrderedDict[int, bytes] = OrderedDict()
-        self._cached_bytes = 0
-        self._handles: list[Any] = []  # the open rapidgzip reader and its blob, if any
-        self._closer = weakref.finalize(self, _close_handles, self._handles)
-        self.decoded_spans = 0
-        self._closed = False
-        with self._lock:
-            self._open()
-
-    def __enter__(self) -> LayerReader:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            self._cache.clear()
-            self._closer()
-
-    def compressed_range(self, tar_offset: int, length: int) -> tuple[int, int]:
-        return self.index.compressed_range(tar_offset, length)
-
-    def cached(self, tar_offset: int, length: int) -> bool:
-        """Whether every span of those tar bytes is decoded already (a read of them needs
-        no blob bytes). A hint, without the lock: the event loop asks it while a decoder
-        thread may hold the lock waiting for that loop to supply blob bytes."""
-        end = min(tar_offset + length, self.index.tar_bytes)
-        if tar_offset < 0 or tar_offset >= end:
-            return True
-        first, last = self.index.span_at(tar_offset), self.index.span_at(end - 1)
-        return all(span in self._cache for span in range(first, last + 1))
-
-    def read(self, tar_offset: int, length: int) -> bytes:
-        """Tar bytes [tar_offset, +length), clipped to the tar's end; LayerError if a span
-        does not decode to its digest. The blob bytes read are within `compressed_range`,
-        except that the first read after a failed span reopens (`HEADER_BYTES` again)."""
-        if tar_offset < 0 or length < 0:
-            raise ValueError(f"bad range {tar_offset}+{length}")
-        end = min(tar_offset + length, self.index.tar_bytes)
-        pieces: list[memoryview] = []
-        with self._lock:
-            if self._closed:
-                raise ValueError("read from a closed LayerReader")
-            span = self.index.span_at(tar_offset)
-            while tar_offset < end:
-                start, data = self.index.spans[span].tar_offset, self._span(span)
-                take = min(end, start + len(data))
-                pieces.append(memoryview(data)[tar_offset - start:take - start])
-                tar_offset, span = take, span + 1
-        return b"".join(pieces)
-
-    def _span(self, span: int) -> bytes:
-        data = self._cache.get(span)
-        if data is not None:
-            self._cache.move_to_end(span)
-            return data
-        data = self._decode(span)
-        self._cache[span] = data
-        self._cached_bytes += len(data)
-        while self._cached_bytes > self._cache_bytes and len(self._cache) > 1:
-            self._cached_bytes -= len(self._cache.popitem(last=False)[1])
-        return data
-
-    def _decode(self, span: int) -> bytes:
-        start, end = self.index.spans[span].tar_offset, self.index.span_end(span)
-        where = f"span {span} (tar bytes {start}..{end})"
-        gz = self._open()
-        ok = False
-        try:
-            gz.seek(start)
-            data: bytes = gz.read(end - start)
-            ok = len(data) == end - start and \
-                hashlib.sha256(data).digest() == self.index.spans[span].sha256
-        except (RuntimeError, ValueError) as exc:
-            raise LayerError(self.index.layer_digest, where, f"does not decode ({exc})") \
-                from None
-        finally:
-            if not ok:  # start afresh: rapidgzip may have cached what it decoded
-                _close_handles(self._handles)
-        if not ok:
-            raise LayerError(self.index.layer_digest, where, "decodes to bytes that do not "
-                                                             "match its sha256")
-        self.decoded_spans += 1
-        return data
-
-    def _open(self) -> rapidgzip.RapidgzipFile:
-        if self._handles:
-            return self._handles[0]
-        blob = self._open_blob()
-        try:
-            gz = rapidgzip.RapidgzipFile(blob, parallelization=1,
-                                         chunk_size=self.index.span_bytes)
-        except BaseException:
-            blob.close()
-            raise
-        self._handles += [gz, blob]
-        try:
-            gz.import_index(io.BytesIO(self.index.zran))
-            points = gz.block_offsets()
-        except (RuntimeError, ValueError) as exc:
-            _close_handles(self._handles)
-            raise LayerError(self.index.layer_digest, "index", f"bad zran index ({exc})") \
-                from None
-        if any(points.get(s.blob_bit) != s.tar_offset for s in self.index.spans):
-            _close_handles(self._handles)
-            raise LayerError(self.index.layer_digest, "index", "the zran index does not "
-                                                               "match the span table")
-        return gz
-
-
-def _close_handles(handles: list[Any]) -> None:
-    for handle in handles:
-        handle.close()
-    handles.clear()

@@ -14,7 +14,8 @@ make those chunks local first.
 File form (version 1): one msgpack map with the sizes, the span table as two
 integer lists and one byte string of digests, the table of contents as
 `fusefs.image.toc` columns, and rapidgzip's index as raw bytes (gztool
-format). Packing is deterministic: the same index gives the same bytes.
+format). A plain tar layer's index has empty span lists and zran bytes.
+Packing is deterministic: the same index gives the same bytes.
 `from_bytes` is a trust boundary: the input size is bounded, every field is
 type- and range-checked (spans start at 0, rise, are at most
 `MAX_SPAN_BYTES`, access points rise inside the blob, one digest per span),
@@ -62,7 +63,8 @@ class Span:
 
 @dataclass(frozen=True, slots=True)
 class LayerIndex:
-    """One gzip layer's index: sizes, spans, tar members and rapidgzip's zran index."""
+    """One layer's index: sizes, spans, tar members and rapidgzip's zran index. A plain
+    (uncompressed) tar layer has no spans and no zran; its tar offsets are blob offsets."""
 
     layer_digest: str
     blob_bytes: int
@@ -71,6 +73,10 @@ class LayerIndex:
     spans: tuple[Span, ...]
     members: tuple[Member, ...]
     zran: bytes  # rapidgzip's index, gztool format
+
+    @property
+    def compressed(self) -> bool:
+        return bool(self.zran)
 
     def entries(self, content: str) -> list[Entry]:
         """The members as `build_tree` entries whose files read uncompressed `content`."""
@@ -91,6 +97,8 @@ class LayerIndex:
         end = min(tar_offset + length, self.tar_bytes)
         if tar_offset < 0 or tar_offset >= end:
             return 0, 0
+        if not self.compressed:
+            return tar_offset, end
         first, last = self.span_at(tar_offset), self.span_at(end - 1)
         next_bit = self.spans[last + 1].blob_bit if last + 1 < len(self.spans) \
             else 8 * self.blob_bytes
@@ -123,7 +131,13 @@ class LayerIndex:
         zran = raw.get("zran")
         if not isinstance(zran, bytes) or not 0 < span_bytes <= MAX_SPAN_BYTES:
             raise LayerError(name, "index", "bad zran index or span size")
-        spans = _spans_from(raw, name, blob_bytes, tar_bytes)
+        if zran:
+            spans = _spans_from(raw, name, blob_bytes, tar_bytes)
+        elif raw.get("span_tar_offsets") == [] and tar_bytes == blob_bytes:
+            spans = ()
+        else:
+            raise LayerError(name, "index", "a plain tar's index has no spans and as many "
+                                            "tar bytes as blob bytes")
         members = unpack_members(raw.get("toc"), name, tar_bytes, MAX_MEMBERS)
         return cls(digest, blob_bytes, tar_bytes, span_bytes, spans, members, zran)
 

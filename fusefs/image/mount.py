@@ -79,10 +79,15 @@ async def serve_image(opts: MountOptions, secret: bytes, ref: ImageRef,
     registry = RegistryClient(plain_http=(ref.registry,) if opts.plain_http else ())
     tracker = TrackerClient(opts.tracker, secret)
     agent = AgentClient(opts.api_socket)
+    phases: dict[str, float] = {}
+    clock = _Phases(phases)
     try:
         image = await open_image(registry, tracker, agent, ref)
-        tree = await asyncio.to_thread(image_tree, image)
+        clock("open_image_s")
         queued = await _prefetch(registry, agent, image) if opts.prefetch else 0
+        clock("prefetch_queued_s")
+        tree = await asyncio.to_thread(image_tree, image)
+        clock("tree_s")
         recorder = Recorder(image.digest, time.monotonic(), opts.window_s) \
             if opts.record else None
         source = ImageSource(AgentSource(opts.store_dir, agent, opts.read_timeout_s), recorder)
@@ -90,12 +95,14 @@ async def serve_image(opts: MountOptions, secret: bytes, ref: ImageRef,
             source.add_layer(layer.content_id, layer.digest, layer.index)
 
         def ready(info: dict[str, Any]) -> None:
+            clock("mount_s")
             on_ready({**info, "image": image.digest, "config": image.config,
                       "layers": [{"digest": la.digest, "content": la.content_id}
                                  for la in image.layers],
-                      "prefetch_chunks": queued})
-            log.info("serving %s (%d layers, %d nodes) at %s; %d chunks to prefetch",
-                     image.ref, len(image.layers), len(tree), info["mountpoint"], queued)
+                      "prefetch_chunks": queued, "phases": phases})
+            log.info("serving %s (%d layers, %d nodes) at %s; %d chunks to prefetch; %s",
+                     image.ref, len(image.layers), len(tree), info["mountpoint"], queued,
+                     phases)
 
         await serve(tree, source, opts.mountpoint, opts.read_ahead_kb, opts.allow_other, ready)
         summary: dict[str, Any] = {"image": image.digest, "prefetch_chunks": queued}
@@ -145,7 +152,8 @@ async def run_image(opts: MountOptions, argv: list[str] | None, runtime: str,
         mount = await mount_child(opts, Path(scratch) / "mount.log")
         timeline: dict[str, Any] = {"mounted_s": round(time.monotonic() - started, 3),
                                     "image": mount.ready.get("image"),
-                                    "prefetch_chunks": mount.ready.get("prefetch_chunks")}
+                                    "prefetch_chunks": mount.ready.get("prefetch_chunks"),
+                                    "mount_phases": mount.ready.get("phases")}
         try:
             config = mount.ready.get("config", {}).get("config") or {}
             process = await asyncio.to_thread(image_process, mountpoint, config, argv)
@@ -158,6 +166,19 @@ async def run_image(opts: MountOptions, argv: list[str] | None, runtime: str,
                             mount.log_path.read_text(errors="replace")[-2000:])
     timeline["seconds"] = round(time.monotonic() - started, 3)
     return status, timeline
+
+
+class _Phases:
+    """Seconds each phase took, written into `into` under the phase's name."""
+
+    def __init__(self, into: dict[str, float]) -> None:
+        self._into = into
+        self._last = time.monotonic()
+
+    def __call__(self, name: str) -> None:
+        now = time.monotonic()
+        self._into[name] = round(now - self._last, 3)
+        self._last = now
 
 
 def _with_mountpoint(opts: MountOptions, mountpoint: Path) -> MountOptions:

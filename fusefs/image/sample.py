@@ -45,6 +45,7 @@ BUSYBOX = Path("/bin/busybox")
 APPLETS = ("sh", "ls", "cat", "echo", "true", "env", "id", "pwd", "touch", "mkdir", "sleep",
            "kill")
 LAYER_TYPE = "application/vnd.oci.image.layer.v1.tar+gzip"
+PLAIN_LAYER_TYPE = "application/vnd.oci.image.layer.v1.tar"
 CONFIG_TYPE = "application/vnd.oci.image.config.v1+json"
 FIXED_MTIME = 1_700_000_000
 BIG_FILE_PATH = "data/big.bin"
@@ -81,6 +82,12 @@ class Layer:
     def of_tar(cls, tar: bytes) -> Layer:
         layer = gzip.compress(tar, compresslevel=6, mtime=0)
         return cls(layer, sha256_digest(layer), sha256_digest(tar), len(layer))
+
+    @classmethod
+    def of_plain_tar(cls, tar: bytes) -> Layer:
+        """An uncompressed layer (for incompressible contents, gzip only costs time)."""
+        digest = sha256_digest(tar)
+        return cls(tar, digest, digest, len(tar), PLAIN_LAYER_TYPE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,10 +192,12 @@ def top_tar() -> bytes:
 
 
 async def python3_image(*, big_file_bytes: int = 0, top_layer: bool = True,
-                        cache_dir: Path | None = None, arch: str = "amd64") -> BuiltImage:
-    """Debian bookworm minbase + python3; optional top layer and big-file layer (see above)."""
+                        cache_dir: Path | None = None, arch: str = "amd64",
+                        packages: tuple[str, ...] = debian.INCLUDE) -> BuiltImage:
+    """Debian bookworm minbase + `packages` (python3); optional top layer and big-file
+    layer (see above)."""
     cache = cache_dir or debian.default_cache_dir()
-    layers = [Layer.cached(await debian.python3_base_layer(cache, arch))]
+    layers = [Layer.cached(await debian.python3_base_layer(cache, arch, packages))]
     if top_layer:
         layers.append(Layer.of_tar(top_tar()))
     if big_file_bytes:

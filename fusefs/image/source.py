@@ -1,4 +1,4 @@
-"""Image file bytes: uncompressed tar ranges of gzip layers, decoded through their index.
+"""Image file bytes: tar ranges of image layers, gzip layers decoded through their index.
 
 An image tree's extents name a layer's swarm content and an offset in the
 layer's *uncompressed* tar stream (that is what the tar table of contents
@@ -21,6 +21,9 @@ A layer's reader is made on its first read, not at mount: opening one reads
 the blob's first `HEADER_BYTES`, and most layers of a large image are never
 read by a launch.
 
+A plain (uncompressed) tar layer needs none of this: its tar offsets are blob
+offsets, so its reads go straight to `AgentSource` (the store's chunk files).
+
 Recording: with a `Recorder`, every read reports the compressed chunks it
 needed, per layer digest, before any cache answers it, so a record lists what
 a launch needs even when this mount already had it.
@@ -34,9 +37,10 @@ import time
 from collections.abc import Callable
 from typing import BinaryIO, cast
 
-from fusefs.image.gzindex import HEADER_BYTES, LayerError, LayerReader
 from fusefs.image.layerindex import LayerIndex
+from fusefs.image.layerreader import HEADER_BYTES, LayerReader
 from fusefs.image.record import Recorder
+from fusefs.image.toc import LayerError
 from fusefs.source import AgentSource, Buffer, SourceError
 from p2p.content import ContentId
 
@@ -74,11 +78,14 @@ class ImageSource:
         layer = self._layers.get(content)
         if layer is None:
             return await self.inner.read(content, offset, length)
+        if not layer.index.compressed:  # a plain tar: its tar offsets are blob offsets
+            if self.recorder is not None:
+                await self._record(layer, offset, offset + length)
+            return await self.inner.read(content, offset, length)
         reader = layer.reader or await self._open(layer)
         start, end = reader.compressed_range(offset, length)
-        if self.recorder is not None and end > start:
-            first, last = start // layer.chunk_bytes, (end - 1) // layer.chunk_bytes
-            self.recorder.touched(layer.digest, range(first, last + 1), self._clock())
+        if self.recorder is not None:
+            await self._record(layer, start, end)
         if not reader.cached(offset, length):
             await self.inner.read(content, start, end - start)  # local and verified now
         try:
@@ -88,6 +95,14 @@ class ImageSource:
         except TimeoutError:  # the decoder waited for blob bytes the loop could not give
             raise SourceError(f"layer {layer.digest}: blob bytes for tar bytes {offset}+"
                               f"{length} did not arrive in time") from None
+
+    async def _record(self, layer: _Layer, start: int, end: int) -> None:
+        assert self.recorder is not None
+        if not layer.chunk_bytes:
+            layer.chunk_bytes = (await self.inner.manifest(layer.content)).chunk_size
+        if end > start:
+            first, last = start // layer.chunk_bytes, (end - 1) // layer.chunk_bytes
+            self.recorder.touched(layer.digest, range(first, last + 1), self._clock())
 
     async def _open(self, layer: _Layer) -> LayerReader:
         async with layer.opening:
