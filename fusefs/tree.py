@@ -272,9 +272,10 @@ def _apply(root: _Draft, layer: Layer) -> None:
     seen: set[tuple[str, ...]] = set()
     for entry in layer.entries:
         parts = _normalise(layer.name, entry.path)
-        if tuple(parts) in seen:
+        key = tuple(parts)
+        if key in seen:
             raise TreeError(layer.name, entry.path, "listed twice in one layer")
-        seen.add(tuple(parts))
+        seen.add(key)
         normal.append((parts, entry))
     for parts, entry in normal:  # whiteouts act on the lower layers only: first
         if parts and parts[-1].startswith(WHITEOUT_PREFIX):
@@ -288,19 +289,22 @@ def _normalise(layer: str, path: str) -> list[str]:
     """Components of a member path; `./` prefixes and one trailing `/` are allowed."""
     if not path:
         raise TreeError(layer, path, "empty path")
-    if path.startswith("/"):
+    if path[0] == "/":
         raise TreeError(layer, path, "absolute path; layer members are relative to the root")
     if "\0" in path:
         raise TreeError(layer, path, "NUL byte in path")
-    text = path[:-1] if path.endswith("/") else path
-    parts = [p for p in text.split("/") if p != "."]
-    for part in parts:
-        if part == "..":
-            raise TreeError(layer, path, "'..' would leave the root")
-        if not part:
-            raise TreeError(layer, path, "empty name in path")
-        if len(part.encode("utf-8", "surrogateescape")) > MAX_NAME_BYTES:
-            raise TreeError(layer, path, f"a name longer than {MAX_NAME_BYTES} bytes")
+    text = path[:-1] if path[-1] == "/" else path
+    parts = text.split("/")
+    if "." in parts:
+        parts = [p for p in parts if p != "."]
+    if ".." in parts:
+        raise TreeError(layer, path, "'..' would leave the root")
+    if "" in parts:
+        raise TreeError(layer, path, "empty name in path")
+    # A name over the limit needs a path over it: measure names only for long paths.
+    if len(text) > MAX_NAME_BYTES // 4 and any(
+            len(p.encode("utf-8", "surrogateescape")) > MAX_NAME_BYTES for p in parts):
+        raise TreeError(layer, path, f"a name longer than {MAX_NAME_BYTES} bytes")
     return parts
 
 
@@ -392,8 +396,9 @@ def _file(layer: str, entry: Entry) -> _Draft:
     if total != entry.size:
         raise TreeError(layer, entry.path, f"extents hold {total} bytes, the size is "
                                            f"{entry.size}")
-    extents = tuple(e for e in entry.extents if e.length)
-    return _set_meta(_Draft(Kind.FILE, 0, size=entry.size, extents=extents), entry)
+    extents = entry.extents if all(e.length for e in entry.extents) \
+        else tuple(e for e in entry.extents if e.length)
+    return _set_meta(_Draft(Kind.FILE, 0, size=entry.size, extents=tuple(extents)), entry)
 
 
 def _link_target(root: _Draft, layer: str, entry: Entry) -> _Draft:

@@ -141,22 +141,29 @@ def _options(args: argparse.Namespace, mountpoint: Path | None = None) -> Any:
                         args.read_ahead_kb, args.allow_other)
 
 
-def _expected(run: Any) -> Any:
-    """Run a coroutine; every expected failure becomes a UserError."""
+def expected_errors() -> tuple[type[Exception], ...]:
+    """Every failure a user can cause or fix: shown as one line, never a traceback."""
     from fusefs.image.catalog import ImageError
     from fusefs.image.record import RecordError
     from fusefs.image.toc import LayerError
     from fusefs.image.tool import ToolError
     from fusefs.mount import MountError
     from fusefs.tree import TreeError
+    from p2p.auth import SecretError
     from p2p.localapi import AgentError
     from p2p.origin.base import OriginError
     from p2p.tracker_client import TrackerError, TrackerUnavailable
 
+    return (ImageError, LayerError, RecordError, MountError, TreeError, AgentError,
+            OriginError, TrackerError, TrackerUnavailable, ToolError, SecretError)
+
+
+def _expected(run: Any) -> Any:
+    """Run a coroutine (or a function, if `run` is callable); every expected failure
+    becomes a UserError."""
     try:
-        return asyncio.run(run)
-    except (ImageError, LayerError, RecordError, MountError, TreeError, AgentError,
-            OriginError, TrackerError, TrackerUnavailable, ToolError) as exc:
+        return run() if callable(run) else asyncio.run(run)
+    except expected_errors() as exc:
         raise UserError(str(exc)) from None
 
 
@@ -259,14 +266,14 @@ def _run_umount(args: argparse.Namespace) -> int:
 
 
 def _run_run(args: argparse.Namespace) -> int:
-    from fusefs.image.mount import run_image
+    from fusefs.image.mount import launch
 
     _setup(args)
-    _ref(args.ref)
-    _secret()  # fail here, not inside the mount process
+    ref, secret = _ref(args.ref), _secret()
     opts = _options(args, Path("/"))
     command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
-    status, timeline = _expected(run_image(opts, command or None, args.runtime))
+    status, timeline = _expected(lambda: launch(opts, secret, ref, command or None,
+                                                args.runtime, expected_errors()))
     if args.json:
         print(json.dumps({"exit_status": status, **timeline}))
     return int(status)

@@ -9,10 +9,10 @@ agent fetches those chunks in record order, from peers first, and nothing
 else), and serves the tree until SIGTERM or an unmount. In record mode it then
 merges what this launch touched into the stored record.
 
-`run_image` is `bootseer image run`: it starts that process as a child, waits
-for its mount, runs the command under a container runtime with an overlayfs
-upper on tmpfs over the mount (`runtime`), stops the mount (which writes the
-record) and returns the command's exit status.
+`launch` is `bootseer image run`: it forks that process (`forked`), waits for
+its mount, runs the command under a container runtime with an overlayfs upper
+on tmpfs over the mount (`runtime`), stops the mount (which writes the record)
+and returns the command's exit status.
 """
 
 from __future__ import annotations
@@ -20,18 +20,20 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import shutil
 import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from fusefs.image.catalog import Image, load_record, open_image, save_record
+from fusefs.image.forked import ForkedMount
 from fusefs.image.record import WINDOW_S, Recorder
 from fusefs.image.source import ImageSource
-from fusefs.mount import READ_AHEAD_KB, Mount, serve
+from fusefs.mount import READ_AHEAD_KB, is_mounted, serve
 from fusefs.source import READ_TIMEOUT_S, AgentSource
 from fusefs.tree import Layer, Tree, build_tree
 from p2p.localapi import AgentClient
@@ -131,39 +133,44 @@ async def _prefetch(registry: RegistryClient, agent: AgentClient, image: Image) 
     return queued
 
 
-async def mount_child(opts: MountOptions, log_path: Path) -> Mount:
-    """`bootseer image serve` in a child process, once it serves (MountError if not)."""
-    return await Mount.spawn(opts.argv(), opts.mountpoint, log_path,
-                             ready_timeout_s=opts.read_timeout_s + 60.0)
+def launch(opts: MountOptions, secret: bytes, ref: ImageRef, argv: list[str] | None,
+           runtime: str, expected: tuple[type[Exception], ...]) -> tuple[int, dict[str, Any]]:
+    """`bootseer image run`: mount the image (a forked serving process), run `argv` (or the
+    image's own command) in it, stop the mount (which writes the record); (exit status,
+    timeline). Call from a process with no event loop and no threads yet: it forks."""
+    started = time.monotonic()
+    scratch = Path(tempfile.mkdtemp(prefix="bootseer-run-"))
+    opts = replace(opts, mountpoint=scratch / "rootfs")
+    opts.mountpoint.mkdir()
+    mount = ForkedMount.start(lambda ready: serve_image(opts, secret, ref, ready),
+                              opts.mountpoint, scratch / "mount.log", expected)
+    try:
+        return asyncio.run(_run(mount, argv, runtime, started, opts.read_timeout_s + 60.0))
+    finally:
+        if not is_mounted(opts.mountpoint):
+            shutil.rmtree(scratch, ignore_errors=True)
 
 
-async def run_image(opts: MountOptions, argv: list[str] | None, runtime: str,
-                    progress: Callable[[str], None] | None = None) -> tuple[int, dict[str, Any]]:
-    """Mount the image, run `argv` (or the image's own command) in it; (exit status,
-    timeline). The mount is always stopped, and its record written, before returning."""
+async def _run(mount: ForkedMount, argv: list[str] | None, runtime: str, started: float,
+               ready_timeout_s: float) -> tuple[int, dict[str, Any]]:
     from fusefs.image.process import image_process
     from fusefs.image.runtime import run_in_rootfs
 
-    started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="bootseer-run-") as scratch:
-        mountpoint = Path(scratch) / "rootfs"
-        mountpoint.mkdir()
-        opts = _with_mountpoint(opts, mountpoint)
-        mount = await mount_child(opts, Path(scratch) / "mount.log")
+    try:
+        ready = await mount.wait_ready(ready_timeout_s)
         timeline: dict[str, Any] = {"mounted_s": round(time.monotonic() - started, 3),
-                                    "image": mount.ready.get("image"),
-                                    "prefetch_chunks": mount.ready.get("prefetch_chunks"),
-                                    "mount_phases": mount.ready.get("phases")}
-        try:
-            config = mount.ready.get("config", {}).get("config") or {}
-            process = await asyncio.to_thread(image_process, mountpoint, config, argv)
-            status = await run_in_rootfs(mountpoint, process, runtime=runtime)
-            timeline["command_s"] = round(time.monotonic() - started, 3)
-        finally:
-            stopped = await mount.stop(timeout_s=30.0)
-            if stopped != 0:
-                log.warning("the mount process exited with %d; its log:\n%s", stopped,
-                            mount.log_path.read_text(errors="replace")[-2000:])
+                                    "image": ready.get("image"),
+                                    "prefetch_chunks": ready.get("prefetch_chunks"),
+                                    "mount_phases": ready.get("phases")}
+        config = ready.get("config", {}).get("config") or {}
+        process = await asyncio.to_thread(image_process, mount.mountpoint, config, argv)
+        status = await run_in_rootfs(mount.mountpoint, process, runtime=runtime)
+        timeline["command_s"] = round(time.monotonic() - started, 3)
+    finally:
+        stopped = await mount.stop(timeout_s=30.0)
+        if stopped != 0:
+            log.warning("the mount process exited with %d; its log: %s", stopped,
+                        mount.log_path)
     timeline["seconds"] = round(time.monotonic() - started, 3)
     return status, timeline
 
@@ -179,12 +186,6 @@ class _Phases:
         now = time.monotonic()
         self._into[name] = round(now - self._last, 3)
         self._last = now
-
-
-def _with_mountpoint(opts: MountOptions, mountpoint: Path) -> MountOptions:
-    from dataclasses import replace
-
-    return replace(opts, mountpoint=mountpoint)
 
 
 def ready_line(info: dict[str, Any]) -> None:

@@ -23,6 +23,7 @@ one request, so a file layer is read into memory for its push.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import io
@@ -30,7 +31,7 @@ import json
 import random
 import tarfile
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -191,7 +192,8 @@ def top_tar() -> bytes:
     return out.getvalue()
 
 
-async def python3_image(*, big_file_bytes: int = 0, top_layer: bool = True,
+async def python3_image(*, big_file_bytes: int = 0, big_file_plain: bool = False,
+                        top_layer: bool = True,
                         cache_dir: Path | None = None, arch: str = "amd64",
                         packages: tuple[str, ...] = debian.INCLUDE) -> BuiltImage:
     """Debian bookworm minbase + `packages` (python3); optional top layer and big-file
@@ -201,7 +203,7 @@ async def python3_image(*, big_file_bytes: int = 0, top_layer: bool = True,
     if top_layer:
         layers.append(Layer.of_tar(top_tar()))
     if big_file_bytes:
-        layers.append(big_file_layer(big_file_bytes, cache))
+        layers.append(big_file_layer(big_file_bytes, cache, plain=big_file_plain))
     run = {"Env": [f"PATH={DEBIAN_PATH}", "LANG=C.UTF-8"], "Cmd": ["python3"],
            "WorkingDir": "/"}
     return assemble(Platform("linux", arch), layers, run)
@@ -241,23 +243,27 @@ class _HashingWriter:
         self.sink.flush()
 
 
-def big_file_layer(size: int, cache_dir: Path, seed: int = 0) -> Layer:
-    """A layer with one file of `size` PRNG bytes at `BIG_FILE_PATH`, cached by its inputs."""
-    path = cache_dir / f"big-{size}-{seed}-r{BIG_RECIPE}.tar.gz"
+def big_file_layer(size: int, cache_dir: Path, seed: int = 0, plain: bool = False) -> Layer:
+    """A layer with one file of `size` PRNG bytes at `BIG_FILE_PATH`, cached by its inputs;
+    gzip (level 1), or with `plain` an uncompressed tar layer."""
+    name = f"big-{size}-{seed}-r{BIG_RECIPE}"
+    path = cache_dir / (f"{name}-plain.tar" if plain else f"{name}.tar.gz")
     if debian.cached(path) is None:
         cache_dir.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(".partial")
         with partial.open("wb") as raw:
-            gz_hash = _HashingWriter(raw)
-            with gzip.GzipFile(fileobj=gz_hash, mode="wb",
-                               compresslevel=BIG_GZIP_LEVEL, mtime=0) as gz:
-                tar_hash = _HashingWriter(gz)
+            blob_hash = _HashingWriter(raw)
+            with contextlib.ExitStack() as stack:
+                sink: _Sink = blob_hash if plain else stack.enter_context(gzip.GzipFile(
+                    fileobj=blob_hash, mode="wb", compresslevel=BIG_GZIP_LEVEL, mtime=0))
+                tar_hash = _HashingWriter(sink)
                 with tarfile.open(fileobj=tar_hash, mode="w|",  # type: ignore[call-overload]
                                   format=tarfile.PAX_FORMAT, bufsize=4 * MiB) as tar:
                     add_dirs(tar, "data")
                     tar.addfile(entry(BIG_FILE_PATH, tarfile.REGTYPE, 0o644, size),
                                 _PrngReader(size, seed))
         partial.rename(path)
-        debian.record(path, "sha256:" + gz_hash.sha.hexdigest(),
-                      "sha256:" + tar_hash.sha.hexdigest(), gz_hash.size)
-    return Layer.cached(path)
+        debian.record(path, "sha256:" + blob_hash.sha.hexdigest(),
+                      "sha256:" + tar_hash.sha.hexdigest(), blob_hash.size)
+    layer = Layer.cached(path)
+    return replace(layer, media_type=PLAIN_LAYER_TYPE) if plain else layer
