@@ -292,7 +292,9 @@ async def test_run_passes_output_and_exit_status_and_keeps_writes_out_of_the_ima
             lines = out.splitlines()
             assert status == 7, err[-2000:]
             assert lines[0] == "alpha" and lines[1] == "/newfile"
-            assert json.loads(lines[-1])["exit_status"] == 7
+            timeline = json.loads(lines[-1])
+            assert timeline["exit_status"] == 7 and timeline["mounted_s"] > 0
+            assert timeline["origin_bytes"] > 0 and timeline["peer_bytes"] == 0  # one node
         async with mounted(cluster, agents[0], ref, tmp_path / "mnt") as mount:
             assert not (mount.mountpoint / "newfile").exists()
 

@@ -276,6 +276,11 @@ def _run_run(args: argparse.Namespace) -> int:
                                                 args.runtime, expected_errors()))
     if args.json:
         print(json.dumps({"exit_status": status, **timeline}))
+    elif sys.stderr.isatty():
+        sys.stderr.write(f"bootseer image run: {args.ref}: mounted in {timeline['mounted_s']} s; "
+                         f"this node now holds {timeline['peer_bytes'] / 1e6:,.1f} MB of it "
+                         f"from peers and {timeline['origin_bytes'] / 1e6:,.1f} MB from the "
+                         f"registry; {timeline['prefetch_chunks']} chunks were prefetched\n")
     return int(status)
 
 

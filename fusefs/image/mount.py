@@ -145,19 +145,20 @@ def launch(opts: MountOptions, secret: bytes, ref: ImageRef, argv: list[str] | N
     mount = ForkedMount.start(lambda ready: serve_image(opts, secret, ref, ready),
                               opts.mountpoint, scratch / "mount.log", expected)
     try:
-        return asyncio.run(_run(mount, argv, runtime, started, opts.read_timeout_s + 60.0))
+        return asyncio.run(_run(mount, argv, runtime, started, opts))
     finally:
         if not is_mounted(opts.mountpoint):
             shutil.rmtree(scratch, ignore_errors=True)
 
 
 async def _run(mount: ForkedMount, argv: list[str] | None, runtime: str, started: float,
-               ready_timeout_s: float) -> tuple[int, dict[str, Any]]:
+               opts: MountOptions) -> tuple[int, dict[str, Any]]:
     from fusefs.image.process import image_process
+    from fusefs.image.pull import totals
     from fusefs.image.runtime import run_in_rootfs
 
     try:
-        ready = await mount.wait_ready(ready_timeout_s)
+        ready = await mount.wait_ready(opts.read_timeout_s + 60.0)
         timeline: dict[str, Any] = {"mounted_s": round(time.monotonic() - started, 3),
                                     "image": ready.get("image"),
                                     "prefetch_chunks": ready.get("prefetch_chunks"),
@@ -166,6 +167,9 @@ async def _run(mount: ForkedMount, argv: list[str] | None, runtime: str, started
         process = await asyncio.to_thread(image_process, mount.mountpoint, config, argv)
         status = await run_in_rootfs(mount.mountpoint, process, runtime=runtime)
         timeline["command_s"] = round(time.monotonic() - started, 3)
+        async with AgentClient(opts.api_socket, timeout_s=10.0) as agent:
+            held = totals(await agent.status(), [la["content"] for la in ready["layers"]])
+        timeline |= {"peer_bytes": held["peer_bytes"], "origin_bytes": held["origin_bytes"]}
     finally:
         stopped = await mount.stop(timeout_s=30.0)
         if stopped != 0:
