@@ -130,7 +130,7 @@ class WebHdfs:
         raw = await self._json(path, "GETFILESTATUS")
         return FileStatus.from_json(path, raw["FileStatus"])
 
-    async def list(self, path: str) -> list[FileStatus]:
+    async def listdir(self, path: str) -> list[FileStatus]:
         raw = await self._json(path, "LISTSTATUS")
         base = path.rstrip("/")
         return [FileStatus.from_json(f"{base}/{s['pathSuffix']}" if s["pathSuffix"] else path, s)
