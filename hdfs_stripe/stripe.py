@@ -134,14 +134,16 @@ class StripePlan:
         reads = []
         for index in indices:
             for piece in self.stripes[index].pieces:
-                node = self._least_loaded(index, piece, bytes_on, avoid)
+                node = self.choose(piece, bytes_on, avoid, index)
                 bytes_on[node] = bytes_on.get(node, 0) + piece.length
                 reads.append(Read(index, piece, node))
         return _rebalance(reads, bytes_on, avoid)
 
     @staticmethod
-    def _least_loaded(index: int, piece: Piece, bytes_on: Mapping[str, int],
-                      avoid: frozenset[str]) -> str:
+    def choose(piece: Piece, bytes_on: Mapping[str, int], avoid: frozenset[str] = frozenset(),
+               index: int = 0) -> str:
+        """The least-loaded replica of `piece` not in `avoid` (any, if all are), ties
+        broken by the replica order rotated by `index`."""
         if not piece.nodes:
             raise PlanError(f"bytes {piece.offset}+{piece.length} have no replica")
         n = len(piece.nodes)
