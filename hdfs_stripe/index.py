@@ -2,7 +2,9 @@
 
 `resolve(uri)` answers the content id of the file's current version:
 
-1. GETFILESTATUS gives the version (length, mtime, file id);
+1. GETFILESTATUS gives the version (length, mtime, file id), and CHECKACCESS
+   that this user may read the file: the swarm must not hand a file's bytes to
+   someone HDFS would refuse them to (and the refusal is reported here, clearly);
 2. the tracker's name for that version (`naming.content_name`) gives the id if
    any node indexed this version before: nothing is read from HDFS;
 3. otherwise this node is the first reader. It reads the file from HDFS in
@@ -59,6 +61,7 @@ async def resolve(reader: StripeReader, tracker: TrackerClient, uri: HdfsUri,
                   digest: str = DEFAULT_DIGEST) -> Resolved:
     """The content id of the file's current version (see the module docstring)."""
     version = await reader.current(uri)
+    await reader.hdfs.check_access(uri.path, "r--")
     name = content_name(uri, version)
     try:
         return Resolved(uri, version, await tracker.get_name(name), False, 0)

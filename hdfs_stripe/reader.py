@@ -92,7 +92,7 @@ class StripeReader:
                           view: memoryview) -> None:
         failed: set[str] = set()
         at = piece.offset
-        node = plan.choose(piece, self._inflight, self._down_now())
+        node = plan.choose(piece, self._inflight, self.down_nodes())
         while True:
             asked = len(view)
             self._inflight[node] = self._inflight.get(node, 0) + asked
@@ -115,7 +115,12 @@ class StripeReader:
                                 f"failed ({', '.join(sorted(failed))})")
             node = nxt
 
-    def _down_now(self) -> frozenset[str]:
+    def in_flight(self) -> dict[str, int]:
+        """Bytes being read per DataNode now."""
+        return {node: n for node, n in self._inflight.items() if n}
+
+    def down_nodes(self) -> frozenset[str]:
+        """DataNodes that failed a read within DOWN_FOR_S."""
         now = time.monotonic()
         return frozenset(n for n, until in self._down.items() if until > now)
 

@@ -1,7 +1,8 @@
 """An async WebHDFS client (aiohttp): the metadata calls and ranged reads that
 striped checkpoint reads need.
 
-    GETFILESTATUS, LISTSTATUS, GETFILEBLOCKLOCATIONS   on the NameNode
+    GETFILESTATUS, LISTSTATUS, GETFILEBLOCKLOCATIONS,
+    CHECKACCESS                                        on the NameNode
     OPEN with offset and length                        redirected to a DataNode
 
 Authentication: simple auth (`user.name`) or a delegation token (`delegation`).
@@ -135,6 +136,11 @@ class WebHdfs:
         base = path.rstrip("/")
         return [FileStatus.from_json(f"{base}/{s['pathSuffix']}" if s["pathSuffix"] else path, s)
                 for s in raw["FileStatuses"]["FileStatus"]]
+
+    async def check_access(self, path: str, action: str = "r--") -> None:
+        """HdfsPermissionDenied unless the user may do `action` on `path` (CHECKACCESS)."""
+        await self._call("GET", self._url(self.endpoint, path, "CHECKACCESS", fsaction=action),
+                         path, lambda r: r.read())
 
     async def block_locations(self, path: str, offset: int, length: int) -> list[BlockLocation]:
         raw = await self._json(path, "GETFILEBLOCKLOCATIONS", offset=offset, length=length)
