@@ -57,6 +57,22 @@ def add_mount(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     m.set_defaults(run=run_mount)
 
 
+def add_umount(sub: argparse._SubParsersAction[argparse.ArgumentParser], what: str) -> None:
+    """`umount DIR`, for the commands that mount `what` from a background process."""
+    u = sub.add_parser("umount", help=f"unmount {what} mounted with `mount`")
+    u.add_argument("mountpoint", metavar="DIR", type=Path)
+    u.set_defaults(run=run_umount)
+
+
+def run_umount(args: argparse.Namespace) -> int:
+    from fusefs.mount import force_unmount, is_mounted
+
+    if not is_mounted(args.mountpoint):
+        raise UserError(f"no FUSE mount at {args.mountpoint}")
+    force_unmount(args.mountpoint)
+    return 0
+
+
 def run_mount(args: argparse.Namespace) -> int:
     from fusefs.mount import MountError, check_fuse
     from fusefs.tree import Tree, TreeError

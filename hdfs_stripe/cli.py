@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from fusefs.cli import add_umount
 from p2p.cli import UserError
 
 log = logging.getLogger("bootseer.ckpt")
@@ -58,9 +59,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         m.add_argument("--allow-other", action="store_true")
         m.set_defaults(run=run)
 
-    u = ckpt_sub.add_parser("umount", help="unmount a checkpoint mounted with `ckpt mount`")
-    u.add_argument("mountpoint", metavar="DIR", type=Path)
-    u.set_defaults(run=_run_umount)
+    add_umount(ckpt_sub, "a checkpoint")
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -227,15 +226,6 @@ def _run_mount(args: argparse.Namespace) -> int:
         return {**child.ready, "pid": child.proc.pid, "log": str(log_path)}
 
     print(json.dumps(expected(mount())))
-    return 0
-
-
-def _run_umount(args: argparse.Namespace) -> int:
-    from fusefs.mount import force_unmount, is_mounted
-
-    if not is_mounted(args.mountpoint):
-        raise UserError(f"no FUSE mount at {args.mountpoint}")
-    force_unmount(args.mountpoint)
     return 0
 
 

@@ -15,14 +15,13 @@ daemon thread, started by `open` and stopped by `close` (or `with`).
 from __future__ import annotations
 
 import asyncio
-import io
 import os
 import threading
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
-from fusefs.source import AgentSource, SourceError
+from fusefs.source import AgentSource, Buffer, RangeFile, SourceError
 from hdfs_stripe.index import Resolved, resolve
 from hdfs_stripe.mount import StripeSource
 from hdfs_stripe.naming import parse_uri
@@ -50,54 +49,21 @@ class _LoopThread:
         self.loop.close()
 
 
-class StripeFile(io.RawIOBase):
+class StripeFile(RangeFile):
     """One version of an HDFS file, read through the swarm (see the module docstring)."""
 
     def __init__(self, resolved: Resolved, source: StripeSource, loop: _LoopThread) -> None:
-        super().__init__()
+        super().__init__(resolved.version.length, self._read_at)
         self.resolved = resolved
         self.name = str(resolved.uri)
-        self.size = resolved.version.length
         self._source = source
         self._loop = loop
-        self._pos = 0
 
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.size}[whence]
-        if base + offset < 0:
-            raise OSError(f"seek to {base + offset} before the start of {self.name}")
-        self._pos = base + offset
-        return self._pos
-
-    def read(self, size: int | None = -1) -> bytes:
-        n = self.size - self._pos if size is None or size < 0 else size
-        n = max(0, min(n, self.size - self._pos))
-        if n == 0:
-            return b""
+    def _read_at(self, offset: int, n: int) -> Buffer:
         try:
-            data = self._loop.run(self._source.read(self.resolved.content_id, self._pos, n))
+            return self._loop.run(self._source.read(self.resolved.content_id, offset, n))
         except SourceError as exc:
             raise OSError(f"{self.name}: {exc}") from exc
-        self._pos += n
-        return bytes(data)
-
-    def readinto(self, buffer: Any) -> int:
-        view = memoryview(buffer).cast("B")
-        data = self.read(len(view))
-        view[:len(data)] = data
-        return len(data)
-
-    def readall(self) -> bytes:
-        return self.read(-1)
 
     def close(self) -> None:
         if not self.closed:

@@ -168,6 +168,25 @@ class MiniHdfs:
         await self.stop()
 
 
+async def write_spread(client: Any, path: str, data: bytes, replication: int,
+                       block_size: int) -> None:
+    """Write `data` as `path` with its blocks spread over the DataNodes.
+
+    Every DataNode of a mini cluster is at 127.0.0.1, the writer's address, so HDFS
+    puts the first replica of every block on the DataNode that took the write: one
+    node would hold the whole file. Writing each block as a file of its own (each
+    CREATE lands on some DataNode) and concatenating them (CONCAT moves blocks, it
+    copies nothing) places blocks as writers on other hosts would see them placed."""
+    parts = []
+    for i, at in enumerate(range(0, len(data), block_size)):
+        part = f"{path}.part{i}"
+        await client.create(part, data[at:at + block_size], replication, block_size)
+        parts.append(part)
+    if len(parts) > 1:
+        await client.concat(parts[0], parts[1:])
+    await client.rename(parts[0], path)
+
+
 async def _end(proc: asyncio.subprocess.Process, timeout_s: float = 30.0) -> None:
     """Close stdin (the launcher's cue to shut down), then SIGTERM, then SIGKILL."""
     if proc.stdin is not None:

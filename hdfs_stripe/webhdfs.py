@@ -213,6 +213,15 @@ class WebHdfs:
             if resp.status != 201:
                 raise _status_error(resp.status, await resp.text(), path, self.user)
 
+    async def concat(self, target: str, sources: list[str]) -> None:
+        """Append the blocks of `sources` to `target` (their blocks move, no bytes copy)."""
+        await self._call("POST", self._url(self.endpoint, target, "CONCAT",
+                                           sources=",".join(sources)), target, lambda r: r.read())
+
+    async def rename(self, path: str, destination: str) -> None:
+        await self._call("PUT", self._url(self.endpoint, path, "RENAME", destination=destination),
+                         path, lambda r: r.read())
+
     async def mkdirs(self, path: str, permission: str = "755") -> None:
         await self._call("PUT", self._url(self.endpoint, path, "MKDIRS", permission=permission),
                          path, lambda r: r.read())

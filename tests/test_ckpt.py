@@ -23,7 +23,7 @@ import pytest
 from waiting import until
 
 import hdfs_stripe
-from fusefs.mount import Mount, MountError, check_fuse, is_mounted
+from fusefs.mount import Mount, is_mounted
 from hdfs_stripe.index import resolve
 from hdfs_stripe.minicluster import MiniClusterError, MiniHdfs
 from hdfs_stripe.mount import MountOptions
@@ -39,14 +39,6 @@ MiB = 1 << 20
 BLOCK = 4 * MiB  # small blocks: a shard of a few MiB spreads over every DataNode
 SHARDS = {"model-00001.safetensors": 3, "model-00002.safetensors": 4,
           "optimizer.safetensors": 5}  # MiB of float32 tensors, roughly
-
-
-@pytest.fixture(scope="module")
-def fuse_ready() -> None:
-    try:
-        check_fuse()
-    except MountError as exc:
-        pytest.fail(f"FUSE is not usable on this node: {exc}")
 
 
 @asynccontextmanager

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from fusefs.cli import add_umount
 from p2p.cli import UserError
 
 log = logging.getLogger("bootseer.image")
@@ -56,9 +57,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         _mount_flags(m)
         m.set_defaults(run=run)
 
-    u = image_sub.add_parser("umount", help="unmount an image mounted with `image mount`")
-    u.add_argument("mountpoint", metavar="DIR", type=Path)
-    u.set_defaults(run=_run_umount)
+    add_umount(image_sub, "an image")
 
     r = image_sub.add_parser("run", help="run a command in an image; exits with its status")
     _common(r)
@@ -219,15 +218,6 @@ def _run_mount(args: argparse.Namespace) -> int:
     ready = _expected(mount())
     ready.pop("config", None)
     print(json.dumps(ready))
-    return 0
-
-
-def _run_umount(args: argparse.Namespace) -> int:
-    from fusefs.mount import force_unmount, is_mounted
-
-    if not is_mounted(args.mountpoint):
-        raise UserError(f"no FUSE mount at {args.mountpoint}")
-    force_unmount(args.mountpoint)
     return 0
 
 

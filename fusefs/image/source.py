@@ -23,14 +23,13 @@ a launch needs even when this mount already had it.
 from __future__ import annotations
 
 import asyncio
-import io
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from fusefs.image.gzindex import LayerError, LayerIndex, LayerReader
 from fusefs.image.record import Recorder
-from fusefs.source import AgentSource, Buffer, SourceError
+from fusefs.source import AgentSource, Buffer, RangeFile, SourceError
 from p2p.content import ContentId
 
 SPAN_CACHE_BYTES = 64 << 20  # decoded spans kept per layer
@@ -64,7 +63,7 @@ class ImageSource:
                 self.inner.read(content_id, offset, length), loop)
             return bytes(future.result(timeout))
 
-        blob = _BlobFile(manifest.size, read_compressed)
+        blob = RangeFile(manifest.size, read_compressed)
         reader = LayerReader(index, blob, cache_bytes=SPAN_CACHE_BYTES)
         self._layers[content_id] = _Layer(digest, reader, manifest.chunk_size)
 
@@ -85,36 +84,3 @@ class ImageSource:
 
     async def close(self) -> None:
         await self.inner.close()
-
-
-class _BlobFile(io.RawIOBase):
-    """A seekable, read-only file over a layer blob, for the decoder's thread."""
-
-    def __init__(self, size: int, read_at: Callable[[int, int], bytes]) -> None:
-        super().__init__()
-        self._size = size
-        self._read_at = read_at
-        self._pos = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
-        self._pos = max(base + offset, 0)
-        return self._pos
-
-    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
-        n = max(min(len(buffer), self._size - self._pos), 0)
-        if n == 0:
-            return 0
-        data = self._read_at(self._pos, n)
-        buffer[:n] = data
-        self._pos += n
-        return n
