@@ -1,9 +1,19 @@
-"""The stripe plan and read-ahead: no sockets, no loop."""
+"""The stripe plan, read-ahead, and HDFS URIs and versions: no sockets, no loop."""
 
 from __future__ import annotations
 
 import pytest
 
+from hdfs_stripe.naming import (
+    FileChanged,
+    UriError,
+    Version,
+    check_same,
+    content_name,
+    origin_url,
+    parse_origin_url,
+    parse_uri,
+)
 from hdfs_stripe.stripe import Block, Piece, PlanError, ReadAhead, StripePlan
 
 MiB = 1 << 20
@@ -79,3 +89,33 @@ def test_read_ahead_grows_on_sequential_reads_and_stops_on_a_seek() -> None:
     tail = ReadAhead(plan_stripes=4)
     tail.on_read(0, MiB, MiB)
     assert tail.on_read(MiB, MiB, MiB) == [3]  # never past the last stripe
+
+
+# ---- URIs, versions and names (no I/O either) ----------------------------------------------
+
+
+def test_uris_parse_and_pin_a_version_in_the_origin_url() -> None:
+    uri = parse_uri("hdfs://nn.example:9870/ckpt/step 100/model.safetensors")
+    assert (uri.host, uri.port, uri.path) == ("nn.example", 9870,
+                                              "/ckpt/step 100/model.safetensors")
+    assert parse_uri("hdfs://nn/x").port == 9870  # the WebHDFS default
+    version = Version(123, 1_700_000_000_000, 16400)
+    assert parse_origin_url(origin_url(uri, version)) == (uri, version)
+    name = content_name(uri, version)
+    assert name.startswith("hdfs-file/") and name == content_name(parse_uri(str(uri)), version)
+    assert content_name(uri, Version(124, version.mtime_ms, 16400)) != name
+    assert content_name(uri, Version(123, version.mtime_ms + 1, 16400)) != name
+
+
+@pytest.mark.parametrize("bad", ["http://nn:9870/x", "hdfs:///x", "hdfs://nn:9870/a/../b",
+                                 "hdfs://nn:port/x"])
+def test_bad_uris_are_refused_in_plain_words(bad: str) -> None:
+    with pytest.raises(UriError, match=r"hdfs://HOST:PORT/path|absolute|bad port"):
+        parse_uri(bad)
+
+
+def test_a_changed_version_is_reported_with_both_versions() -> None:
+    uri = parse_uri("hdfs://nn:9870/ckpt/a")
+    check_same(uri, Version(1, 2, 3), Version(1, 2, 3))
+    with pytest.raises(FileChanged, match=r"it was 1 bytes.*it is now 5 bytes"):
+        check_same(uri, Version(1, 2, 3), Version(5, 9, 3))
