@@ -57,6 +57,9 @@ def add_parser(kinds: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                    help="default: hdfs_stripe.stripe.STRIPE_SIZE")
     b.add_argument("--parallel", type=positive_int, default=8,
                    help="stripes the striped reader has in flight")
+    b.add_argument("--origin-inflight", type=positive_int, default=8,
+                   help="stripes each agent reads from HDFS at once (swarm.max_origin_inflight;"
+                        " the agent's default of 2 keeps one node on 1-2 DataNodes)")
     b.add_argument("--json", action="store_true", help="print only the JSON line")
     b.add_argument("--workdir", type=Path, help="keep logs, HDFS and stores here")
     b.set_defaults(run=_run)
@@ -135,7 +138,9 @@ async def _rounds(dfs: Any, work: Path, args: argparse.Namespace, say: Any) -> d
         async with TrackerClient(cluster.tracker_url, cluster.secret) as tracker:
             await tracker.put_manifest(manifest)
             await tracker.put_name(content_name(uri, version), manifest.content_id)
-        caps = {"upload_mbps": args.node_cap, "download_mbps": args.node_cap}
+        caps = {"upload_mbps": args.node_cap, "download_mbps": args.node_cap,
+                "origin_concurrency": args.origin_inflight,
+                "swarm": {"max_origin_inflight": args.origin_inflight}}
         say("one agent alone")
         (solo,), _ = await _load(cluster, "solo", 1, caps, manifest.content_id)
         say(f"{args.nodes} agents at once")
@@ -151,7 +156,7 @@ async def _rounds(dfs: Any, work: Path, args: argparse.Namespace, say: Any) -> d
         "bench": "ckpt", "bytes": args.size, "replication": args.replication,
         "block_bytes": args.block_size, "stripe_bytes": manifest.chunk_size,
         "datanodes": len(dfs.datanodes), "dn_read_cap_mbps": args.dn_cap,
-        "node_cap_mbps": args.node_cap,
+        "node_cap_mbps": args.node_cap, "origin_inflight": args.origin_inflight,
         "single_stream_seconds": round(single_s, 3),
         "striped_seconds": round(striped_s, 3),
         "striped_speedup": round(single_s / striped_s, 2),
