@@ -135,7 +135,7 @@ async def prefetch(uris: Sequence[Any], tracker_url: str, secret: bytes, api_soc
         for uri in uris:
             reader = StripeReader(webhdfs_for(uri))
             try:
-                files = await open_files(reader, tracker, uri, store_dir)
+                files = await open_files(reader, tracker, uri, store_dir, agent)
             finally:
                 await reader.close()
             for f in files:

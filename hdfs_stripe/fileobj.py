@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 from fusefs.source import AgentSource, Buffer, RangeFile, SourceError
 from hdfs_stripe.index import Resolved, resolve
-from hdfs_stripe.mount import StripeSource
+from hdfs_stripe.mount import StripeSource, attached_by
 from hdfs_stripe.naming import parse_uri
 from hdfs_stripe.origin import webhdfs_for
 from hdfs_stripe.reader import StripeReader
@@ -90,12 +90,17 @@ def open_stripes(uri: str, *, tracker: str | None = None, api_socket: str | None
 
     async def start() -> tuple[Resolved, StripeSource]:
         reader = StripeReader(webhdfs_for(parsed))
+        agent = AgentClient(sock)
         try:
             async with TrackerClient(tracker_url, key) as client:
-                resolved = await resolve(reader, client, parsed, store)
+                resolved = await resolve(reader, client, parsed, store,
+                                         attach=attached_by(agent))
+        except BaseException:
+            await agent.close()
+            raise
         finally:
             await reader.close()
-        return resolved, StripeSource(AgentSource(store, AgentClient(sock)))
+        return resolved, StripeSource(AgentSource(store, agent))
 
     try:
         resolved, source = loop.run(start())

@@ -31,12 +31,13 @@ from typing import Any
 from fusefs.mount import READ_AHEAD_KB, Mount, serve
 from fusefs.source import READ_TIMEOUT_S, AgentSource, Buffer
 from fusefs.tree import Entry, Extent, Kind, Layer, Tree, build_tree
-from hdfs_stripe.index import Resolved, resolve
+from hdfs_stripe.index import Attach, Resolved, resolve
 from hdfs_stripe.naming import HdfsUri, parse_uri
 from hdfs_stripe.origin import webhdfs_for
 from hdfs_stripe.reader import StripeReader
 from hdfs_stripe.stripe import ReadAhead
 from hdfs_stripe.webhdfs import FileStatus
+from p2p.content import ContentId
 from p2p.localapi import AgentClient, AgentError
 from p2p.tracker_client import TrackerClient
 
@@ -70,13 +71,25 @@ async def walk(reader: StripeReader, uri: HdfsUri) -> list[tuple[str, FileStatus
 
 
 async def open_files(reader: StripeReader, tracker: TrackerClient, uri: HdfsUri,
-                     store_dir: Path | None) -> list[CkptFile]:
+                     store_dir: Path | None, agent: AgentClient | None) -> list[CkptFile]:
+    """Every file under `uri`, resolved; a file this node indexes is attached to `agent`
+    (which then serves its stripes to the other readers)."""
+    attach = attached_by(agent) if agent is not None else None
     files = []
     for rel, status in await walk(reader, uri):
         target = uri if status.path == uri.path else uri.child(status.path)
-        resolved = await resolve(reader, tracker, target, store_dir) if status.length else None
+        resolved = await resolve(reader, tracker, target, store_dir, attach=attach) \
+            if status.length else None
         files.append(CkptFile(rel, status, resolved))
     return files
+
+
+def attached_by(agent: AgentClient) -> Attach:
+    """Attach a content to the agent (lazily: its stripes in the store are verified and
+    announced, nothing is fetched)."""
+    async def attach(content: ContentId) -> None:
+        await agent.prefetch(content, [])
+    return attach
 
 
 def ckpt_tree(files: list[CkptFile]) -> Tree:
@@ -151,13 +164,16 @@ async def serve_ckpt(opts: MountOptions, secret: bytes,
     """Resolve the URI's files, then serve them until SIGTERM or unmount."""
     uri = parse_uri(opts.uri)
     reader = StripeReader(webhdfs_for(uri))
+    agent = AgentClient(opts.api_socket)
     try:
         async with TrackerClient(opts.tracker, secret) as tracker:
-            files = await open_files(reader, tracker, uri, opts.store_dir)
+            files = await open_files(reader, tracker, uri, opts.store_dir, agent)
+    except BaseException:
+        await agent.close()
+        raise
     finally:
         await reader.close()
     tree = await asyncio.to_thread(ckpt_tree, files)
-    agent = AgentClient(opts.api_socket)
     source = StripeSource(AgentSource(opts.store_dir, agent, opts.read_timeout_s))
 
     def ready(info: dict[str, Any]) -> None:

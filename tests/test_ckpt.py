@@ -208,6 +208,28 @@ async def test_agents_loading_the_same_shard_split_the_hdfs_reads(tmp_path: Path
             assert await asyncio.to_thread(f.read) == data
 
 
+async def test_readers_starting_cold_at_once_read_hdfs_once_between_them(
+        tmp_path: Path) -> None:
+    async with hdfs(tmp_path) as dfs, swarm(tmp_path, 3) as (cluster, agents):
+        data = safetensors_bytes(tensors_of(8, 16))
+        async with WebHdfs(dfs.http_url) as client:
+            await client.create("/ckpt/cold.safetensors", data, replication=2,
+                                block_size=BLOCK)
+        runs = await asyncio.gather(*(
+            bootseer(cluster, "ckpt", "prefetch", dfs.uri("/ckpt/cold.safetensors"), "--json",
+                     *flags(cluster, agent)) for agent in agents))
+        assert all(code == 0 for code, _, _ in runs), [err for _, _, err in runs]
+        lines = [json.loads(out) for _, out, _ in runs]
+        assert sum(line["indexed"] for line in lines) == 1, lines  # one claimed the indexing
+        assert len({line["content"] for line in lines}) == 1
+        from_hdfs = sum(line["index_hdfs_bytes"] + line["origin_bytes"] for line in lines)
+        assert len(data) <= from_hdfs <= 1.1 * len(data), lines
+        for agent in agents:
+            with await asyncio.to_thread(open_api, cluster, agent,
+                                         dfs.uri("/ckpt/cold.safetensors")) as f:
+                assert await asyncio.to_thread(f.read) == data
+
+
 async def test_a_changed_file_is_reported_and_never_mixed(tmp_path: Path) -> None:
     # An origin that keeps failing ends the content after this long, naming why.
     give_up = {"swarm": {"no_source_deadline_s": 5.0}}
