@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fusefs.cli import add_umount
+from fusefs.cli import add_serving_flags, add_umount
 from p2p.cli import UserError
 
 log = logging.getLogger("bootseer.ckpt")
@@ -53,10 +53,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         m.add_argument("uri", metavar="URI", help="hdfs://HOST:PORT/path (file or directory)")
         m.add_argument("mountpoint", metavar="DIR", type=Path)
         _common(m)
-        m.add_argument("--read-timeout", dest="read_timeout_s", type=float, default=30.0,
-                       metavar="SECONDS", help="a read not served in time fails with EIO")
-        m.add_argument("--read-ahead-kb", type=int, default=4096, metavar="KB")
-        m.add_argument("--allow-other", action="store_true")
+        add_serving_flags(m)
         m.set_defaults(run=run)
 
     add_umount(ckpt_sub, "a checkpoint")

@@ -39,6 +39,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from p2p.content import chunks_for_range
+
 MiB = 1024 * 1024
 # 8 MiB: big enough that a WebHDFS request's fixed cost (a redirect-free OPEN to the
 # DataNode, a few ms) is under 5 % of a capped DataNode's transfer time, small enough
@@ -106,12 +108,8 @@ class StripePlan:
         return Stripe(index, start, end - start, tuple(pieces))
 
     def for_range(self, offset: int, length: int) -> range:
-        """The stripes that hold bytes [offset, offset + length)."""
-        if offset < 0 or length < 0 or offset + length > self.size:
-            raise ValueError(f"range {offset}+{length} outside a file of {self.size} bytes")
-        if length == 0:
-            return range(0)
-        return range(offset // self.stripe_size, (offset + length - 1) // self.stripe_size + 1)
+        """The stripes that hold bytes [offset, offset + length) (stripes are chunks)."""
+        return chunks_for_range(self.size, self.stripe_size, offset, length)
 
     def pieces(self, offset: int, length: int) -> list[Piece]:
         """The pieces covering exactly [offset, offset + length), in order."""

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fusefs.cli import add_umount
+from fusefs.cli import add_serving_flags, add_umount
 from p2p.cli import UserError
 
 log = logging.getLogger("bootseer.image")
@@ -96,10 +96,7 @@ def _mount_flags(p: argparse.ArgumentParser) -> None:
                    help="record only the first SECONDS of the launch (default 60)")
     p.add_argument("--no-prefetch", dest="prefetch", action="store_false",
                    help="ignore the image's hot-block record")
-    p.add_argument("--read-timeout", dest="read_timeout_s", type=float, default=30.0,
-                   metavar="SECONDS", help="a read not served in time fails with EIO")
-    p.add_argument("--read-ahead-kb", type=int, default=4096, metavar="KB")
-    p.add_argument("--allow-other", action="store_true")
+    add_serving_flags(p)
 
 
 def _setup(args: argparse.Namespace) -> None:
