@@ -15,16 +15,18 @@ BIN := $(VENV)/bin
 # registry the image tests push to and pull from, and the files of their test image.
 # runc and bubblewrap: the container runtimes `bootseer image run` drives; umoci: the
 # unpacking half of the full-pull baseline; debootstrap: the realistic python3 image
-# the image benchmark builds.
+# the image benchmark builds. openjdk-17-jdk-headless and maven: Hadoop's mini cluster
+# (a real NameNode and DataNodes) that the checkpoint tests and benchmark read from.
 DEB_PACKAGES := fuse3 libfuse3-dev pkg-config gcc python3-dev python3-venv \
-	docker-registry skopeo apache2-utils busybox-static runc bubblewrap umoci debootstrap
+	docker-registry skopeo apache2-utils busybox-static runc bubblewrap umoci debootstrap \
+	openjdk-17-jdk-headless maven
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 .PHONY: setup test lint demo clean
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml Makefile hdfs_stripe/minicluster/pom.xml
 	@missing=$$(for p in $(DEB_PACKAGES); do \
 	    dpkg -s $$p 2>/dev/null | grep -q '^Status: install ok installed' || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
@@ -36,11 +38,13 @@ $(STAMP): pyproject.toml Makefile
 	@[ -x $(BIN)/python ] || $(PYTHON) -m venv $(VENV)
 	@echo "Installing bootseer and its Python dependencies into $(VENV)"
 	$(BIN)/pip install -q -e '.[test,sim,fuse]'
+	@echo "Fetching Hadoop's mini cluster jars into ~/.m2 (about 135 MB the first time)"
+	$(BIN)/python -c 'from hdfs_stripe.minicluster import prepare; prepare()'
 	@touch $@
 
 lint: setup
 	$(BIN)/ruff check .
-	$(BIN)/mypy p2p tracker simulations fusefs
+	$(BIN)/mypy p2p tracker simulations fusefs hdfs_stripe
 
 test: lint
 	$(BIN)/pytest -q

@@ -43,18 +43,40 @@ def add_mount(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="the local agent's API socket")
     m.add_argument("--store-dir", dest="store_dir", required=True, metavar="DIR",
                    help="the local agent's chunk store directory")
-    m.add_argument("--read-timeout", dest="read_timeout_s", type=float, default=30.0,
-                   metavar="SECONDS", help="a read not served within this fails with EIO "
-                   "(default 30)")
-    m.add_argument("--read-ahead-kb", dest="read_ahead_kb", type=int, default=4096,
-                   metavar="KB", help="the mount's read-ahead; 1024 or more gives 1 MiB "
-                   "reads (default 4096)")
-    m.add_argument("--allow-other", dest="allow_other", action="store_true",
-                   help="let other users read the mount (needs user_allow_other in "
-                   "/etc/fuse.conf unless root)")
+    add_serving_flags(m)
     m.add_argument("--log-level", dest="log_level", default="INFO", type=str.upper,
                    choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="stderr log level")
     m.set_defaults(run=run_mount)
+
+
+def add_serving_flags(p: argparse.ArgumentParser) -> None:
+    """The flags of every command that serves a mount: read deadline, read-ahead, and
+    whether other users may read it."""
+    p.add_argument("--read-timeout", dest="read_timeout_s", type=float, default=30.0,
+                   metavar="SECONDS", help="a read not served within this fails with EIO "
+                   "(default 30)")
+    p.add_argument("--read-ahead-kb", dest="read_ahead_kb", type=int, default=4096,
+                   metavar="KB", help="the mount's read-ahead; 1024 or more gives 1 MiB "
+                   "reads (default 4096)")
+    p.add_argument("--allow-other", dest="allow_other", action="store_true",
+                   help="let other users read the mount (needs user_allow_other in "
+                   "/etc/fuse.conf unless root)")
+
+
+def add_umount(sub: argparse._SubParsersAction[argparse.ArgumentParser], what: str) -> None:
+    """`umount DIR`, for the commands that mount `what` from a background process."""
+    u = sub.add_parser("umount", help=f"unmount {what} mounted with `mount`")
+    u.add_argument("mountpoint", metavar="DIR", type=Path)
+    u.set_defaults(run=run_umount)
+
+
+def run_umount(args: argparse.Namespace) -> int:
+    from fusefs.mount import force_unmount, is_mounted
+
+    if not is_mounted(args.mountpoint):
+        raise UserError(f"no FUSE mount at {args.mountpoint}")
+    force_unmount(args.mountpoint)
+    return 0
 
 
 def run_mount(args: argparse.Namespace) -> int:

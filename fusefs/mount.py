@@ -26,6 +26,7 @@ import contextlib
 import json
 import logging
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -158,6 +159,28 @@ def force_unmount(path: Path | str) -> None:
                                 check=False, timeout=30)
         if result.returncode != 0:
             log.warning("%s %s %s: %s", FUSERMOUNT, " ".join(args), path, result.stderr.strip())
+
+
+def start_detached(argv: list[str], log_path: Path, timeout_s: float) -> dict[str, Any]:
+    """Start `argv`, a serving command, in a session of its own (stderr to `log_path`),
+    wait for its JSON "mounted" line and leave it running: the `mount` commands return
+    while their mount serves on. (An asyncio child would die with the caller's loop.)
+    The line, plus the child's "pid"; MountError with the log's end if it does not come."""
+    with open(log_path, "ab") as log_file:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log_file,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    assert proc.stdout is not None
+    ready_now, _, _ = select.select([proc.stdout], [], [], timeout_s)
+    line = proc.stdout.readline() if ready_now else b""
+    proc.stdout.close()
+    try:
+        return {**json.loads(line), "pid": proc.pid}
+    except json.JSONDecodeError:
+        proc.kill()
+        proc.wait()
+        tail = log_path.read_text(errors="replace").strip().splitlines()[-3:]
+        raise MountError(f"the mount did not start; {log_path} ends with: "
+                         f"{' / '.join(tail) or 'nothing'}") from None
 
 
 @dataclass

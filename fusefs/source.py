@@ -35,9 +35,11 @@ stores on slow disks).
 from __future__ import annotations
 
 import asyncio
+import io
 import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from p2p.content import ContentId, Manifest, ManifestError, check_content_id
 from p2p.localapi import AgentClient, AgentError
@@ -206,6 +208,53 @@ class AgentSource:
                               f"fails its check ({got} bytes); not using it")
         self.agent_chunks += 1
         return memoryview(buf)
+
+
+class RangeFile(io.RawIOBase):
+    """A seekable, read-only file over `read_at(offset, n) -> bytes`, for synchronous
+    readers (an image decoder's thread, a training script's loader). A read asks for
+    exactly the bytes wanted, in one call; seeking before the start stops at 0."""
+
+    def __init__(self, size: int, read_at: Callable[[int, int], Buffer]) -> None:
+        super().__init__()
+        self.size = size
+        self._read_at = read_at
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.size}[whence]
+        self._pos = max(base + offset, 0)
+        return self._pos
+
+    def read(self, size: int | None = -1) -> bytes:
+        left = max(self.size - self._pos, 0)
+        n = left if size is None or size < 0 else min(size, left)
+        if n == 0:
+            return b""
+        data = self._read_at(self._pos, n)
+        self._pos += n
+        return bytes(data)
+
+    def readall(self) -> bytes:
+        return self.read(-1)
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        n = max(min(len(view), self.size - self._pos), 0)
+        if n == 0:
+            return 0
+        view[:n] = self._read_at(self._pos, n)
+        self._pos += n
+        return n
 
 
 async def open_agent_source(store_dir: Path, api_socket: str,

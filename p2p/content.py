@@ -144,11 +144,7 @@ class Manifest:
 
     def chunks_for_range(self, offset: int, length: int) -> range:
         """The chunks that hold bytes [offset, offset + length)."""
-        if offset < 0 or length < 0 or offset + length > self.size:
-            raise ValueError(f"range {offset}+{length} outside content of {self.size} bytes")
-        if length == 0:
-            return range(0)
-        return range(offset // self.chunk_size, (offset + length - 1) // self.chunk_size + 1)
+        return chunks_for_range(self.size, self.chunk_size, offset, length)
 
     def verify(self, index: int, data: bytes | bytearray | memoryview) -> bool:
         return (len(data) == self.chunk_length(index)
@@ -188,6 +184,16 @@ def _typed(value: Any, kind: type) -> Any:
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise TypeError(f"expected {kind.__name__}, got {type(value).__name__}")
     return value
+
+
+def chunks_for_range(size: int, chunk_size: int, offset: int, length: int) -> range:
+    """The chunks of `chunk_size` that hold bytes [offset, offset + length) of `size`
+    bytes; ValueError if the range is not inside them."""
+    if offset < 0 or length < 0 or offset + length > size:
+        raise ValueError(f"range {offset}+{length} outside content of {size} bytes")
+    if length == 0:
+        return range(0)
+    return range(offset // chunk_size, (offset + length - 1) // chunk_size + 1)
 
 
 def chunk_count(size: int, chunk_size: int) -> int:

@@ -1,4 +1,5 @@
-"""Fixtures shared by every test. Component fixtures live beside the tests that use them."""
+"""Fixtures shared by every test. Component fixtures live beside the tests that use them,
+except FUSE's, which the mount, image and checkpoint tests all need."""
 
 from __future__ import annotations
 
@@ -15,3 +16,19 @@ def pytest_configure(config: pytest.Config) -> None:
 def cluster_secret() -> bytes:
     """A fresh cluster secret for this test session; nothing global is set."""
     return secrets.token_bytes(32)
+
+
+@pytest.fixture(scope="session")
+def fuse_ready() -> None:
+    """Fails, naming what to install, unless FUSE mounts can work on this node."""
+    from fusefs.mount import MountError, check_fuse
+
+    try:
+        check_fuse()
+    except MountError as exc:
+        pytest.fail(f"FUSE is not usable on this node: {exc}")
+    try:
+        import pyfuse3  # noqa: F401
+    except ImportError:
+        pytest.fail("pyfuse3 is not installed: install the Debian packages fuse3 and "
+                    "libfuse3-dev, then pip install 'bootseer[fuse]'")

@@ -37,7 +37,7 @@ from pathlib import Path
 import pytest
 from promtext import metric
 
-from fusefs.mount import Mount, MountError, check_fuse, is_mounted
+from fusefs.mount import Mount, is_mounted
 from fusefs.tree import Entry, Extent, Kind, Layer, Tree, build_tree
 from p2p.content import Manifest, MiB
 from p2p.localcluster import AgentHandle, LocalCluster, write_random_file
@@ -46,19 +46,6 @@ CHUNK = 1 * MiB
 SHORT_READ_BOUND_S = 2.0
 READ_BOUND_S = 30.0
 TEST_BOUND_S = 90.0  # a hang fails the test instead of stalling the suite
-
-
-@pytest.fixture(scope="module")
-def fuse_ready() -> None:
-    try:
-        check_fuse()
-    except MountError as exc:
-        pytest.fail(f"FUSE is not usable on this node: {exc}")
-    try:
-        import pyfuse3  # noqa: F401
-    except ImportError:
-        pytest.fail("pyfuse3 is not installed: install the Debian packages fuse3 and "
-                    "libfuse3-dev, then pip install 'bootseer[fuse]'")
 
 
 @dataclass

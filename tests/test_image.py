@@ -48,7 +48,7 @@ from registry import RunningRegistry, running_registry
 from fusefs.image.mount import MountOptions
 from fusefs.image.sample import BUSYBOX, BuiltImage, assemble, push_sample
 from fusefs.image.sample import Layer as SampleLayer
-from fusefs.mount import Mount, MountError, check_fuse, is_mounted
+from fusefs.mount import Mount, is_mounted
 from p2p.localcluster import AgentHandle, LocalCluster, bootseer_command
 from p2p.origin.oci import RegistryClient, sha256_digest
 from p2p.origin.oci_manifest import Platform
@@ -57,14 +57,6 @@ TEST_BOUND_S = 240.0
 MiB = 1 << 20
 MTIME = 1_700_000_000
 HOT_BYTES, COLD_BYTES = 1 * MiB + 12345, 5 * MiB
-
-
-@pytest.fixture(scope="module")
-def fuse_ready() -> None:
-    try:
-        check_fuse()
-    except MountError as exc:
-        pytest.fail(f"FUSE is not usable on this node: {exc}")
 
 
 @pytest.fixture(scope="module")

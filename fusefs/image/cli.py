@@ -22,14 +22,13 @@ import asyncio
 import json
 import logging
 import os
-import select
-import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from fusefs.cli import add_serving_flags, add_umount
 from p2p.cli import UserError
 
 log = logging.getLogger("bootseer.image")
@@ -59,9 +58,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         _mount_flags(m)
         m.set_defaults(run=run)
 
-    u = image_sub.add_parser("umount", help="unmount an image mounted with `image mount`")
-    u.add_argument("mountpoint", metavar="DIR", type=Path)
-    u.set_defaults(run=_run_umount)
+    add_umount(image_sub, "an image")
 
     r = image_sub.add_parser("run", help="run a command in an image; exits with its status")
     _common(r)
@@ -101,10 +98,7 @@ def _mount_flags(p: argparse.ArgumentParser) -> None:
                    help="record only the first SECONDS of the launch (default 60)")
     p.add_argument("--no-prefetch", dest="prefetch", action="store_false",
                    help="ignore the image's hot-block record")
-    p.add_argument("--read-timeout", dest="read_timeout_s", type=float, default=30.0,
-                   metavar="SECONDS", help="a read not served in time fails with EIO")
-    p.add_argument("--read-ahead-kb", type=int, default=4096, metavar="KB")
-    p.add_argument("--allow-other", action="store_true")
+    add_serving_flags(p)
 
 
 def _setup(args: argparse.Namespace) -> None:
@@ -211,7 +205,7 @@ def _run_serve(args: argparse.Namespace) -> int:
 
 
 def _run_mount(args: argparse.Namespace) -> int:
-    from fusefs.mount import check_fuse
+    from fusefs.mount import check_fuse, start_detached
 
     if not args.mountpoint.is_dir():
         raise UserError(f"the mount point {args.mountpoint} is not a directory")
@@ -221,30 +215,11 @@ def _run_mount(args: argparse.Namespace) -> int:
     opts = _options(args)
     log_path = Path(os.environ.get("BOOTSEER_LOG_DIR", tempfile.gettempdir())) / \
         f"bootseer-image-{os.getpid()}.log"
-    ready = _detached(opts.argv(), log_path, opts.read_timeout_s + 60.0)
+    ready = _expected(lambda: start_detached(opts.argv(), log_path,
+                                             opts.read_timeout_s + 60.0))
     ready.pop("config", None)
     print(json.dumps({**ready, "log": str(log_path)}))
     return 0
-
-
-def _detached(argv: list[str], log_path: Path, timeout_s: float) -> dict[str, Any]:
-    """Start the serving process in a session of its own, wait for its "mounted" line, and
-    leave it running (an asyncio child would be killed when this process's loop closes)."""
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-    assert proc.stdout is not None
-    ready_now, _, _ = select.select([proc.stdout], [], [], timeout_s)
-    line = proc.stdout.readline() if ready_now else b""
-    proc.stdout.close()
-    try:
-        return {**json.loads(line), "pid": proc.pid}
-    except json.JSONDecodeError:
-        proc.kill()
-        proc.wait()
-        tail = log_path.read_text(errors="replace").strip().splitlines()[-3:]
-        raise UserError(f"the mount did not start; {log_path} ends with: "
-                        f"{' / '.join(tail) or 'nothing'}") from None
 
 
 def _expected_sync(check: Any) -> None:
@@ -254,15 +229,6 @@ def _expected_sync(check: Any) -> None:
         check()
     except MountError as exc:
         raise UserError(str(exc)) from None
-
-
-def _run_umount(args: argparse.Namespace) -> int:
-    from fusefs.mount import force_unmount, is_mounted
-
-    if not is_mounted(args.mountpoint):
-        raise UserError(f"no FUSE mount at {args.mountpoint}")
-    force_unmount(args.mountpoint)
-    return 0
 
 
 def _run_run(args: argparse.Namespace) -> int:

@@ -32,7 +32,6 @@ a launch needs even when this mount already had it.
 from __future__ import annotations
 
 import asyncio
-import io
 import time
 from collections.abc import Callable
 from typing import BinaryIO, cast
@@ -41,7 +40,7 @@ from fusefs.image.layerindex import LayerIndex
 from fusefs.image.layerreader import HEADER_BYTES, LayerReader
 from fusefs.image.record import Recorder
 from fusefs.image.toc import LayerError
-from fusefs.source import AgentSource, Buffer, SourceError
+from fusefs.source import AgentSource, Buffer, RangeFile, SourceError
 from p2p.content import ContentId
 
 SPAN_CACHE_BYTES = 32 << 20  # decoded spans kept per layer
@@ -132,43 +131,10 @@ class ImageSource:
             return bytes(future.result(wait_s))
 
         # A raw file object is all the decoder uses (readinto, seek, tell) of BinaryIO.
-        return lambda: cast(BinaryIO, _BlobFile(size, read_at))
+        return lambda: cast(BinaryIO, RangeFile(size, read_at))
 
     async def close(self) -> None:
         for layer in self._layers.values():
             if layer.reader is not None:
                 layer.reader.close()
         await self.inner.close()
-
-
-class _BlobFile(io.RawIOBase):
-    """A seekable, read-only file over a layer blob, for the decoder's thread."""
-
-    def __init__(self, size: int, read_at: Callable[[int, int], bytes]) -> None:
-        super().__init__()
-        self._size = size
-        self._read_at = read_at
-        self._pos = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
-        self._pos = max(base + offset, 0)
-        return self._pos
-
-    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
-        n = max(min(len(buffer), self._size - self._pos), 0)
-        if n == 0:
-            return 0
-        data = self._read_at(self._pos, n)
-        buffer[:n] = data
-        self._pos += n
-        return n

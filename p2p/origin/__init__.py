@@ -11,7 +11,9 @@ thousand-node launch cannot open a thousand connections per node to it.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
+from importlib.metadata import entry_points
 from urllib.parse import urlsplit
 
 from p2p.origin.base import Origin, OriginError
@@ -30,8 +32,25 @@ _FACTORIES: dict[str, Callable[[str], Origin]] = {
 }
 
 
+_PLUGINS_LOADED = False
+log = logging.getLogger(__name__)
+
+
 def register(scheme: str, factory: Callable[[str], Origin]) -> None:
     _FACTORIES[scheme] = factory
+
+
+def _factory(scheme: str) -> Callable[[str], Origin] | None:
+    """The adapter factory for `scheme`, loading the entry-point adapters once."""
+    global _PLUGINS_LOADED
+    if scheme not in _FACTORIES and not _PLUGINS_LOADED:
+        _PLUGINS_LOADED = True
+        for ep in entry_points(group="bootseer.origins"):
+            try:
+                _FACTORIES.setdefault(ep.name, ep.load())
+            except ImportError as exc:  # one broken package must not take the agent down
+                log.warning("origin adapter %s (%s) cannot load: %s", ep.name, ep.value, exc)
+    return _FACTORIES.get(scheme)
 
 
 class LimitedOrigin:
@@ -57,7 +76,7 @@ class OriginPool:
         parts = urlsplit(url)
         key = f"{parts.scheme}://{parts.netloc}"
         if key not in self._origins:
-            factory = _FACTORIES.get(parts.scheme)
+            factory = _factory(parts.scheme)
             if factory is None:
                 raise OriginError(f"no origin adapter for {parts.scheme!r} URLs ({url})")
             self._origins[key] = LimitedOrigin(factory(key), self._concurrency)

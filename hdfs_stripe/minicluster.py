@@ -1,0 +1,205 @@
+"""A real HDFS on loopback for tests and benchmarks: Hadoop's MiniDFSCluster.
+
+The Java side is one launcher class (`minicluster/src/main/java/bootseer/Launcher.java`)
+and a pom.xml that names Hadoop's jars. `make setup` resolves them with Maven into
+the local Maven cache (~/.m2) and writes their classpath to
+`minicluster/target/classpath.txt` (`prepare` does the same on first use). The
+launcher is compiled with `javac` next to it when its source is newer than the class.
+
+`MiniHdfs.start` runs the launcher as a child process (one JVM: a NameNode and N
+DataNodes on 127.0.0.1, WebHDFS on, ports chosen by the kernel) and waits for its
+one JSON "ready" line: the NameNode's RPC and HTTP ports and, per DataNode, its
+data-transfer port (what GETFILEBLOCKLOCATIONS names) and HTTP port (what WebHDFS
+reads go to). `read_cap_bps` caps every DataNode's reads
+(`dfs.datanode.data.read.bandwidthPerSec`), as a disk-bound DataNode would be.
+`stop_datanode` stops one DataNode (by data-transfer port) while the rest serve;
+`stop` ends the JVM (closing its stdin is its signal to shut down).
+
+Anything missing (java, javac, mvn, the jars) is a `MiniClusterError` that names
+the Debian package or the command that provides it: tests fail with it, they do
+not skip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent / "minicluster"
+SOURCE = HERE / "src" / "main" / "java" / "bootseer" / "Launcher.java"
+RESOURCES = HERE / "src" / "main" / "resources"
+TARGET = HERE / "target"
+CLASSES = TARGET / "classes"
+CLASSPATH_FILE = TARGET / "classpath.txt"
+READY_TIMEOUT_S = 120.0
+MAVEN_TIMEOUT_S = 900.0
+# Jersey's JAXB (WebHDFS's JSON) defines classes through reflection, which Java 17
+# refuses unless java.lang is opened: without it every WebHDFS call answers 500.
+JVM_FLAGS = ("-Xmx2g", "--add-opens", "java.base/java.lang=ALL-UNNAMED")
+
+
+class MiniClusterError(Exception):
+    """The mini cluster cannot be built or started; the message says what is missing."""
+
+
+def _tool(name: str, package: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        raise MiniClusterError(f"{name} is not on PATH: install the Debian package {package} "
+                               "(`make setup` does)")
+    return path
+
+
+def resolve_jars() -> None:
+    """Fetch Hadoop's jars into the Maven cache and write their classpath (slow once:
+    about 135 MB; a no-op while the classpath file is newer than the pom)."""
+    pom = HERE / "pom.xml"
+    if CLASSPATH_FILE.exists() and CLASSPATH_FILE.stat().st_mtime >= pom.stat().st_mtime:
+        return
+    mvn = _tool("mvn", "maven")
+    result = subprocess.run(
+        [mvn, "-q", "-B", "-f", str(pom), "dependency:build-classpath",
+         f"-Dmdep.outputFile={CLASSPATH_FILE}"],
+        capture_output=True, text=True, check=False, timeout=MAVEN_TIMEOUT_S)
+    if result.returncode != 0 or not CLASSPATH_FILE.exists():
+        raise MiniClusterError("Maven could not fetch Hadoop's mini cluster jars (is the "
+                               "package registry reachable?):\n"
+                               f"{(result.stdout + result.stderr)[-2000:]}")
+
+
+def prepare() -> str:
+    """The launcher's full classpath, building what is missing (jars, the class)."""
+    resolve_jars()
+    classfile = CLASSES / "bootseer" / "Launcher.class"
+    jars = CLASSPATH_FILE.read_text().strip()
+    if not classfile.exists() or classfile.stat().st_mtime < SOURCE.stat().st_mtime:
+        javac = _tool("javac", "openjdk-17-jdk-headless")
+        CLASSES.mkdir(parents=True, exist_ok=True)
+        result = subprocess.run([javac, "-d", str(CLASSES), "-cp", jars, str(SOURCE)],
+                                capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            raise MiniClusterError(f"javac failed on {SOURCE}:\n{result.stderr[-2000:]}")
+    for item in RESOURCES.iterdir():
+        shutil.copy2(item, CLASSES / item.name)
+    return f"{CLASSES}:{jars}"
+
+
+@dataclass(frozen=True, slots=True)
+class DataNode:
+    xfer_port: int  # data transfer: how the NameNode names it in block locations
+    http_port: int  # WebHDFS reads
+
+
+class MiniHdfs:
+    """A running mini cluster (see the module docstring)."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, ready: dict[str, Any],
+                 log_path: Path) -> None:
+        self.proc = proc
+        self.log_path = log_path
+        self.rpc_port = int(ready["namenode_rpc"])
+        self.http_port = int(ready["namenode_http"])
+        self.datanodes = [DataNode(int(d["xfer"]), int(d["http"])) for d in ready["datanodes"]]
+
+    @property
+    def http_url(self) -> str:
+        """The NameNode's WebHDFS endpoint."""
+        return f"http://127.0.0.1:{self.http_port}"
+
+    def uri(self, path: str) -> str:
+        """An hdfs:// URI of `path` on this cluster (the NameNode's HTTP port: the one the
+        WebHDFS client talks to)."""
+        return f"hdfs://127.0.0.1:{self.http_port}/{path.lstrip('/')}"
+
+    @classmethod
+    async def start(cls, workdir: Path, datanodes: int = 3, read_cap_bps: int = 0,
+                    block_size: int = 0) -> MiniHdfs:
+        """Start a cluster with its data under `workdir`; MiniClusterError if it cannot."""
+        java = _tool("java", "openjdk-17-jdk-headless")
+        classpath = await asyncio.to_thread(prepare)
+        workdir.mkdir(parents=True, exist_ok=True)
+        log_path = workdir / "minicluster.log"
+        with open(log_path, "ab") as err:
+            proc = await asyncio.create_subprocess_exec(
+                java, *JVM_FLAGS, "-cp", classpath, "bootseer.Launcher", str(workdir / "dfs"),
+                str(datanodes), str(read_cap_bps), str(block_size),
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=err,
+                start_new_session=True)
+        try:
+            ready = await asyncio.wait_for(cls._next_event(proc), READY_TIMEOUT_S)
+        except (TimeoutError, MiniClusterError) as exc:
+            await _end(proc)
+            tail = log_path.read_text(errors="replace")[-3000:]
+            raise MiniClusterError(f"the HDFS mini cluster did not start ({exc or 'timeout'}); "
+                                   f"its log ({log_path}):\n{tail}") from None
+        return cls(proc, ready, log_path)
+
+    @staticmethod
+    async def _next_event(proc: asyncio.subprocess.Process) -> dict[str, Any]:
+        assert proc.stdout is not None
+        while line := await proc.stdout.readline():
+            if line.startswith(b"{"):
+                event: dict[str, Any] = json.loads(line)
+                return event
+        raise MiniClusterError("the launcher exited")
+
+    async def stop_datanode(self, xfer_port: int) -> None:
+        """Stop the DataNode with this data-transfer port; the others keep serving."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(f"stop-datanode {xfer_port}\n".encode())
+        await self.proc.stdin.drain()
+        reply = await asyncio.wait_for(self._next_event(self.proc), 60.0)
+        if not reply.get("found"):
+            raise MiniClusterError(f"no DataNode with transfer port {xfer_port}")
+
+    async def stop(self) -> None:
+        await _end(self.proc)
+
+    async def __aenter__(self) -> MiniHdfs:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+
+async def write_spread(client: Any, path: str, data: bytes, replication: int,
+                       block_size: int) -> None:
+    """Write `data` as `path` with its blocks spread over the DataNodes.
+
+    Every DataNode of a mini cluster is at 127.0.0.1, the writer's address, so HDFS
+    puts the first replica of every block on the DataNode that took the write: one
+    node would hold the whole file. Writing each block as a file of its own (each
+    CREATE lands on some DataNode) and concatenating them (CONCAT moves blocks, it
+    copies nothing) places blocks as writers on other hosts would see them placed."""
+    parts = []
+    for i, at in enumerate(range(0, len(data), block_size)):
+        part = f"{path}.part{i}"
+        await client.create(part, data[at:at + block_size], replication, block_size)
+        parts.append(part)
+    if len(parts) > 1:
+        await client.concat(parts[0], parts[1:])
+    await client.rename(parts[0], path)
+
+
+async def _end(proc: asyncio.subprocess.Process, timeout_s: float = 30.0) -> None:
+    """Close stdin (the launcher's cue to shut down), then SIGTERM, then SIGKILL."""
+    if proc.stdin is not None:
+        proc.stdin.close()
+    try:
+        await asyncio.wait_for(proc.wait(), timeout_s / 2)
+        return
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            proc.terminate()
+    try:
+        await asyncio.wait_for(proc.wait(), timeout_s / 2)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
