@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -37,6 +38,9 @@ RESOURCES = HERE / "src" / "main" / "resources"
 TARGET = HERE / "target"
 CLASSES = TARGET / "classes"
 CLASSPATH_FILE = TARGET / "classpath.txt"
+SYSTEM_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+TRUST_TOOL = HERE / "tools" / "PemTrustStore.java"
+TRUST_PASSWORD = "bootseer"  # a trust store holds public certificates only
 READY_TIMEOUT_S = 120.0
 MAVEN_TIMEOUT_S = 900.0
 # Jersey's JAXB (WebHDFS's JSON) defines classes through reflection, which Java 17
@@ -66,11 +70,31 @@ def resolve_jars() -> None:
     result = subprocess.run(
         [mvn, "-q", "-B", "-f", str(pom), "dependency:build-classpath",
          f"-Dmdep.outputFile={CLASSPATH_FILE}"],
-        capture_output=True, text=True, check=False, timeout=MAVEN_TIMEOUT_S)
+        capture_output=True, text=True, check=False, timeout=MAVEN_TIMEOUT_S,
+        env={**os.environ, "MAVEN_OPTS": _system_trust_options()})
     if result.returncode != 0 or not CLASSPATH_FILE.exists():
         raise MiniClusterError("Maven could not fetch Hadoop's mini cluster jars (is the "
                                "package registry reachable?):\n"
                                f"{(result.stdout + result.stderr)[-2000:]}")
+
+
+def _system_trust_options() -> str:
+    """JVM options that make Maven trust the system's CA bundle (see PemTrustStore.java);
+    empty if the system has no bundle, so Java's own trust store applies."""
+    if not SYSTEM_CA_BUNDLE.is_file():
+        return os.environ.get("MAVEN_OPTS", "")
+    store = TARGET / "system-trust.p12"
+    if not store.exists() or store.stat().st_mtime < SYSTEM_CA_BUNDLE.stat().st_mtime:
+        TARGET.mkdir(parents=True, exist_ok=True)
+        java = _tool("java", "openjdk-17-jdk-headless")
+        result = subprocess.run([java, str(TRUST_TOOL), str(SYSTEM_CA_BUNDLE), str(store),
+                                 TRUST_PASSWORD], capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            raise MiniClusterError(f"cannot turn {SYSTEM_CA_BUNDLE} into a Java trust store:\n"
+                                   f"{result.stderr[-2000:]}")
+    return " ".join([os.environ.get("MAVEN_OPTS", ""), f"-Djavax.net.ssl.trustStore={store}",
+                     "-Djavax.net.ssl.trustStoreType=PKCS12",
+                     f"-Djavax.net.ssl.trustStorePassword={TRUST_PASSWORD}"]).strip()
 
 
 def prepare() -> str:
