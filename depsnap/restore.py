@@ -124,7 +124,13 @@ async def _build(agent: AgentClient, snapshot: Snapshot, root: Path,
                 writer.close()
             writer.check_done()
 
-    await asyncio.gather(*(fetch(p) for p in packs))
+    tasks = [asyncio.create_task(fetch(p)) for p in packs]
+    try:
+        await asyncio.gather(*tasks)
+    finally:  # one failed: stop the others before the caller removes the tree
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
     linked = _place_files(files, root, objects, cache_dir)
     for e in snapshot.entries:
         if e.kind == "symlink":

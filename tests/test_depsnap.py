@@ -185,3 +185,70 @@ async def test_two_nodes_creating_one_key_at_once_publish_one_snapshot(
         assert len({s["tree"] for s in summaries}) == 1, summaries
         assert sum(s.get("won", False) for s in summaries) <= 1, summaries
         assert any(s.get("won") or s["action"] == "restored" for s in summaries), summaries
+
+
+async def republish(cluster: LocalCluster, origin: Path, tree: dict[str, Any], key: str) -> None:
+    """Publish `tree` (a tree manifest as JSON) under the name of `key`, as a hostile or
+    buggy publisher could."""
+    from depsnap.capture import publish_file
+    from depsnap.key import key_name
+    from depsnap.snapshot import KIND
+    from p2p.tracker_client import TrackerClient
+
+    manifest = publish_file(json.dumps(tree).encode(), origin, cluster.origin_url, KIND,
+                            "trees")
+    async with TrackerClient(cluster.tracker_url, cluster.secret) as tracker:
+        await tracker.put_manifest(manifest)
+        await tracker.put_name(key_name(key), manifest.content_id)
+
+
+async def test_restore_refuses_bad_snapshots_and_leaves_nothing_behind(
+        tmp_path: Path, wheels: Path) -> None:
+    origin = tmp_path / "snapshots"
+    async with swarm(tmp_path, 3) as (cluster, (a, b, c)):
+        status, created, err = await depsnap(
+            a, *install_args(tmp_path / "venv", wheels, "six"), cwd=tmp_path)
+        assert status == 0, err
+        tree = json.loads((origin / "trees" / created["tree"]).read_text())
+
+        async def refused(node: Node, key: str, prefix: Path, why: str) -> None:
+            status, _, err = await depsnap(node, "restore", key, "--prefix", str(prefix),
+                                           cwd=tmp_path)
+            assert status == 2 and why in err and "Traceback" not in err, err
+            assert not prefix.exists()
+            assert not [p for p in prefix.parent.iterdir() if ".depsnap-" in p.name]
+
+        await refused(b, "0" * 64, tmp_path / "r0", "no snapshot is published for key")
+        await refused(b, "ab", tmp_path / "r0", "not a snapshot key")
+
+        other = "1" * 64  # a tree whose key is not the one it is published under
+        await republish(cluster, origin, tree, other)
+        await refused(b, other, tmp_path / "r1", f"is the snapshot of key {created['key']}")
+
+        for n, (path, bad) in enumerate([("lib", "../escape"), ("lib64", "/etc")]):
+            evil = json.loads(json.dumps(tree))
+            row = next(r for r in evil["entries"] if r[0] == path)
+            row[0 if path == "lib" else 4] = bad
+            evil["key"] = f"{n + 2}" * 64
+            await republish(cluster, origin, evil, evil["key"])
+            await refused(b, evil["key"], tmp_path / f"r{n + 2}",
+                          "'..'" if path == "lib" else "leaves the prefix")
+
+        # A pack corrupted at the origin: C (nothing cached) refuses it, keeps nothing.
+        pack = max((origin / "packs").iterdir(), key=lambda p: p.stat().st_size)
+        data = bytearray(pack.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        pack.write_bytes(bytes(data))
+        await refused(c, created["key"], tmp_path / "r9", "cannot fetch pack")
+        data[len(data) // 2] ^= 0xFF
+        pack.write_bytes(bytes(data))
+
+        small = tmp_path / "small"  # a full disk: no partial tree, and it says so
+        small.mkdir()
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(small)],
+                       check=True)
+        try:
+            await refused(b, created["key"], small / "venv", "no space left")
+            assert list(small.iterdir()) == []
+        finally:
+            subprocess.run(["umount", str(small)], check=True)
