@@ -54,6 +54,10 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     _node_flags(s)
     s.set_defaults(run=_run_restore)
 
+    from depsnap.mount import add_mount_commands
+
+    add_mount_commands(ds, _node_flags)
+
 
 def _env_path(name: str) -> Path | None:
     value = os.environ.get(name)

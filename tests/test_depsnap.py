@@ -34,6 +34,8 @@ from typing import Any
 import pytest
 from wheelhouse import PYTHON, wheelhouse
 
+from depsnap.mount import MountOptions
+from fusefs.mount import Mount
 from p2p.localcluster import AgentHandle, LocalCluster, bootseer_command
 
 PINS = "numpy==2.2.6\ntabulate==0.9.0\n"
@@ -118,7 +120,7 @@ async def test_run_creates_on_one_agent_and_restores_a_working_venv_on_another(
     work.mkdir()
     (work / "requirements.txt").write_text(PINS)
     prefix = tmp_path / "venv"
-    async with swarm(tmp_path, 2) as (_, (a, b)):
+    async with swarm(tmp_path, 3) as (_, (a, b, c)):
         args = install_args(prefix, wheels, "-r", "requirements.txt")
         status, created, err = await depsnap(a, *args, cwd=work)
         assert status == 0, err
@@ -149,6 +151,8 @@ async def test_run_creates_on_one_agent_and_restores_a_working_venv_on_another(
         assert sum(c["origin_bytes"] + c["peer_bytes"] for c in contents.values()) \
             >= restored["fetched_bytes"]
 
+        await lazy_mount_imports_numpy(c, created["key"], tmp_path / "mnt")
+
         # The same snapshot again on B: every file links from B's local cache.
         again = tmp_path / "again"
         status, second, err = await depsnap(b, "restore", "--json", created["key"],
@@ -156,6 +160,37 @@ async def test_run_creates_on_one_agent_and_restores_a_working_venv_on_another(
         assert status == 0, err
         assert (second["fetched_packs"], second["cached_files"]) == (0, second["files"])
         assert tree_of(again) == tree_of(installed)
+
+
+async def pack_bytes_held(node: Node, packs: list[str]) -> int:
+    async with node.agent.client(30) as client:
+        contents = (await client.status())["contents"]
+    return sum(contents[p]["origin_bytes"] + contents[p]["peer_bytes"]
+               for p in packs if p in contents)
+
+
+async def lazy_mount_imports_numpy(node: Node, key: str, mountpoint: Path) -> None:
+    """Mount on a node with an empty store: listing fetches nothing, importing numpy
+    fetches only part of the packs."""
+    mountpoint.mkdir()
+    opts = MountOptions(key, mountpoint, node.env["BOOTSEER_TRACKER"],
+                        node.agent.api_socket, node.agent.store_dir)
+    async with await Mount.spawn(opts.argv(), mountpoint, mountpoint.parent / "mount.log",
+                                 env=node.env) as mount:
+        packs = mount.ready["packs"]
+        names = await asyncio.to_thread(lambda: [p.name for p in mountpoint.rglob("*")])
+        assert "numpy" in names and "tabulate" in names
+        assert not (mountpoint / "lib/python3.11/site-packages/numpy/nothing.py").exists()
+        assert await pack_bytes_held(node, packs) == 0
+        check = await asyncio.create_subprocess_exec(
+            str(mountpoint / "bin" / "python"), "-c", "import numpy; print(numpy.ones(3).sum())",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        out, err = await check.communicate()
+        assert (check.returncode, out.strip()) == (0, b"3.0"), err
+        held = await pack_bytes_held(node, packs)
+        total = sum(p.stat().st_size for p in mountpoint.rglob("*")
+                    if p.is_file() and not p.is_symlink())
+        assert 0 < held < total, (held, total)
 
 
 async def test_a_failed_or_interrupted_install_publishes_nothing(
