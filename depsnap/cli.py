@@ -86,6 +86,10 @@ def _node_flags(p: argparse.ArgumentParser) -> None:
                    Path.home() / ".cache" / "bootseer" / "depsnap-files",
                    help="hard-link cache of restored files (same filesystem as the prefix)")
     p.add_argument("--no-cache", action="store_true", help="do not use the hard-link cache")
+    p.add_argument("--store-dir", type=Path,
+                   default=Path(os.environ.get("BOOTSEER_STORE_DIR", "/var/cache/bootseer")),
+                   help="the local agent's chunk store, read directly (the agent's API is used "
+                        "for what is not there)")
     if "json" not in {a.dest for a in p._actions}:
         p.add_argument("--json", action="store_true", help="one JSON line")
 
@@ -125,7 +129,8 @@ def places(args: argparse.Namespace, origin_dir: Path | None = None) -> Any:
         f"file://{origin_dir.absolute()}" if origin_dir else "")
     return Places(args.tracker, _secret(), args.api_socket,
                   origin_dir.absolute() if origin_dir else None, url,
-                  None if args.no_cache else args.cache_dir.absolute())
+                  None if args.no_cache else args.cache_dir.absolute(),
+                  args.store_dir.absolute())
 
 
 def expected(call: Any) -> Any:

@@ -5,7 +5,8 @@ each file is one extent, `(pack content, member offset, size)`, so a read of
 a file is a read of a byte range of its pack, and the pack's 1 MiB chunks are
 fetched lazily through the agent (`fusefs.source.AgentSource`: chunks already
 local are read from the agent's store files, missing ones are asked of the
-agent, which fetches them from peers or the origin). Lookups, getattr,
+agent, which fetches them from peers or the origin; `depsnap.source` makes a
+file's first read prefetch the rest of that file). Lookups, getattr,
 readdir and readlink come from the tree in memory, with the kernel's entry
 and attribute caching on (the tree never changes): Python's import system,
 which stats thousands of names that do not exist, fetches nothing.
@@ -81,6 +82,7 @@ async def serve_snapshot(opts: MountOptions, secret: bytes,
                          on_ready: Callable[[dict[str, Any]], None]) -> None:
     """Serve the snapshot of `opts.key` at `opts.mountpoint` until SIGTERM or unmount."""
     from depsnap.publish import load_snapshot
+    from depsnap.source import SnapshotSource
     from fusefs.mount import serve
     from fusefs.source import AgentSource
     from p2p.localapi import AgentClient
@@ -94,7 +96,8 @@ async def serve_snapshot(opts: MountOptions, secret: bytes,
     except BaseException:
         await agent.close()
         raise
-    source = AgentSource(opts.store_dir, agent, opts.read_timeout_s)  # closes the agent
+    source = SnapshotSource(AgentSource(opts.store_dir, agent, opts.read_timeout_s),
+                            snapshot)  # closing it closes the agent client
 
     def ready(info: dict[str, Any]) -> None:
         on_ready({**info, "key": opts.key, "tree": tree_id, "files": len(tree),
@@ -115,10 +118,6 @@ def add_mount_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser],
         m.add_argument("key", metavar="KEY")
         m.add_argument("mountpoint", metavar="DIR", type=Path)
         node_flags(m)
-        m.add_argument("--store-dir", type=Path,
-                       default=Path(os.environ.get("BOOTSEER_STORE_DIR",
-                                                   "/var/cache/bootseer")),
-                       help="the local agent's chunk store (read directly by the mount)")
         m.add_argument("--read-timeout", dest="read_timeout_s", type=float, default=30.0,
                        metavar="SECONDS", help="a read not served in time fails with EIO")
         m.add_argument("--read-ahead-kb", type=int, default=4096, metavar="KB")

@@ -6,15 +6,15 @@ when every file, link, mode and mtime is in place: nobody ever sees half a
 tree at the prefix. On any failure the temporary tree is removed; a full
 disk (ENOSPC, EDQUOT) says so, with the bytes the snapshot needs.
 
-Bytes. Every pack is read in full through the local agent (`read_to`), all
-packs at once (`PARALLEL_PACKS`), so the agent fetches their chunks from
-peers in parallel and verifies each one. The stream is cut into one object
-per file digest, and each object is checked against its BLAKE3 digest while
-it is written. Files then take their objects: the first path of a
-(digest, mode, mtime) takes it by rename, the others become hard links to it
-(an identical file with other metadata is a copy: a hard link shares them).
+Bytes come out of the packs through the local agent (`depsnap.unpack`: from
+its store files when `store_dir` is given, else through its API), each
+digest written once, straight to the first path that wants it, and checked
+against its BLAKE3 digest as it is written. The other paths of the same
+(digest, mode, mtime) become hard links to it; an identical file with
+another mode or mtime is a copy (a hard link would share them).
 
-Local cache. With a `cache_dir` on the prefix's filesystem, every file
+Local cache. With a `cache_dir` on the prefix's filesystem (on another, it is
+not used), every file
 restored is also linked there under (digest, mode, mtime), and a later
 restore links files from there instead of fetching them; a pack all of whose
 files are in the cache is not read at all. The cache holds hard links to
@@ -25,24 +25,19 @@ object is used only while its size still matches.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import errno
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
 
-import blake3
-
-from depsnap.snapshot import Entry, Pack, Snapshot
-from p2p.localapi import AgentClient, AgentError
-
-PARALLEL_PACKS = 8
-OBJECTS = ".depsnap-objects"
+from depsnap.snapshot import Entry, Snapshot
+from depsnap.unpack import UnpackError, unpack
+from p2p.localapi import AgentClient
 
 
 class RestoreError(Exception):
@@ -56,10 +51,13 @@ class RestoreStats:
     fetched_packs: int
     fetched_bytes: int  # pack bytes read through the agent
     cached_files: int  # files linked from the local cache
+    fetch_seconds: float  # until every object was out of its pack
+    place_seconds: float  # files, links, modes and mtimes after that
 
 
 async def restore(agent: AgentClient, snapshot: Snapshot, prefix: Path,
-                  cache_dir: Path | None = None) -> RestoreStats:
+                  cache_dir: Path | None = None, store_dir: Path | None = None
+                  ) -> RestoreStats:
     """Build `snapshot` at `prefix`, which must not exist or be an empty directory."""
     prefix = prefix.absolute()
     if prefix.exists() and (not prefix.is_dir() or any(prefix.iterdir())):
@@ -68,7 +66,7 @@ async def restore(agent: AgentClient, snapshot: Snapshot, prefix: Path,
     prefix.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{prefix.name}.depsnap-", dir=prefix.parent))
     try:
-        stats = await _build(agent, snapshot, tmp, cache_dir)
+        stats = await _build(agent, snapshot, str(tmp), cache_dir, store_dir)
         os.chmod(tmp, _root_mode(snapshot))
         os.rename(tmp, prefix)
         return stats
@@ -82,6 +80,9 @@ async def restore(agent: AgentClient, snapshot: Snapshot, prefix: Path,
             raise RestoreError(f"{prefix} appeared while restoring; left it as it is") \
                 from None
         raise RestoreError(f"cannot restore at {prefix}: {exc}") from None
+    except UnpackError as exc:
+        _remove(tmp)
+        raise RestoreError(str(exc)) from None
     except BaseException:
         _remove(tmp)
         raise
@@ -99,61 +100,45 @@ def _root_mode(snapshot: Snapshot) -> int:
     return 0o755  # the prefix itself is not an entry: it keeps the usual mode
 
 
-async def _build(agent: AgentClient, snapshot: Snapshot, root: Path,
-                 cache_dir: Path | None) -> RestoreStats:
+async def _build(agent: AgentClient, snapshot: Snapshot, root: str, cache_dir: Path | None,
+                 store_dir: Path | None) -> RestoreStats:
     files = [e for e in snapshot.entries if e.kind == "file"]
+    cache_dir = _usable_cache(cache_dir, root)
     for e in snapshot.entries:
         if e.kind == "dir":
-            os.mkdir(root / e.path, 0o700)
-    needed = {e.digest for e in files if _cached(cache_dir, e) is None}
-    objects = root / OBJECTS
-    os.mkdir(objects)
-    packs = [p for p in snapshot.packs if any(m.digest in needed for m in p.members)]
-    slots = asyncio.Semaphore(PARALLEL_PACKS)
-    written: set[str] = set()
-
-    async def fetch(pack: Pack) -> None:
-        async with slots:
-            writer = _PackWriter(pack, objects, needed, written)
-            try:
-                await agent.read_to(pack.content, 0, pack.size, writer.write)
-            except AgentError as exc:
-                raise RestoreError(f"cannot fetch pack {pack.name} ({pack.content}): "
-                                   f"{exc}") from None
-            finally:
-                writer.close()
-            writer.check_done()
-
-    tasks = [asyncio.create_task(fetch(p)) for p in packs]
-    try:
-        await asyncio.gather(*tasks)
-    finally:  # one failed: stop the others before the caller removes the tree
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-    linked = _place_files(files, root, objects, cache_dir)
+            os.mkdir(os.path.join(root, e.path), 0o700)
+    targets: dict[str, str] = {}  # digest -> the path its bytes are written to
+    for e in files:
+        if _cached(cache_dir, e) is None:
+            targets.setdefault(e.digest, os.path.join(root, e.path))
+    packs = [p for p in snapshot.packs if any(m.digest in targets for m in p.members)]
+    started = time.monotonic()
+    await unpack(agent, packs, targets, store_dir)
+    fetched = time.monotonic()
+    linked = _place_files(files, root, targets, cache_dir)
     for e in snapshot.entries:
         if e.kind == "symlink":
-            os.symlink(e.target, root / e.path)
-            os.utime(root / e.path, ns=(e.mtime_ns, e.mtime_ns), follow_symlinks=False)
-    shutil.rmtree(objects)  # empty unless a pack repeated a digest
+            path = os.path.join(root, e.path)
+            os.symlink(e.target, path)
+            os.utime(path, ns=(e.mtime_ns, e.mtime_ns), follow_symlinks=False)
     for e in sorted((e for e in snapshot.entries if e.kind == "dir"),
                     key=lambda e: e.path.count("/"), reverse=True):
-        os.chmod(root / e.path, e.mode)
-        os.utime(root / e.path, ns=(e.mtime_ns, e.mtime_ns))
+        path = os.path.join(root, e.path)
+        os.chmod(path, e.mode)
+        os.utime(path, ns=(e.mtime_ns, e.mtime_ns))
     return RestoreStats(len(files), snapshot.file_bytes, len(packs),
-                        sum(p.size for p in packs), linked)
+                        sum(p.size for p in packs), linked, round(fetched - started, 3),
+                        round(time.monotonic() - fetched, 3))
 
 
-def _place_files(files: Iterable[Entry], root: Path, objects: Path,
+def _place_files(files: Iterable[Entry], root: str, targets: dict[str, str],
                  cache_dir: Path | None) -> int:
     """Give every file its bytes, mode and mtime; how many came from the cache."""
-    first: dict[tuple[str, int, int], Path] = {}
-    taken: dict[str, Path] = {}  # digest -> the path its object was renamed to
+    first: dict[tuple[str, int, int], str] = {}
     cached_keys: set[tuple[str, int, int]] = set()
     from_cache = 0
     for e in files:
-        key, path = (e.digest, e.mode, e.mtime_ns), root / e.path
+        key, path = (e.digest, e.mode, e.mtime_ns), os.path.join(root, e.path)
         if key in first:
             os.link(first[key], path)
             from_cache += key in cached_keys
@@ -163,12 +148,9 @@ def _place_files(files: Iterable[Entry], root: Path, objects: Path,
             os.link(cached, path)
             cached_keys.add(key)
             from_cache += 1
-        elif e.digest in taken:
-            shutil.copyfile(taken[e.digest], path)
         else:
-            os.rename(objects / e.digest, path)
-            taken[e.digest] = path
-        if cached is None:
+            if targets[e.digest] != path:  # the same bytes with another mode or mtime
+                shutil.copyfile(targets[e.digest], path)
             os.chmod(path, e.mode)
             os.utime(path, ns=(e.mtime_ns, e.mtime_ns))
             _add_to_cache(cache_dir, e, path)
@@ -176,11 +158,22 @@ def _place_files(files: Iterable[Entry], root: Path, objects: Path,
     return from_cache
 
 
-def _cache_path(cache_dir: Path, e: Entry) -> Path:
-    return cache_dir / e.digest[:2] / f"{e.digest}-{e.mode:o}-{e.mtime_ns}"
+def _usable_cache(cache_dir: Path | None, root: str) -> Path | None:
+    """`cache_dir` if files can be hard-linked between it and `root`, else None."""
+    if cache_dir is None:
+        return None
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        return cache_dir if os.stat(cache_dir).st_dev == os.stat(root).st_dev else None
+    except OSError:
+        return None
 
 
-def _cached(cache_dir: Path | None, e: Entry) -> Path | None:
+def _cache_path(cache_dir: Path, e: Entry) -> str:
+    return os.path.join(cache_dir, e.digest[:2], f"{e.digest}-{e.mode:o}-{e.mtime_ns}")
+
+
+def _cached(cache_dir: Path | None, e: Entry) -> str | None:
     if cache_dir is None:
         return None
     path = _cache_path(cache_dir, e)
@@ -190,73 +183,10 @@ def _cached(cache_dir: Path | None, e: Entry) -> Path | None:
         return None
 
 
-def _add_to_cache(cache_dir: Path | None, e: Entry, path: Path) -> None:
+def _add_to_cache(cache_dir: Path | None, e: Entry, path: str) -> None:
     if cache_dir is None:
         return
     target = _cache_path(cache_dir, e)
     with contextlib.suppress(OSError):  # another filesystem, or there already: no cache
-        target.parent.mkdir(parents=True, exist_ok=True)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
         os.link(path, target)
-
-
-class _PackWriter:
-    """Cuts a pack's byte stream into one checked object file per wanted digest."""
-
-    def __init__(self, pack: Pack, objects: Path, wanted: set[str], written: set[str]) -> None:
-        self.pack = pack
-        self.objects = objects
-        self.members = pack.members  # sorted and disjoint: Snapshot checks that
-        self.wanted = wanted
-        self.written = written
-        self.index = 0
-        self.pos = 0
-        self.out: IO[bytes] | None = None
-        self.hash = blake3.blake3()
-        self._advance()
-
-    def write(self, data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            if self.index >= len(self.members):
-                self.pos += len(view)
-                return
-            m = self.members[self.index]
-            if self.pos < m.offset:
-                n = min(len(view), m.offset - self.pos)
-            else:
-                n = min(len(view), m.offset + m.size - self.pos)
-                if self.out is not None:
-                    self.out.write(view[:n])
-                    self.hash.update(view[:n])
-            view = view[n:]
-            self.pos += n
-            self._advance()
-
-    def _advance(self) -> None:
-        """Finish the members the stream has passed; open the next wanted one."""
-        while self.index < len(self.members):
-            m = self.members[self.index]
-            if self.out is None and self.pos <= m.offset and m.digest in self.wanted \
-                    and m.digest not in self.written:
-                self.written.add(m.digest)
-                self.out = open(self.objects / m.digest, "wb")  # noqa: SIM115 (closed below)
-                self.hash = blake3.blake3()
-            if self.pos < m.offset + m.size:
-                return
-            if self.out is not None:
-                self.out.close()
-                self.out = None
-                if self.hash.hexdigest() != m.digest:
-                    raise RestoreError(f"pack {self.pack.name} ({self.pack.content}): the "
-                                       f"bytes at {m.offset} do not match digest {m.digest}")
-            self.index += 1
-
-    def close(self) -> None:
-        if self.out is not None:
-            self.out.close()
-            self.out = None
-
-    def check_done(self) -> None:
-        if self.index < len(self.members):
-            raise RestoreError(f"pack {self.pack.name} ended at byte {self.pos}, before its "
-                               f"member at {self.members[self.index].offset}")

@@ -44,6 +44,7 @@ class Places:
     origin_dir: Path | None  # where created snapshots are written (None: cannot create)
     origin_url: str  # how agents reach origin_dir
     cache_dir: Path | None
+    store_dir: Path | None = None  # the agent's chunk store, read directly when given
 
 
 async def restore_key(places: Places, key: str, prefix: Path) -> dict[str, Any]:
@@ -52,7 +53,7 @@ async def restore_key(places: Places, key: str, prefix: Path) -> dict[str, Any]:
     async with TrackerClient(places.tracker, places.secret) as tracker, \
             AgentClient(places.api_socket) as agent:
         tree, snapshot = await load_snapshot(tracker, agent, key)
-        stats = await restore(agent, snapshot, prefix, places.cache_dir)
+        stats = await restore(agent, snapshot, prefix, places.cache_dir, places.store_dir)
     return {"action": "restored", "key": key, "tree": tree, "prefix": str(prefix),
             **asdict(stats), "seconds": round(time.monotonic() - started, 3)}
 

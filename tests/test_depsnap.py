@@ -4,7 +4,7 @@ A tracker, an HTTP origin serving the snapshot directory and agents run on
 127.0.0.1 (`p2p.localcluster`); `bootseer depsnap ...` runs as a child
 process, as a job launcher would run it. Wheels are real (numpy, tabulate
 with its console script, six), downloaded once into a local wheelhouse
-(tests/wheelhouse.py) and installed with `--no-index --find-links`. What is
+(depsnap/wheelhouse.py) and installed with `--no-index --find-links`. What is
 proved:
 
 - `depsnap run` on agent A installs and publishes; on agent B (empty store)
@@ -32,9 +32,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from wheelhouse import PYTHON, wheelhouse
 
 from depsnap.mount import MountOptions
+from depsnap.wheelhouse import PYTHON, wheelhouse
 from fusefs.mount import Mount
 from p2p.localcluster import AgentHandle, LocalCluster, bootseer_command
 
@@ -67,6 +67,7 @@ async def swarm(tmp_path: Path, agents: int) -> AsyncIterator[tuple[LocalCluster
             agent = await cluster.start_agent(i, "r1")
             env = {**cluster.env, "BOOTSEER_TRACKER": cluster.tracker_url,
                    "BOOTSEER_API_SOCKET": agent.api_socket,
+                   "BOOTSEER_STORE_DIR": str(agent.store_dir),
                    "BOOTSEER_DEPSNAP_ORIGIN_DIR": str(origin),
                    "BOOTSEER_DEPSNAP_ORIGIN_URL": cluster.origin_url,
                    "BOOTSEER_DEPSNAP_CACHE": str(tmp_path / f"cache{i}")}
@@ -277,6 +278,13 @@ async def test_restore_refuses_bad_snapshots_and_leaves_nothing_behind(
         await refused(c, created["key"], tmp_path / "r9", "cannot fetch pack")
         data[len(data) // 2] ^= 0xFF
         pack.write_bytes(bytes(data))
+
+        # Not this agent's store: the packs come through the agent's API instead.
+        status, _, err = await depsnap(b, "restore", "--json", created["key"], "--prefix",
+                                       str(tmp_path / "r10"), "--store-dir", str(tmp_path),
+                                       cwd=tmp_path)
+        assert status == 0 and "through the agent instead" in err, err
+        assert tree_of(tmp_path / "r10") == tree_of(tmp_path / "venv")
 
         small = tmp_path / "small"  # a full disk: no partial tree, and it says so
         small.mkdir()
