@@ -13,7 +13,10 @@ case on a fresh prefix and with an empty cache, on loopback agents
   capture, publish); agent A then fetches the packs (it is the seed);
 - `restore_seconds`: `depsnap restore` on agent B, empty store and cache,
   from its peer A: the restored tree includes pip's byte-code, so compare it
-  with `pip_seconds` and `uv_bytecode_seconds`;
+  with `pip_seconds` and `uv_bytecode_seconds` (`restore_fetch_seconds`:
+  until every file's bytes are written; `restore_place_seconds`: links,
+  modes, mtimes after that); `copy_seconds` is `cp -a` of the same tree on
+  this disk, a floor for writing it;
 - `mount_first_import_seconds`: from starting `depsnap serve` on agent C
   (empty store) to `import pandas` succeeding from the mount, and the pack
   bytes that took (`mount_fetched_bytes`);
@@ -143,7 +146,11 @@ async def _cases(cluster: LocalCluster, work: Path, wheels: Path, packages: list
 
     restored = await _depsnap(env, b, "restore", "--json", created["key"], "--prefix",
                               str(prefix), "--no-cache")
-    out["restore_seconds"] = restored["seconds"]
+    out.update(restore_seconds=restored["seconds"],
+               restore_fetch_seconds=restored["fetch_seconds"],
+               restore_place_seconds=restored["place_seconds"])
+    out["copy_seconds"] = await asyncio.to_thread(
+        run.timed, ["cp", "-a", str(work / "created-venv"), str(work / "copied-venv")])
     out["restore_peer_bytes"], out["restore_origin_bytes"] = await _fetched(b, tree)
 
     out.update(await _mount_import(env, c, created["key"], work / "mnt", prefix))

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from p2p.cli import UserError
+from p2p.cli import UserError, cluster_secret
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -113,21 +113,12 @@ def _inputs(args: argparse.Namespace) -> Any:
         raise UserError(str(exc)) from None
 
 
-def _secret() -> bytes:
-    from p2p.auth import SecretError, load_secret
-
-    try:
-        return load_secret()
-    except SecretError as exc:
-        raise UserError(str(exc)) from None
-
-
 def places(args: argparse.Namespace, origin_dir: Path | None = None) -> Any:
     from depsnap.run import Places
 
     url = getattr(args, "origin_url", None) or (
         f"file://{origin_dir.absolute()}" if origin_dir else "")
-    return Places(args.tracker, _secret(), args.api_socket,
+    return Places(args.tracker, cluster_secret(), args.api_socket,
                   origin_dir.absolute() if origin_dir else None, url,
                   None if args.no_cache else args.cache_dir.absolute(),
                   args.store_dir.absolute())

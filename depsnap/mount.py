@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from depsnap.snapshot import Snapshot
+from fusefs.cli import run_umount
 from fusefs.tree import Entry, Extent, Kind, Layer, Tree, build_tree
 from p2p.cli import UserError
 
@@ -127,7 +128,7 @@ def add_mount_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser],
         m.set_defaults(run=run)
     u = sub.add_parser("umount", help="unmount a snapshot mounted with `depsnap mount`")
     u.add_argument("mountpoint", metavar="DIR", type=Path)
-    u.set_defaults(run=_run_umount)
+    u.set_defaults(run=run_umount)
 
 
 def _options(args: argparse.Namespace) -> MountOptions:
@@ -185,13 +186,4 @@ def _run_mount(args: argparse.Namespace) -> int:
         print(json.dumps(asyncio.run(mount())))
     except MountError as exc:
         raise UserError(str(exc)) from None
-    return 0
-
-
-def _run_umount(args: argparse.Namespace) -> int:
-    from fusefs.mount import force_unmount, is_mounted
-
-    if not is_mounted(args.mountpoint):
-        raise UserError(f"no FUSE mount at {args.mountpoint}")
-    force_unmount(args.mountpoint)
     return 0

@@ -97,6 +97,17 @@ async def _serve(tree: Any, args: argparse.Namespace) -> None:
                 ready)
 
 
+def run_umount(args: argparse.Namespace) -> int:
+    """`... umount DIR` for every kind of mount: unmount the FUSE mount at DIR, whose
+    serving process then exits."""
+    from fusefs.mount import force_unmount, is_mounted
+
+    if not is_mounted(args.mountpoint):
+        raise UserError(f"no FUSE mount at {args.mountpoint}")
+    force_unmount(args.mountpoint)
+    return 0
+
+
 def _check_dir(path: str, what: str) -> None:
     if not os.path.isdir(path):
         raise UserError(f"the {what} {path} is not a directory")

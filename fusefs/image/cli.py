@@ -27,7 +27,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from p2p.cli import UserError
+from fusefs.cli import run_umount
+from p2p.cli import UserError, cluster_secret
 
 log = logging.getLogger("bootseer.image")
 SUPPRESS = argparse.SUPPRESS
@@ -58,7 +59,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 
     u = image_sub.add_parser("umount", help="unmount an image mounted with `image mount`")
     u.add_argument("mountpoint", metavar="DIR", type=Path)
-    u.set_defaults(run=_run_umount)
+    u.set_defaults(run=run_umount)
 
     r = image_sub.add_parser("run", help="run a command in an image; exits with its status")
     _common(r)
@@ -117,15 +118,6 @@ def _ref(text: str) -> Any:
         raise UserError(str(exc)) from None
 
 
-def _secret() -> bytes:
-    from p2p.auth import SecretError, load_secret
-
-    try:
-        return load_secret()
-    except SecretError as exc:
-        raise UserError(str(exc)) from None
-
-
 def _options(args: argparse.Namespace, mountpoint: Path | None = None) -> Any:
     from fusefs.image.mount import MountOptions
 
@@ -165,7 +157,7 @@ def _run_index(args: argparse.Namespace) -> int:
     from p2p.tracker_client import TrackerClient
 
     _setup(args)
-    ref, secret = _ref(args.ref), _secret()
+    ref, secret = _ref(args.ref), cluster_secret()
 
     def show(summary: dict[str, Any]) -> None:
         if args.json:
@@ -192,7 +184,7 @@ def _run_serve(args: argparse.Namespace) -> int:
     _setup(args)
     if not args.mountpoint.is_dir():
         raise UserError(f"the mount point {args.mountpoint} is not a directory")
-    ref, secret, opts = _ref(args.ref), _secret(), _options(args)
+    ref, secret, opts = _ref(args.ref), cluster_secret(), _options(args)
     try:
         check_fuse()
     except MountError as exc:
@@ -222,21 +214,12 @@ def _run_mount(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_umount(args: argparse.Namespace) -> int:
-    from fusefs.mount import force_unmount, is_mounted
-
-    if not is_mounted(args.mountpoint):
-        raise UserError(f"no FUSE mount at {args.mountpoint}")
-    force_unmount(args.mountpoint)
-    return 0
-
-
 def _run_run(args: argparse.Namespace) -> int:
     from fusefs.image.mount import run_image
 
     _setup(args)
     _ref(args.ref)
-    _secret()  # fail here, not inside the mount process
+    cluster_secret()  # fail here, not inside the mount process
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     opts = _options(args, Path("/"))
     status, timeline = _expected(run_image(opts, command or None, args.runtime))
@@ -249,7 +232,7 @@ def _run_pull(args: argparse.Namespace) -> int:
     from fusefs.image.pull import pull_image
 
     _setup(args)
-    ref, secret = _ref(args.ref), _secret()
+    ref, secret = _ref(args.ref), cluster_secret()
     result = _expected(pull_image(ref, args, secret, quiet=args.json))
     print(json.dumps(result))
     return 0
