@@ -18,7 +18,11 @@ absolute path, so it changes with the prefix while the sources do not). A
 unit of at least `MIN_PACK_BYTES` becomes a pack of its own; smaller units,
 `*.dist-info` (their RECORD names the prefix's scripts) and everything outside
 `site-packages` (bin/, pyvenv.cfg) share one `misc` pack. Members are laid
-out in path order. So two environments with the same numpy wheel have
+out in path order, each digest once per pack (not once per snapshot: a pack
+must not depend on what else the environment holds), and a unit larger than
+`MAX_PACK_BYTES` is cut at file boundaries into several packs (`pyarrow`,
+`pyarrow#2`, ...), so a big distribution is several swarms fetched side by
+side. So two environments with the same numpy wheel have
 byte-identical `numpy` packs, hence the same content id and the same chunks:
 the swarm moves them once and every node's store keeps them once.
 
@@ -48,6 +52,7 @@ FORMAT_VERSION = 1
 KIND = "depsnap-tree"  # manifest kind of a tree content
 PACK_KIND = "depsnap-pack"
 MIN_PACK_BYTES = 1 << 20
+MAX_PACK_BYTES = 32 << 20  # bigger units are cut: one pack is one swarm, fetched in parallel
 MISC_PACK = "misc"
 MAX_ENTRIES = 2_000_000
 PERMISSION_BITS = 0o7777
@@ -241,7 +246,7 @@ def pack_unit(path: str) -> str:
 
 
 def layout_packs(files: Iterable[Entry]) -> list[PackLayout]:
-    """Group the files into packs, each digest stored once; packs sorted by name."""
+    """Group the files into packs, each digest stored once per pack; sorted by name."""
     units: dict[str, list[Entry]] = {}
     for e in sorted(files, key=lambda e: e.path):
         units.setdefault(pack_unit(e.path), []).append(e)
@@ -249,19 +254,31 @@ def layout_packs(files: Iterable[Entry]) -> list[PackLayout]:
     for unit, unit_files in units.items():
         big = sum(e.size for e in unit_files) >= MIN_PACK_BYTES
         grouped.setdefault(unit if big else MISC_PACK, []).extend(unit_files)
-    placed: set[str] = set()
     layouts = []
     for name in sorted(grouped, key=lambda n: (n == MISC_PACK, n)):
-        members: list[Member] = []
-        offset = 0
-        for e in sorted(grouped[name], key=lambda e: e.path):
-            if e.digest not in placed:
-                placed.add(e.digest)
-                members.append(Member(e.digest, offset, e.size))
-                offset += e.size
-        if members:
-            layouts.append(PackLayout(name, tuple(members)))
+        for part, members in enumerate(_cut(sorted(grouped[name], key=lambda e: e.path))):
+            layouts.append(PackLayout(name if part == 0 else f"{name}#{part + 1}", members))
     return layouts
+
+
+def _cut(files: Sequence[Entry]) -> list[tuple[Member, ...]]:
+    """Files as members of packs of up to about MAX_PACK_BYTES, each digest once."""
+    parts: list[tuple[Member, ...]] = []
+    members: list[Member] = []
+    placed: set[str] = set()
+    offset = 0
+    for e in files:
+        if e.digest in placed:
+            continue
+        placed.add(e.digest)
+        if members and offset + e.size > MAX_PACK_BYTES:
+            parts.append(tuple(members))
+            members, offset = [], 0
+        members.append(Member(e.digest, offset, e.size))
+        offset += e.size
+    if members:
+        parts.append(tuple(members))
+    return parts
 
 
 # ---- the JSON rows ----------------------------------------------------------------------

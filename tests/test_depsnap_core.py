@@ -166,3 +166,15 @@ def test_a_shared_distribution_packs_identically_in_two_environments() -> None:
     assert one[0] == two[0] and one[1] != two[1]
     assert one[0].members == (Member("01" * 32, 0, 1 << 20), Member("02" * 32, 1 << 20, 10))
     assert one[1].members == (Member("03" * 32, 0, 5),)
+
+
+def test_a_big_unit_is_cut_at_file_boundaries_and_packs_do_not_depend_on_each_other() -> None:
+    mib = 1 << 20
+    lib = [f(f"{SP}/arrow/lib{i}.so", f"{i:02x}" * 32, 12 * mib) for i in range(3)]
+    shared = f(f"{SP}/arrow/LICENSE", "aa" * 32, 10)
+    alone = layout_packs([*lib, shared])
+    assert [(p.name, p.size) for p in alone] == [("site-packages/arrow", 24 * mib + 10),
+                                                 ("site-packages/arrow#2", 12 * mib)]
+    # The same LICENSE bytes in a unit sorted before it do not take them out of its pack.
+    other = [f(f"{SP}/aaa/big.so", "bb" * 32, 2 * mib), f(f"{SP}/aaa/LICENSE", "aa" * 32, 10)]
+    assert layout_packs([*other, *lib, shared])[1:3] == alone
