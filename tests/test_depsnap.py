@@ -25,6 +25,7 @@ import json
 import os
 import stat
 import subprocess
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -194,6 +195,30 @@ async def lazy_mount_imports_numpy(node: Node, key: str, mountpoint: Path) -> No
         assert 0 < held < total, (held, total)
 
 
+def key_of(cwd: Path, python: str, *command: str) -> dict[str, Any]:
+    done = subprocess.run([*bootseer_command(), "depsnap", "key", "--json", "--prefix",
+                           "/opt/venv", "--python", python, "--", *command], cwd=cwd,
+                          capture_output=True, text=True, check=True)
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+def test_depsnap_key_hashes_contents_in_any_order_and_shows_its_inputs(tmp_path: Path) -> None:
+    (tmp_path / "a.txt").write_text("numpy==2.2.6\ntabulate==0.9.0  # table\n")
+    (tmp_path / "b.txt").write_text("Tabulate==0.9.0\n\nnumpy==2.2.6\n")
+    one = key_of(tmp_path, PYTHON, "pip", "install", "-r", "a.txt", "six")
+    two = key_of(tmp_path, PYTHON, "pip", "install", "six", "-r", "b.txt")
+    assert one == two
+    assert one["inputs"]["files"] == [{"option": "-r",
+                                       "lines": ["numpy==2.2.6", "tabulate==0.9.0"]}]
+    assert one["inputs"]["python"]["executable"] == PYTHON
+    (tmp_path / "b.txt").write_text("numpy==2.2.5\ntabulate==0.9.0\n")
+    assert key_of(tmp_path, PYTHON, "pip", "install", "six", "-r", "b.txt")["key"] != one["key"]
+    other_python = key_of(tmp_path, sys.executable, "pip", "install", "-r", "a.txt", "six")
+    assert other_python["key"] != one["key"]
+    assert other_python["inputs"]["python"] != one["inputs"]["python"]
+
+
 async def test_a_failed_or_interrupted_install_publishes_nothing(
         tmp_path: Path, wheels: Path) -> None:
     async with swarm(tmp_path, 1) as (_, (a,)):
@@ -211,16 +236,18 @@ async def test_two_nodes_creating_one_key_at_once_publish_one_snapshot(
         tmp_path: Path, wheels: Path) -> None:
     private = tmp_path / "node"
     private.mkdir()
+    uv = str(Path(sys.executable).parent / "uv")  # uv: the other installer depsnap runs
+    uv_args = ["run", "--json", "--prefix", str(private / "venv"), "--python", PYTHON, "--",
+               uv, "pip", "install", "-q", "--no-index", "--find-links", str(wheels), "six"]
     async with swarm(tmp_path, 2) as (_, (a, b)):
         results = await asyncio.gather(*(
-            depsnap(node, *install_args(private / "venv", wheels, "six"), cwd=tmp_path,
-                    private=private) for node in (a, b)))
+            depsnap(node, *uv_args, cwd=tmp_path, private=private) for node in (a, b)))
         assert [status for status, _, _ in results] == [0, 0], results
         summaries = [s for _, s, _ in results]
-        # Both may have installed (neither saw the other's name yet): one name won.
+        # Both may have installed (neither saw the other's name yet): one name won, and
+        # the other node reports the winner's tree (or restored it, if it came later).
         assert len({s["tree"] for s in summaries}) == 1, summaries
-        assert sum(s.get("won", False) for s in summaries) <= 1, summaries
-        assert any(s.get("won") or s["action"] == "restored" for s in summaries), summaries
+        assert sum(s.get("won", False) for s in summaries) == 1, summaries
 
 
 async def republish(cluster: LocalCluster, origin: Path, tree: dict[str, Any], key: str) -> None:
