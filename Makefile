@@ -40,7 +40,7 @@ $(STAMP): pyproject.toml Makefile
 
 lint: setup
 	$(BIN)/ruff check .
-	$(BIN)/mypy p2p tracker simulations fusefs
+	$(BIN)/mypy p2p tracker simulations fusefs depsnap
 
 test: lint
 	$(BIN)/pytest -q
