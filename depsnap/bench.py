@@ -11,12 +11,13 @@ case on a fresh prefix and with an empty cache, on loopback agents
   (uv's default); `uv_bytecode_seconds` the same with `--compile-bytecode`;
 - `create_seconds`: `depsnap run` with the pip command on agent A (install,
   capture, publish); agent A then fetches the packs (it is the seed);
-- `restore_seconds`: `depsnap restore` on agent B, empty store and cache,
-  from its peer A: the restored tree includes pip's byte-code, so compare it
-  with `pip_seconds` and `uv_bytecode_seconds` (`restore_fetch_seconds`:
-  until every file's bytes are written; `restore_place_seconds`: links,
-  modes, mtimes after that); `copy_seconds` is `cp -a` of the same tree on
-  this disk, a floor for writing it;
+- `restore_seconds`: `depsnap restore` on a fresh agent B (empty store, no
+  cache) from its peer A, the median of `--rounds`, each by a new agent. The
+  restored tree includes pip's byte-code, so compare it with `pip_seconds`
+  and `uv_bytecode_seconds`. `restore_fetch_seconds`: until every file's
+  bytes are written; `restore_place_seconds`: links, modes, mtimes after
+  that. `copy_seconds` is `cp -a` of the same tree on this disk, a floor for
+  writing it, in rounds alternating with the restores;
 - `mount_first_import_seconds`: from starting `depsnap serve` on agent C
   (empty store) to `import pandas` succeeding from the mount, and the pack
   bytes that took (`mount_fetched_bytes`);
@@ -36,6 +37,7 @@ import asyncio
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -55,6 +57,8 @@ def add_parser(kinds: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--package", dest="packages", action="append", metavar="SPEC",
                    help=f"pinned packages (default: {' '.join(ML_WHEELS)})")
     p.add_argument("--python", default=PYTHON)
+    p.add_argument("--rounds", type=int, default=3,
+                   help="restores (each by a fresh agent) and copies; medians are reported")
     p.add_argument("--json", action="store_true", help="print only the JSON line")
     p.add_argument("--workdir", type=Path, help="keep logs, venvs and stores here")
     p.set_defaults(run=_run)
@@ -129,7 +133,7 @@ async def _cases(cluster: LocalCluster, work: Path, wheels: Path, packages: list
     origin.mkdir()
     await cluster.start_tracker()
     await cluster.start_origin(origin)
-    a, b, c = [await cluster.start_agent(i, "r1", name=n) for i, n in enumerate("abc")]
+    a, c = [await cluster.start_agent(i, "r1", name=n) for i, n in enumerate("ac")]
     env = _node_env(cluster, work, origin)
 
     prefix = work / "venv"
@@ -144,16 +148,9 @@ async def _cases(cluster: LocalCluster, work: Path, wheels: Path, packages: list
             await client.ensure(pack["content"])
     prefix.rename(work / "created-venv")
 
-    restored = await _depsnap(env, b, "restore", "--json", created["key"], "--prefix",
-                              str(prefix), "--no-cache")
-    out.update(restore_seconds=restored["seconds"],
-               restore_fetch_seconds=restored["fetch_seconds"],
-               restore_place_seconds=restored["place_seconds"])
-    out["copy_seconds"] = await asyncio.to_thread(
-        run.timed, ["cp", "-a", str(work / "created-venv"), str(work / "copied-venv")])
-    out["restore_peer_bytes"], out["restore_origin_bytes"] = await _fetched(b, tree)
+    out.update(await _restores(env, cluster, run, created["key"], tree, prefix, args.rounds))
 
-    out.update(await _mount_import(env, c, created["key"], work / "mnt", prefix))
+    out.update(await _mount_import(env, c, created["key"], work / "mnt"))
 
     second = await _depsnap(env, a, "run", "--json", "--prefix", str(work / "second"),
                             "--python", args.python, "--", "pip",
@@ -162,6 +159,32 @@ async def _cases(cluster: LocalCluster, work: Path, wheels: Path, packages: list
                second_new_bytes=second["new_pack_bytes"])
     out["load_average"] = round(os.getloadavg()[0], 2)
     return out
+
+
+async def _restores(env: dict[str, str], cluster: LocalCluster, run: _Runner, key: str,
+                    tree: dict[str, Any], prefix: Path, rounds: int) -> dict[str, Any]:
+    """`rounds` restores, each by a fresh agent, alternating with `cp -a` of the tree."""
+    restores, copies, fetches, places = [], [], [], []
+    peer = origin = 0
+    for i in range(rounds):
+        b = await cluster.start_agent(10 + i, "r1", name=f"b{i}")
+        got = await _depsnap(env, b, "restore", "--json", key, "--prefix", str(prefix),
+                             "--no-cache", "--store-dir", str(b.store_dir))
+        restores.append(got["seconds"])
+        fetches.append(got["fetch_seconds"])
+        places.append(got["place_seconds"])
+        peer, origin = await _fetched(b, tree)
+        await b.child.stop()
+        await asyncio.to_thread(shutil.rmtree, prefix)
+        copy = run.work / "copied-venv"
+        copies.append(await asyncio.to_thread(
+            run.timed, ["cp", "-a", str(run.work / "created-venv"), str(copy)]))
+        await asyncio.to_thread(shutil.rmtree, copy)
+    return {"restore_seconds": statistics.median(restores), "restore_rounds": restores,
+            "restore_fetch_seconds": statistics.median(fetches),
+            "restore_place_seconds": statistics.median(places),
+            "copy_seconds": statistics.median(copies), "copy_rounds": copies,
+            "restore_peer_bytes": peer, "restore_origin_bytes": origin}
 
 
 def _node_env(cluster: LocalCluster, work: Path, origin: Path) -> dict[str, str]:
@@ -191,8 +214,8 @@ async def _fetched(agent: AgentHandle, tree: dict[str, Any]) -> tuple[int, int]:
     return sum(c["peer_bytes"] for c in held), sum(c["origin_bytes"] for c in held)
 
 
-async def _mount_import(env: dict[str, str], agent: AgentHandle, key: str, mountpoint: Path,
-                        prefix: Path) -> dict[str, Any]:
+async def _mount_import(env: dict[str, str], agent: AgentHandle, key: str, mountpoint: Path
+                        ) -> dict[str, Any]:
     """Serve the snapshot on an empty node, time until `import pandas` works from it."""
     from fusefs.mount import Mount
 

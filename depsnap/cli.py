@@ -46,6 +46,9 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                         "`bootseer origin DIR`)")
     r.add_argument("--origin-url", default=os.environ.get("BOOTSEER_DEPSNAP_ORIGIN_URL"),
                    help="URL agents read --origin-dir at (default: file://DIR)")
+    r.add_argument("--origin-registry", default=os.environ.get("BOOTSEER_DEPSNAP_REGISTRY"),
+                   metavar="REPOSITORY", help="push new snapshots to this registry repository "
+                   "(e.g. registry:5000/depsnap) instead of --origin-dir")
     r.set_defaults(run=_run_run)
 
     s = ds.add_parser("restore", help="restore a published snapshot at --prefix")
@@ -121,7 +124,7 @@ def places(args: argparse.Namespace, origin_dir: Path | None = None) -> Any:
     return Places(args.tracker, cluster_secret(), args.api_socket,
                   origin_dir.absolute() if origin_dir else None, url,
                   None if args.no_cache else args.cache_dir.absolute(),
-                  args.store_dir.absolute())
+                  args.store_dir.absolute(), getattr(args, "origin_registry", None))
 
 
 def expected(call: Any) -> Any:
@@ -134,13 +137,14 @@ def expected(call: Any) -> Any:
     from p2p.auth import AuthError
     from p2p.content import ManifestError
     from p2p.localapi import AgentError
+    from p2p.origin.base import OriginError
     from p2p.tracker_client import TrackerError, TrackerUnavailable
 
     try:
         return call()
     except (CaptureError, KeyInputError, SnapshotNotFound, RestoreError, SnapshotError,
             AuthError, ManifestError, AgentError, TrackerError, TrackerUnavailable,
-            ValueError) as exc:
+            OriginError, ValueError) as exc:
         raise UserError(str(exc)) from None
     except OSError as exc:
         raise UserError(f"{exc.filename or ''}: {exc.strerror}") from None

@@ -18,6 +18,7 @@ import asyncio
 import os
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -25,8 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from depsnap.key import KeyInputs
-from depsnap.publish import capture, find_snapshot, load_snapshot, publish
+from depsnap.publish import Published, capture, find_snapshot, load_snapshot, publish
 from depsnap.restore import restore
+from p2p.content import Manifest
 from p2p.localapi import AgentClient
 from p2p.tracker_client import TrackerClient
 
@@ -45,6 +47,7 @@ class Places:
     origin_url: str  # how agents reach origin_dir
     cache_dir: Path | None
     store_dir: Path | None = None  # the agent's chunk store, read directly when given
+    origin_registry: str | None = None  # a repository new snapshots are pushed to instead
 
 
 async def restore_key(places: Places, key: str, prefix: Path) -> dict[str, Any]:
@@ -69,8 +72,9 @@ def run(places: Places, inputs: KeyInputs, argv: Sequence[str], prefix: Path,
     key = inputs.key()
     if asyncio.run(_exists(places, key)):
         return 0, asyncio.run(restore_key(places, key, prefix))
-    if places.origin_dir is None:
-        raise ValueError(f"no snapshot for key {key} yet, and no --origin-dir to publish one")
+    if places.origin_dir is None and places.origin_registry is None:
+        raise ValueError(f"no snapshot for key {key} yet, and no --origin-dir or "
+                         "--origin-registry to publish one")
     started = time.monotonic()
     uses_uv = Path(argv[0]).name == "uv"
     status = _install(inputs.interpreter.executable, argv, prefix, environ, uses_uv)
@@ -78,17 +82,44 @@ def run(places: Places, inputs: KeyInputs, argv: Sequence[str], prefix: Path,
                                "install_seconds": round(time.monotonic() - started, 3)}
     if status != 0:
         return status, {**summary, "action": "failed", "published": False}
-    resolved = _freeze(prefix)
-    snapshot, manifests, new_bytes = capture(prefix, key, inputs, resolved,
-                                             places.origin_dir, places.origin_url)
-
-    async def register() -> Any:
-        async with TrackerClient(places.tracker, places.secret) as tracker:
-            return await publish(tracker, snapshot, manifests, new_bytes)
-
-    published = asyncio.run(register())
+    published = _capture_and_publish(places, inputs, prefix, _freeze(prefix))
     return 0, {**summary, "action": "created", **asdict(published),
                "seconds": round(time.monotonic() - started, 3)}
+
+
+def _capture_and_publish(places: Places, inputs: KeyInputs, prefix: Path,
+                         resolved: tuple[str, ...]) -> Published:
+    """Capture `prefix` into the origin directory, or into a staging directory pushed to
+    the origin registry; then register it with the tracker, its name last."""
+    key = inputs.key()
+    with tempfile.TemporaryDirectory(prefix="bootseer-depsnap-") as staging:
+        if places.origin_registry is None:
+            assert places.origin_dir is not None
+            where, url = places.origin_dir, places.origin_url
+        else:
+            where, url = Path(staging), f"file://{staging}"
+        snapshot, manifests, new_bytes = capture(prefix, key, inputs, resolved, where, url)
+
+        async def register() -> Published:
+            nonlocal manifests, new_bytes
+            if places.origin_registry is not None:
+                manifests, new_bytes = await _push(places.origin_registry, key, where,
+                                                   manifests)
+            async with TrackerClient(places.tracker, places.secret) as tracker:
+                return await publish(tracker, snapshot, manifests, new_bytes)
+
+        return asyncio.run(register())
+
+
+async def _push(repository: str, key: str, staging: Path, manifests: list[Manifest]
+                ) -> tuple[list[Manifest], int]:
+    from depsnap.registry import push_snapshot
+    from p2p.origin.oci import RegistryClient
+    from p2p.origin.oci_ref import parse_reference
+
+    repo = parse_reference(repository)
+    async with RegistryClient() as client:
+        return await push_snapshot(client, repo, key, staging, manifests)
 
 
 def _install(python: str, argv: Sequence[str], prefix: Path, environ: Mapping[str, str],

@@ -101,6 +101,12 @@ def install_args(prefix: Path, wheels: Path, *packages: str) -> list[str]:
             "pip", "install", "-q", "--no-index", "--find-links", str(wheels), *packages]
 
 
+def uv_install_args(prefix: Path, wheels: Path, *packages: str) -> list[str]:
+    uv = str(Path(sys.executable).parent / "uv")  # uv: the other installer depsnap runs
+    return ["run", "--json", "--prefix", str(prefix), "--python", PYTHON, "--", uv, "pip",
+            "install", "-q", "--no-index", "--find-links", str(wheels), *packages]
+
+
 def tree_of(root: Path) -> dict[str, tuple[Any, ...]]:
     """Every path under root: kind, permission bits, mtime, and bytes or link target."""
     out: dict[str, tuple[Any, ...]] = {}
@@ -236,9 +242,7 @@ async def test_two_nodes_creating_one_key_at_once_publish_one_snapshot(
         tmp_path: Path, wheels: Path) -> None:
     private = tmp_path / "node"
     private.mkdir()
-    uv = str(Path(sys.executable).parent / "uv")  # uv: the other installer depsnap runs
-    uv_args = ["run", "--json", "--prefix", str(private / "venv"), "--python", PYTHON, "--",
-               uv, "pip", "install", "-q", "--no-index", "--find-links", str(wheels), "six"]
+    uv_args = uv_install_args(private / "venv", wheels, "six")
     async with swarm(tmp_path, 2) as (_, (a, b)):
         results = await asyncio.gather(*(
             depsnap(node, *uv_args, cwd=tmp_path, private=private) for node in (a, b)))
@@ -322,3 +326,34 @@ async def test_restore_refuses_bad_snapshots_and_leaves_nothing_behind(
             assert list(small.iterdir()) == []
         finally:
             subprocess.run(["umount", str(small)], check=True)
+
+
+async def test_a_snapshot_pushed_to_a_registry_restores_from_its_blobs(
+        tmp_path: Path, wheels: Path) -> None:
+    from registry import running_registry
+
+    from depsnap.registry import PACK_TYPE, SNAPSHOT_TYPE, TREE_TYPE, snapshot_tag
+    from p2p.origin.oci import RegistryClient
+
+    with running_registry(tmp_path / "registry") as registry:
+        async with swarm(tmp_path, 2) as (_, (a, b)):
+            repo = f"{registry.address}/depsnap"
+            pusher = Node(a.agent, {**a.env, "BOOTSEER_DEPSNAP_REGISTRY": repo})
+            status, created, err = await depsnap(
+                pusher, *uv_install_args(tmp_path / "venv", wheels, "six"), cwd=tmp_path)
+            assert status == 0 and created["won"], err
+            assert not (tmp_path / "snapshots" / "packs").exists()  # all went to the registry
+            async with RegistryClient() as client:
+                pulled = await client.get_manifest(registry.ref("depsnap",
+                                                                snapshot_tag(created["key"])))
+            assert pulled.manifest.artifact_type == SNAPSHOT_TYPE
+            assert [la.media_type for la in pulled.manifest.layers] == \
+                [TREE_TYPE] + [PACK_TYPE] * created["packs"]
+
+            status, _, err = await depsnap(b, "restore", "--json", created["key"],
+                                           "--prefix", str(tmp_path / "r"), cwd=tmp_path)
+            assert status == 0, err
+            assert tree_of(tmp_path / "r") == tree_of(tmp_path / "venv")
+            async with b.agent.client(30) as client:
+                contents = (await client.status())["contents"]
+            assert sum(c["origin_bytes"] for c in contents.values()) >= created["pack_bytes"]
