@@ -44,8 +44,6 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                    default=_env_path("BOOTSEER_DEPSNAP_ORIGIN_DIR"),
                    help="directory new snapshots are written to (shared, or served with "
                         "`bootseer origin DIR`)")
-    r.add_argument("--origin-url", default=os.environ.get("BOOTSEER_DEPSNAP_ORIGIN_URL"),
-                   help="URL agents read --origin-dir at (default: file://DIR)")
     r.add_argument("--origin-registry", default=os.environ.get("BOOTSEER_DEPSNAP_REGISTRY"),
                    metavar="REPOSITORY", help="push new snapshots to this registry repository "
                    "(e.g. registry:5000/depsnap) instead of --origin-dir")
@@ -89,6 +87,9 @@ def _node_flags(p: argparse.ArgumentParser) -> None:
                    Path.home() / ".cache" / "bootseer" / "depsnap-files",
                    help="hard-link cache of restored files (same filesystem as the prefix)")
     p.add_argument("--no-cache", action="store_true", help="do not use the hard-link cache")
+    p.add_argument("--origin-url", default=os.environ.get("BOOTSEER_DEPSNAP_ORIGIN_URL"),
+                   help="URL agents read --origin-dir at (default: file://DIR); where a "
+                        "snapshot the tracker does not know is looked for")
     p.add_argument("--store-dir", type=Path,
                    default=Path(os.environ.get("BOOTSEER_STORE_DIR", "/var/cache/bootseer")),
                    help="the local agent's chunk store, read directly (the agent's API is used "
@@ -132,6 +133,7 @@ def expected(call: Any) -> Any:
     from depsnap.capture import CaptureError
     from depsnap.key import KeyInputError
     from depsnap.publish import SnapshotNotFound
+    from depsnap.record import RecordError
     from depsnap.restore import RestoreError
     from depsnap.snapshot import SnapshotError
     from p2p.auth import AuthError
@@ -144,7 +146,7 @@ def expected(call: Any) -> Any:
         return call()
     except (CaptureError, KeyInputError, SnapshotNotFound, RestoreError, SnapshotError,
             AuthError, ManifestError, AgentError, TrackerError, TrackerUnavailable,
-            OriginError, ValueError) as exc:
+            OriginError, RecordError, ValueError) as exc:
         raise UserError(str(exc)) from None
     except OSError as exc:
         raise UserError(f"{exc.filename or ''}: {exc.strerror}") from None

@@ -6,11 +6,15 @@ A snapshot is published in an order that never shows half of it:
    under their content ids (each by rename; see `capture`);
 2. their manifests are registered with the tracker (an id pins its bytes,
    so registering the same pack twice is harmless);
-3. the name `depsnap/<key>` is bound to the tree's content id. Names are
+3. with an origin directory, the key record `keys/<key>.json` (the tree and
+   every manifest) is linked into it, unless one is there already, whose
+   tree then wins (`record`: this is also how a node finds a snapshot that
+   its tracker does not know);
+4. the name `depsnap/<key>` is bound to the tree's content id. Names are
    write-once and this is the last step, so a node that finds the name finds
    a complete snapshot.
 
-Two nodes that create the same key at once both get to step 3; the tracker
+Two nodes that create the same key at once both get to step 4; the tracker
 takes the first name write and refuses the second (409). The loser then
 reads the winner's id and reports it: one published snapshot per key. Its
 own packs stay in the origin directory, unnamed (a pack that is the same in
@@ -29,6 +33,7 @@ from pathlib import Path
 
 from depsnap.capture import publish_file, scan, write_packs
 from depsnap.key import KeyInputs, key_name
+from depsnap.record import adopt, write_record
 from depsnap.snapshot import KIND, Snapshot, SnapshotError
 from p2p.content import ContentId, Manifest
 from p2p.localapi import AgentClient, AgentError
@@ -53,18 +58,20 @@ class Published:
     packs: int
 
 
-async def find_snapshot(tracker: TrackerClient, key: str) -> ContentId | None:
+async def find_snapshot(tracker: TrackerClient, key: str, origin_url: str = ""
+                        ) -> ContentId | None:
+    """The tree of `key`: the tracker's name, else the origin's key record (`record`)."""
     try:
         return await tracker.get_name(key_name(key))
     except TrackerError as exc:
-        if exc.status == 404:
-            return None
-        raise
+        if exc.status != 404:
+            raise
+    return await adopt(tracker, origin_url, key) if origin_url else None
 
 
-async def load_snapshot(tracker: TrackerClient, agent: AgentClient, key: str
-                        ) -> tuple[ContentId, Snapshot]:
-    tree = await find_snapshot(tracker, key)
+async def load_snapshot(tracker: TrackerClient, agent: AgentClient, key: str,
+                        origin_url: str = "") -> tuple[ContentId, Snapshot]:
+    tree = await find_snapshot(tracker, key, origin_url)
     if tree is None:
         raise SnapshotNotFound(f"no snapshot is published for key {key}")
     manifest = await tracker.get_manifest(tree)
@@ -92,8 +99,12 @@ def capture(prefix: Path, key: str, inputs: KeyInputs, resolved: tuple[str, ...]
 
 
 async def publish(tracker: TrackerClient, snapshot: Snapshot, manifests: list[Manifest],
-                  new_bytes: int) -> Published:
-    """Register the manifests, then bind the key's name to the tree (the last one)."""
+                  new_bytes: int, origin_dir: Path | None = None) -> Published:
+    """Write the key record into `origin_dir` (if given; an earlier record wins), register
+    the manifests, then bind the key's name to the tree (the last one)."""
+    ours = manifests[-1].content_id
+    if origin_dir is not None:
+        manifests = write_record(origin_dir, snapshot.key, manifests)
     for manifest in manifests:
         await tracker.put_manifest(manifest)
     tree = manifests[-1].content_id
@@ -105,6 +116,6 @@ async def publish(tracker: TrackerClient, snapshot: Snapshot, manifests: list[Ma
         if exc.status != 409:
             raise
         winner, won = await tracker.get_name(name), False
-    return Published(snapshot.key, winner, won or winner == tree,
+    return Published(snapshot.key, winner, (won or winner == tree) and winner == ours,
                      sum(e.kind == "file" for e in snapshot.entries), snapshot.file_bytes,
                      sum(p.size for p in snapshot.packs), new_bytes, len(snapshot.packs))

@@ -55,7 +55,7 @@ async def restore_key(places: Places, key: str, prefix: Path) -> dict[str, Any]:
     started = time.monotonic()
     async with TrackerClient(places.tracker, places.secret) as tracker, \
             AgentClient(places.api_socket) as agent:
-        tree, snapshot = await load_snapshot(tracker, agent, key)
+        tree, snapshot = await load_snapshot(tracker, agent, key, places.origin_url)
         stats = await restore(agent, snapshot, prefix, places.cache_dir, places.store_dir)
     return {"action": "restored", "key": key, "tree": tree, "prefix": str(prefix),
             **asdict(stats), "seconds": round(time.monotonic() - started, 3)}
@@ -63,7 +63,7 @@ async def restore_key(places: Places, key: str, prefix: Path) -> dict[str, Any]:
 
 async def _exists(places: Places, key: str) -> bool:
     async with TrackerClient(places.tracker, places.secret) as tracker:
-        return await find_snapshot(tracker, key) is not None
+        return await find_snapshot(tracker, key, places.origin_url) is not None
 
 
 def run(places: Places, inputs: KeyInputs, argv: Sequence[str], prefix: Path,
@@ -106,7 +106,9 @@ def _capture_and_publish(places: Places, inputs: KeyInputs, prefix: Path,
                 manifests, new_bytes = await _push(places.origin_registry, key, where,
                                                    manifests)
             async with TrackerClient(places.tracker, places.secret) as tracker:
-                return await publish(tracker, snapshot, manifests, new_bytes)
+                return await publish(tracker, snapshot, manifests, new_bytes,
+                                     places.origin_dir if places.origin_registry is None
+                                     else None)
 
         return asyncio.run(register())
 

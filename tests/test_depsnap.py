@@ -56,11 +56,15 @@ class Node:
 
 
 @asynccontextmanager
-async def swarm(tmp_path: Path, agents: int) -> AsyncIterator[tuple[LocalCluster, list[Node]]]:
+async def swarm(tmp_path: Path, agents: int, origin: Path | None = None
+                ) -> AsyncIterator[tuple[LocalCluster, list[Node]]]:
+    """A tracker, an origin serving `origin` (default: a new tmp_path/snapshots) and
+    `agents` agents, with the environment `bootseer depsnap` needs on each node."""
     cluster = LocalCluster(tmp_path / "cluster")
     try:
-        origin = tmp_path / "snapshots"
-        origin.mkdir()
+        if origin is None:
+            origin = tmp_path / "snapshots"
+            origin.mkdir()
         await cluster.start_tracker()
         await cluster.start_origin(origin)
         nodes = []
@@ -357,3 +361,21 @@ async def test_a_snapshot_pushed_to_a_registry_restores_from_its_blobs(
             async with b.agent.client(30) as client:
                 contents = (await client.status())["contents"]
             assert sum(c["origin_bytes"] for c in contents.values()) >= created["pack_bytes"]
+
+
+async def test_a_snapshot_its_tracker_does_not_know_is_found_in_the_origins_key_record(
+        tmp_path: Path, wheels: Path) -> None:
+    origin = tmp_path / "snapshots"
+    origin.mkdir()
+    async with swarm(tmp_path / "one", 1, origin) as (_, (a,)):
+        status, created, err = await depsnap(
+            a, *uv_install_args(tmp_path / "venv", wheels, "six"), cwd=tmp_path)
+        assert status == 0, err
+        assert (origin / "keys" / f"{created['key']}.json").exists()
+        async with swarm(tmp_path / "two", 1, origin) as (_, (b,)):  # a tracker of its own
+            status, restored, err = await depsnap(b, "restore", "--json", created["key"],
+                                                  "--prefix", str(tmp_path / "r"),
+                                                  cwd=tmp_path)
+            assert status == 0, err
+            assert restored["tree"] == created["tree"]
+            assert tree_of(tmp_path / "r") == tree_of(tmp_path / "venv")

@@ -178,3 +178,27 @@ def test_a_big_unit_is_cut_at_file_boundaries_and_packs_do_not_depend_on_each_ot
     # The same LICENSE bytes in a unit sorted before it do not take them out of its pack.
     other = [f(f"{SP}/aaa/big.so", "bb" * 32, 2 * mib), f(f"{SP}/aaa/LICENSE", "aa" * 32, 10)]
     assert layout_packs([*other, *lib, shared])[1:3] == alone
+
+
+def test_a_key_record_must_name_its_key_and_its_last_manifest_and_certify_every_id() -> None:
+    import json
+
+    from depsnap.record import RecordError, parse_record, record_bytes
+    from p2p.content import ManifestBuilder
+
+    builder = ManifestBuilder(16)
+    builder.feed(b"tree bytes")
+    tree = builder.finish("depsnap-tree", "file:///o/trees/x")
+    key = "e" * 64
+    good = record_bytes(key, [tree])
+    assert parse_record(good, key, "r") == [tree]
+    with pytest.raises(RecordError, match="not the record of key"):
+        parse_record(good, "f" * 64, "r")
+    raw = json.loads(good)
+    raw["tree"] = "c1-" + "0" * 64
+    with pytest.raises(RecordError, match="not the record of key"):
+        parse_record(json.dumps(raw).encode(), key, "r")
+    raw = json.loads(good)
+    raw["manifests"][0]["size"] += 1
+    with pytest.raises(RecordError, match="not a key record"):
+        parse_record(json.dumps(raw).encode(), key, "r")
