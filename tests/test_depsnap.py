@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from waiting import until
 
 from depsnap.mount import MountOptions
 from depsnap.wheelhouse import PYTHON, wheelhouse
@@ -379,3 +380,23 @@ async def test_a_snapshot_its_tracker_does_not_know_is_found_in_the_origins_key_
             assert status == 0, err
             assert restored["tree"] == created["tree"]
             assert tree_of(tmp_path / "r") == tree_of(tmp_path / "venv")
+            await mount_and_umount(b, created["key"], tmp_path / "m")
+
+
+async def mount_and_umount(node: Node, key: str, mountpoint: Path) -> None:
+    """`depsnap mount` leaves a serving process behind; `depsnap umount` ends it."""
+    mountpoint.mkdir()
+    status, ready, err = await depsnap(node, "mount", key, str(mountpoint), cwd=mountpoint.parent)
+    assert status == 0 and ready["event"] == "mounted", err
+    try:
+        check = subprocess.run([str(mountpoint / "bin" / "python"), "-c", "import six"],
+                               capture_output=True, text=True, check=False)
+        assert check.returncode == 0, check.stderr
+    finally:
+        status, _, err = await depsnap(node, "umount", str(mountpoint), cwd=mountpoint.parent)
+
+        async def gone() -> bool:
+            return not Path(f"/proc/{ready['pid']}").exists()
+
+        await until(gone, "the mount's serving process exits after umount")
+    assert status == 0, err
