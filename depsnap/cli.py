@@ -52,6 +52,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     s = ds.add_parser("restore", help="restore a published snapshot at --prefix")
     s.add_argument("key", metavar="KEY")
     s.add_argument("--prefix", type=Path, required=True)
+    s.add_argument("--json", action="store_true", help="one JSON line")
     _node_flags(s)
     s.set_defaults(run=_run_restore)
 
@@ -94,8 +95,6 @@ def _node_flags(p: argparse.ArgumentParser) -> None:
                    default=Path(os.environ.get("BOOTSEER_STORE_DIR", "/var/cache/bootseer")),
                    help="the local agent's chunk store, read directly (the agent's API is used "
                         "for what is not there)")
-    if "json" not in {a.dest for a in p._actions}:
-        p.add_argument("--json", action="store_true", help="one JSON line")
 
 
 def _command(args: argparse.Namespace) -> list[str]:

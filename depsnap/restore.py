@@ -39,6 +39,8 @@ from depsnap.snapshot import Entry, Snapshot
 from depsnap.unpack import UnpackError, unpack
 from p2p.localapi import AgentClient
 
+ROOT_MODE = 0o755  # the prefix itself is not an entry of the tree: it gets the usual mode
+
 
 class RestoreError(Exception):
     """The snapshot cannot be restored; the message says why and what to do."""
@@ -67,7 +69,7 @@ async def restore(agent: AgentClient, snapshot: Snapshot, prefix: Path,
     tmp = Path(tempfile.mkdtemp(prefix=f".{prefix.name}.depsnap-", dir=prefix.parent))
     try:
         stats = await _build(agent, snapshot, str(tmp), cache_dir, store_dir)
-        os.chmod(tmp, _root_mode(snapshot))
+        os.chmod(tmp, ROOT_MODE)
         os.rename(tmp, prefix)
         return stats
     except OSError as exc:
@@ -94,10 +96,6 @@ def _remove(tmp: Path) -> None:
             for name in dirs:
                 os.chmod(os.path.join(path, name), 0o700)
         shutil.rmtree(tmp)
-
-
-def _root_mode(snapshot: Snapshot) -> int:
-    return 0o755  # the prefix itself is not an entry: it keeps the usual mode
 
 
 async def _build(agent: AgentClient, snapshot: Snapshot, root: str, cache_dir: Path | None,
