@@ -74,6 +74,7 @@ async def swarm(tmp_path: Path, agents: int, origin: Path | None = None
             env = {**cluster.env, "BOOTSEER_TRACKER": cluster.tracker_url,
                    "BOOTSEER_API_SOCKET": agent.api_socket,
                    "BOOTSEER_STORE_DIR": str(agent.store_dir),
+                   "BOOTSEER_LOG_DIR": str(tmp_path),  # where `depsnap mount` logs
                    "BOOTSEER_DEPSNAP_ORIGIN_DIR": str(origin),
                    "BOOTSEER_DEPSNAP_ORIGIN_URL": cluster.origin_url,
                    "BOOTSEER_DEPSNAP_CACHE": str(tmp_path / f"cache{i}")}
