@@ -44,7 +44,7 @@ $(STAMP): pyproject.toml Makefile hdfs_stripe/minicluster/pom.xml
 
 lint: setup
 	$(BIN)/ruff check .
-	$(BIN)/mypy p2p tracker simulations fusefs hdfs_stripe
+	$(BIN)/mypy p2p tracker simulations fusefs hdfs_stripe depsnap
 
 test: lint
 	$(BIN)/pytest -q

@@ -7,13 +7,15 @@ content extents (`Tree.map_range`) and asks the source for each; a single
 extent's buffer goes back to the kernel as it is (pyfuse3 takes any buffer),
 so the only copy is the source's `pread`.
 
-Tuning. The tree never changes: entry and attribute time-outs are a day, and
+Tuning. The tree never changes: entry and attribute time-outs are a day (a
+name that is not there is answered with a negative entry the kernel caches
+as long: Python's import system probes thousands of absent names), and
 `open` sets `keep_cache` so page-cache contents survive reopening (re-reads
 at page-cache speed). The kernel's read size is raised separately, on the
 mount's BDI (see fusefs.mount).
 
-Errors are `FUSEError(errno)`: ENOENT for a name or inode the tree does not
-have, EROFS for every write, EIO for a read whose bytes cannot be had in time
+Errors are `FUSEError(errno)`: ENOENT for an inode the tree does not have,
+EROFS for every write, EIO for a read whose bytes cannot be had in time
 (the source says why; logged here with the file). The application owns lookup
 counts: `lookup` and every entry `readdir` returns count one more, `forget`
 counts them down; since the tree is immutable no inode is ever freed, the
@@ -69,7 +71,7 @@ class ContentFS(pyfuse3.Operations):
                      ) -> pyfuse3.EntryAttributes:
         node = self.tree.lookup(parent_inode, os.fsdecode(name))
         if node is None:
-            raise FUSEError(errno.ENOENT)
+            return _NEGATIVE  # the kernel caches the miss: imports probe many absent names
         self.lookups[node.inode] = self.lookups.get(node.inode, 0) + 1
         return self._attr(node)
 
@@ -179,6 +181,17 @@ class ContentFS(pyfuse3.Operations):
         if attr is None:
             attr = self._attrs[node.inode] = entry_attributes(node)
         return attr
+
+
+def _negative_entry() -> pyfuse3.EntryAttributes:
+    """A lookup miss the kernel keeps for TIMEOUT_S (st_ino 0: pyfuse3's negative entry)."""
+    attr = pyfuse3.EntryAttributes()
+    attr.st_ino = 0
+    attr.entry_timeout = TIMEOUT_S
+    return attr
+
+
+_NEGATIVE = _negative_entry()
 
 
 def entry_attributes(node: Node) -> pyfuse3.EntryAttributes:

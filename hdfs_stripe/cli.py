@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from fusefs.cli import add_serving_flags, add_umount
-from p2p.cli import UserError
+from p2p.cli import UserError, cluster_secret
 
 log = logging.getLogger("bootseer.ckpt")
 PROGRESS_EVERY_S = 0.5
@@ -73,14 +73,9 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def _setup(args: argparse.Namespace) -> bytes:
-    from p2p.auth import SecretError, load_secret
-
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        return load_secret()
-    except SecretError as exc:
-        raise UserError(str(exc)) from None
+    return cluster_secret()
 
 
 def expected(run: Any) -> Any:

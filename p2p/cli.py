@@ -18,6 +18,16 @@ class UserError(Exception):
     """An expected failure: bad input or a missing server. Printed, not traced."""
 
 
+def cluster_secret() -> bytes:
+    """The cluster secret (`p2p.auth.load_secret`), or a UserError saying how to give it."""
+    from p2p.auth import SecretError, load_secret
+
+    try:
+        return load_secret()
+    except SecretError as exc:
+        raise UserError(str(exc)) from None
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The whole parser; with `command` naming a package's entry point (e.g. "image"),
     only that package's commands: the others' modules are then never imported, which

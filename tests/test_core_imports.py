@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 CORE_FILES = [ROOT / f for f in ("tracker/handout.py", "tracker/registry.py", "p2p/ratelimit.py",
                                   "p2p/guard.py", "fusefs/tree.py", "fusefs/image/toc.py",
                                   "fusefs/image/layerindex.py", "fusefs/image/record.py",
-                                  "hdfs_stripe/stripe.py", "hdfs_stripe/naming.py")]
+                                  "hdfs_stripe/stripe.py", "hdfs_stripe/naming.py",
+                                  "depsnap/key.py", "depsnap/snapshot.py")]
 CORE_MODULES = sorted(
     [*(ROOT / "p2p" / "swarm").rglob("*.py"), *(f for f in CORE_FILES if f.is_file())]
 )

@@ -40,16 +40,24 @@ async def push_artifact(client: RegistryClient, ref: ImageRef, tag: str, artifac
     """Push `data` as the one blob of an artifact tagged `tag`; the blob's digest."""
     repo = ref.with_tag(tag)
     digest = await client.push_blob(repo, data)
+    await tag_artifact(client, repo, artifact_type, [(artifact_type, digest, len(data))])
+    return digest
+
+
+async def tag_artifact(client: RegistryClient, repo: ImageRef, artifact_type: str,
+                       layers: list[tuple[str, str, int]]) -> None:
+    """Tag (repo's tag) an artifact manifest listing blobs already pushed, as (media type,
+    digest, size): the registry keeps every blob a tagged manifest references."""
     await client.push_blob(repo, EMPTY_BLOB)
     manifest = {
         "schemaVersion": 2,
         "mediaType": OCI_MANIFEST,
         "artifactType": artifact_type,
         "config": _descriptor(EMPTY_TYPE, EMPTY_BLOB),
-        "layers": [{"mediaType": artifact_type, "digest": digest, "size": len(data)}],
+        "layers": [{"mediaType": media, "digest": digest, "size": size}
+                   for media, digest, size in layers],
     }
     await client.put_manifest(repo, json.dumps(manifest).encode(), OCI_MANIFEST)
-    return digest
 
 
 async def pull_artifact(client: RegistryClient, ref: ImageRef, tag: str, artifact_type: str,

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from fusefs.cli import add_serving_flags, add_umount
-from p2p.cli import UserError
+from p2p.cli import UserError, cluster_secret
 
 log = logging.getLogger("bootseer.image")
 SUPPRESS = argparse.SUPPRESS
@@ -115,15 +115,6 @@ def _ref(text: str) -> Any:
         raise UserError(str(exc)) from None
 
 
-def _secret() -> bytes:
-    from p2p.auth import SecretError, load_secret
-
-    try:
-        return load_secret()
-    except SecretError as exc:
-        raise UserError(str(exc)) from None
-
-
 def _options(args: argparse.Namespace, mountpoint: Path | None = None) -> Any:
     from fusefs.image.mount import MountOptions
 
@@ -170,7 +161,7 @@ def _run_index(args: argparse.Namespace) -> int:
     from p2p.tracker_client import TrackerClient
 
     _setup(args)
-    ref, secret = _ref(args.ref), _secret()
+    ref, secret = _ref(args.ref), cluster_secret()
 
     def show(summary: dict[str, Any]) -> None:
         if args.json:
@@ -197,7 +188,7 @@ def _run_serve(args: argparse.Namespace) -> int:
     _setup(args)
     if not args.mountpoint.is_dir():
         raise UserError(f"the mount point {args.mountpoint} is not a directory")
-    ref, secret, opts = _ref(args.ref), _secret(), _options(args)
+    ref, secret, opts = _ref(args.ref), cluster_secret(), _options(args)
     _expected_sync(check_fuse)
     summary = _expected(serve_image(opts, secret, ref, ready_line))
     log.info("done: %s", json.dumps(summary))
@@ -210,7 +201,7 @@ def _run_mount(args: argparse.Namespace) -> int:
     if not args.mountpoint.is_dir():
         raise UserError(f"the mount point {args.mountpoint} is not a directory")
     _ref(args.ref)
-    _secret()  # fail here, not inside the serving process
+    cluster_secret()  # fail here, not inside the serving process
     _expected_sync(check_fuse)
     opts = _options(args)
     log_path = Path(os.environ.get("BOOTSEER_LOG_DIR", tempfile.gettempdir())) / \
@@ -235,7 +226,7 @@ def _run_run(args: argparse.Namespace) -> int:
     from fusefs.image.mount import launch
 
     _setup(args)
-    ref, secret = _ref(args.ref), _secret()
+    ref, secret = _ref(args.ref), cluster_secret()
     opts = _options(args, Path("/"))
     command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     status, timeline = _expected(lambda: launch(opts, secret, ref, command or None,
@@ -254,7 +245,7 @@ def _run_pull(args: argparse.Namespace) -> int:
     from fusefs.image.pull import pull_image
 
     _setup(args)
-    ref, secret = _ref(args.ref), _secret()
+    ref, secret = _ref(args.ref), cluster_secret()
     result = _expected(pull_image(ref, args, secret, quiet=args.json))
     print(json.dumps(result))
     return 0

@@ -1,0 +1,7 @@
+"""`python -m depsnap ...` (the same as `bootseer depsnap ...`)."""
+
+import sys
+
+from depsnap.cli import main
+
+sys.exit(main())

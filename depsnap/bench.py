@@ -1,0 +1,255 @@
+"""`bootseer bench depsnap`: install vs restore vs lazy mount, side by side, in one run.
+
+On a real, ML-shaped environment installed from a local wheelhouse (numpy,
+pandas, pyarrow, scipy and their dependencies; `depsnap.wheelhouse`), each
+case on a fresh prefix and with an empty cache, on loopback agents
+(`p2p.localcluster`):
+
+- `pip_seconds`: `pip install --no-index --find-links WHEELHOUSE ...` into a
+  fresh venv (pip compiles byte-code: `pip_compiles_bytecode`);
+- `uv_seconds`: `uv pip install` of the same, empty uv cache, no byte-code
+  (uv's default); `uv_bytecode_seconds` the same with `--compile-bytecode`;
+- `create_seconds`: `depsnap run` with the pip command on agent A (install,
+  capture, publish); agent A then fetches the packs (it is the seed);
+- `restore_seconds`: `depsnap restore` on a fresh agent B (empty store, no
+  cache) from its peer A, the median of `--rounds`, each by a new agent. The
+  restored tree includes pip's byte-code, so compare it with `pip_seconds`
+  and `uv_bytecode_seconds`. `restore_fetch_seconds`: until every file's
+  bytes are written; `restore_place_seconds`: links, modes, mtimes after
+  that. `copy_seconds` is `cp -a` of the same tree on this disk, a floor for
+  writing it, in rounds alternating with the restores;
+- `mount_first_import_seconds`: from starting `depsnap serve` on agent C
+  (empty store) to `import pandas` succeeding from the mount, and the pack
+  bytes that took (`mount_fetched_bytes`);
+- `snapshot_bytes` (all packs), `snapshot_zstd_bytes` (the packs through
+  `zstd -3`, the C tool, for the choice not to compress), and sharing: a
+  second environment (numpy and six, at another prefix) is published next to
+  the first, and `second_new_bytes` is what it added to the origin.
+
+Venv creation is not in any of the install times. Times are noisy on a
+shared machine: compare the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from depsnap.mount import MountOptions
+from depsnap.wheelhouse import ML_WHEELS, PYTHON, wheelhouse
+from p2p.localcluster import AgentHandle, LocalCluster, bootseer_command
+
+IMPORT = "import pandas, numpy; print(pandas.__version__)"
+
+
+def add_parser(kinds: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = kinds.add_parser("depsnap", help="pip and uv against depsnap restore and mount")
+    p.add_argument("--package", dest="packages", action="append", metavar="SPEC",
+                   help=f"pinned packages (default: {' '.join(ML_WHEELS)})")
+    p.add_argument("--python", default=PYTHON)
+    p.add_argument("--rounds", type=int, default=3,
+                   help="restores (each by a fresh agent) and copies; medians are reported")
+    p.add_argument("--json", action="store_true", help="print only the JSON line")
+    p.add_argument("--workdir", type=Path, help="keep logs, venvs and stores here")
+    p.set_defaults(run=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    result = asyncio.run(_bench(args))
+    print(json.dumps(result))
+    return 0 if result["import_ok"] else 1
+
+
+async def _bench(args: argparse.Namespace) -> dict[str, Any]:
+    packages = args.packages or list(ML_WHEELS)
+    wheels = await asyncio.to_thread(wheelhouse, packages)
+    with tempfile.TemporaryDirectory(prefix="bootseer-bench-depsnap-") as tmp:
+        work = args.workdir or Path(tmp)
+        cluster = LocalCluster(work / "cluster")
+        try:
+            return await _cases(cluster, work, wheels, packages, args)
+        finally:
+            await cluster.stop()
+
+
+class _Runner:
+    def __init__(self, work: Path, wheels: Path, python: str, env: dict[str, str]) -> None:
+        self.work, self.wheels, self.python = work, wheels, python
+        self.env = {k: v for k, v in env.items() if not k.startswith(("PIP_", "UV_"))}
+
+    def venv(self, name: str, pip: bool) -> Path:
+        prefix = self.work / name
+        _check([self.python, "-m", "venv", *([] if pip else ["--without-pip"]), str(prefix)],
+               self.env)
+        return prefix
+
+    def timed(self, argv: list[str], env: dict[str, str] | None = None) -> float:
+        started = time.monotonic()
+        _check(argv, {**self.env, **(env or {})})
+        return round(time.monotonic() - started, 3)
+
+    def pip_args(self, packages: list[str]) -> list[str]:
+        return ["install", "-q", "--no-index", "--find-links", str(self.wheels), *packages]
+
+
+def _check(argv: list[str], env: dict[str, str]) -> str:
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv[:4])} ... failed ({done.returncode}): "
+                           f"{done.stderr.strip()[-1500:]}")
+    return done.stdout
+
+
+async def _cases(cluster: LocalCluster, work: Path, wheels: Path, packages: list[str],
+                 args: argparse.Namespace) -> dict[str, Any]:
+    run = _Runner(work, wheels, args.python, dict(os.environ))
+    uv = shutil.which("uv") or str(Path(sys.executable).parent / "uv")
+    out: dict[str, Any] = {"bench": "depsnap", "packages": packages}
+
+    pip_venv = await asyncio.to_thread(run.venv, "pip-venv", True)
+    out["pip_seconds"] = await asyncio.to_thread(
+        run.timed, [str(pip_venv / "bin" / "pip"), *run.pip_args(packages)])
+    out["pip_compiles_bytecode"] = True
+    for name, extra in (("uv_seconds", []), ("uv_bytecode_seconds", ["--compile-bytecode"])):
+        venv = await asyncio.to_thread(run.venv, name.replace("_seconds", "-venv"), False)
+        out[name] = await asyncio.to_thread(
+            run.timed, [uv, "pip", *run.pip_args(packages), "--python",
+                        str(venv / "bin" / "python"), *extra],
+            {"UV_CACHE_DIR": str(work / f"uv-cache-{name}")})
+    out["installed_bytes"] = _tree_bytes(pip_venv)
+    await asyncio.to_thread(shutil.rmtree, work / "uv-venv")  # keep the disk tidy
+
+    origin = work / "snapshots"
+    origin.mkdir()
+    await cluster.start_tracker()
+    await cluster.start_origin(origin)
+    a, c = [await cluster.start_agent(i, "r1", name=n) for i, n in enumerate("ac")]
+    env = _node_env(cluster, work, origin)
+
+    prefix = work / "venv"
+    created = await _depsnap(env, a, "run", "--json", "--prefix", str(prefix), "--python",
+                             args.python, "--", "pip", *run.pip_args(packages))
+    out.update(create_seconds=created["seconds"], snapshot_bytes=created["pack_bytes"],
+               snapshot_files=created["files"], snapshot_packs=created["packs"])
+    out["snapshot_zstd_bytes"] = await asyncio.to_thread(_zstd_bytes, origin / "packs")
+    async with a.client(600) as client:  # A seeds: it holds every pack
+        tree = json.loads((origin / "trees" / created["tree"]).read_text())
+        for pack in tree["packs"]:
+            await client.ensure(pack["content"])
+    prefix.rename(work / "created-venv")
+
+    out.update(await _restores(env, cluster, run, created["key"], tree, prefix, args.rounds))
+
+    out.update(await _mount_import(env, c, created["key"], work / "mnt"))
+
+    second = await _depsnap(env, a, "run", "--json", "--prefix", str(work / "second"),
+                            "--python", args.python, "--", "pip",
+                            *run.pip_args(["numpy", "six"]))
+    out.update(second_pack_bytes=second["pack_bytes"],
+               second_new_bytes=second["new_pack_bytes"])
+    out["load_average"] = round(os.getloadavg()[0], 2)
+    return out
+
+
+async def _restores(env: dict[str, str], cluster: LocalCluster, run: _Runner, key: str,
+                    tree: dict[str, Any], prefix: Path, rounds: int) -> dict[str, Any]:
+    """`rounds` restores, each by a fresh agent, alternating with `cp -a` of the tree."""
+    restores, copies, fetches, places = [], [], [], []
+    peer = origin = 0
+    for i in range(rounds):
+        b = await cluster.start_agent(10 + i, "r1", name=f"b{i}")
+        got = await _depsnap(env, b, "restore", "--json", key, "--prefix", str(prefix),
+                             "--no-cache", "--store-dir", str(b.store_dir))
+        restores.append(got["seconds"])
+        fetches.append(got["fetch_seconds"])
+        places.append(got["place_seconds"])
+        peer, origin = await _fetched(b, tree)
+        await b.child.stop()
+        await asyncio.to_thread(shutil.rmtree, prefix)
+        copy = run.work / "copied-venv"
+        copies.append(await asyncio.to_thread(
+            run.timed, ["cp", "-a", str(run.work / "created-venv"), str(copy)]))
+        await asyncio.to_thread(shutil.rmtree, copy)
+    return {"restore_seconds": statistics.median(restores), "restore_rounds": restores,
+            "restore_fetch_seconds": statistics.median(fetches),
+            "restore_place_seconds": statistics.median(places),
+            "copy_seconds": statistics.median(copies), "copy_rounds": copies,
+            "restore_peer_bytes": peer, "restore_origin_bytes": origin}
+
+
+def _node_env(cluster: LocalCluster, work: Path, origin: Path) -> dict[str, str]:
+    env = {k: v for k, v in cluster.env.items() if not k.startswith(("PIP_", "UV_"))}
+    return {**env, "BOOTSEER_TRACKER": cluster.tracker_url,
+            "BOOTSEER_DEPSNAP_ORIGIN_DIR": str(origin),
+            "BOOTSEER_DEPSNAP_ORIGIN_URL": cluster.origin_url,
+            "BOOTSEER_DEPSNAP_CACHE": str(work / "file-cache")}
+
+
+async def _depsnap(env: dict[str, str], agent: AgentHandle, *args: str) -> dict[str, Any]:
+    proc = await asyncio.create_subprocess_exec(
+        *bootseer_command(), "depsnap", *args,
+        env={**env, "BOOTSEER_API_SOCKET": agent.api_socket},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(f"depsnap {args[0]} failed: {err.decode()[-1500:]}")
+    result: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])
+    return result
+
+
+async def _fetched(agent: AgentHandle, tree: dict[str, Any]) -> tuple[int, int]:
+    async with agent.client(60) as client:
+        contents = (await client.status())["contents"]
+    held = [contents[p["content"]] for p in tree["packs"] if p["content"] in contents]
+    return sum(c["peer_bytes"] for c in held), sum(c["origin_bytes"] for c in held)
+
+
+async def _mount_import(env: dict[str, str], agent: AgentHandle, key: str, mountpoint: Path
+                        ) -> dict[str, Any]:
+    """Serve the snapshot on an empty node, time until `import pandas` works from it."""
+    from fusefs.mount import Mount
+
+    mountpoint.mkdir()
+    opts = MountOptions(key, mountpoint, env["BOOTSEER_TRACKER"], agent.api_socket,
+                        agent.store_dir)
+    started = time.monotonic()
+    async with await Mount.spawn(opts.argv(), mountpoint, mountpoint.parent / "mount.log",
+                                 env=env) as mount:
+        mounted = time.monotonic() - started
+        proc = await asyncio.create_subprocess_exec(
+            str(mountpoint / "bin" / "python"), "-c", IMPORT, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE)
+        _, err = await proc.communicate()
+        seconds = time.monotonic() - started
+        async with agent.client(60) as client:
+            contents = (await client.status())["contents"]
+        fetched = sum(contents[p]["peer_bytes"] + contents[p]["origin_bytes"]
+                      for p in mount.ready["packs"] if p in contents)
+    return {"mount_seconds": round(mounted, 3), "mount_first_import_seconds": round(seconds, 3),
+            "mount_fetched_bytes": fetched, "import_ok": proc.returncode == 0,
+            **({"import_error": err.decode()[-500:]} if proc.returncode else {})}
+
+
+def _tree_bytes(root: Path) -> int:
+    return sum(p.lstat().st_size for p in root.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def _zstd_bytes(packs: Path) -> int | None:
+    if shutil.which("zstd") is None:
+        return None
+    total = 0
+    for pack in sorted(packs.iterdir()):
+        done = subprocess.run(["zstd", "-3", "-c", "-q", str(pack)], capture_output=True,
+                              check=True)
+        total += len(done.stdout)
+    return total

@@ -1,0 +1,217 @@
+"""Get files' bytes out of packs, through the local agent, into their paths.
+
+`unpack` is given, per file digest it wants, the path that digest is to be
+written to, and the packs. Every pack is first asked of the agent with
+`ensure`, so the agent fetches all its chunks at once, from every peer that
+holds them, rather than one reader's demand at a time. Then the bytes come
+out one of two ways:
+
+- *from the store* (`store_dir` given, the usual case on a node): once a
+  pack is complete, its chunk files are read straight from the agent's store
+  through `p2p.store.ChunkView` (each chunk checked against the manifest the
+  pack's id pins), in a worker thread per pack, `PARALLEL_PACKS` at a time.
+  No HTTP, and no copy through the agent's process;
+- *through the API* (no store directory, or one without the pack's manifest,
+  i.e. not this agent's store, or one this process cannot read):
+  member-aligned ranges of about `SEGMENT_BYTES` are streamed with `read_to`,
+  `PARALLEL_READS` at a time, while the agent is still fetching.
+
+Either way a `_MemberWriter` cuts the byte stream at member boundaries,
+writes each wanted member to its path and checks it against its BLAKE3
+digest as it goes (the tree's digests are also the local cache's keys, so a
+tree that lies about one must not get it into the cache).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+import blake3
+
+from depsnap.snapshot import Member, Pack
+from p2p.content import ContentId, ManifestError
+from p2p.localapi import AgentClient, AgentError
+from p2p.store import ChunkView, DamagedChunk, MissingChunk
+
+log = logging.getLogger(__name__)
+
+PARALLEL_PACKS = 4  # packs extracted from the store at once (threads)
+PARALLEL_READS = 8  # ranges streamed through the API at once
+SEGMENT_BYTES = 32 << 20
+
+
+class UnpackError(Exception):
+    """A pack's bytes cannot be had or do not match the tree; the message says which."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Segment:
+    """A run of whole members of one pack, read as one range."""
+
+    pack: Pack
+    start: int
+    end: int
+    members: tuple[Member, ...]
+
+
+def segments(pack: Pack, targets: Mapping[str, str], size: int) -> list[_Segment]:
+    """The pack's members with a target, cut into runs of about `size` bytes or more."""
+    out: list[list[Member]] = []
+    group: list[Member] = []
+    for m in pack.members:
+        group.append(m)
+        if m.offset + m.size - group[0].offset >= size:
+            out.append(group)
+            group = []
+    if group:
+        out.append(group)
+    return [_Segment(pack, g[0].offset, g[-1].offset + g[-1].size, tuple(g)) for g in out
+            if any(m.digest in targets for m in g)]
+
+
+async def unpack(agent: AgentClient, packs: list[Pack], targets: dict[str, str],
+                 store_dir: Path | None) -> None:
+    """Write every digest in `targets` to its path, out of `packs` (see the module doc)."""
+    owned = _owners(packs, targets)
+    slots = asyncio.Semaphore(PARALLEL_PACKS if store_dir else PARALLEL_READS)
+
+    async def from_store(pack: Pack, store: Path) -> None:
+        await _ensure(agent, pack)
+        async with slots:
+            try:
+                view = ChunkView.load(store, ContentId(pack.content))
+            except (OSError, ManifestError) as exc:
+                log.warning("cannot read pack %s from the agent's store %s (%s); reading it "
+                            "through the agent instead", pack.content, store, exc)
+                for seg in segments(pack, owned[pack.content], SEGMENT_BYTES):
+                    await through_api(seg)
+                return
+            await asyncio.to_thread(_extract, view, pack, owned[pack.content])
+
+    async def through_api(seg: _Segment) -> None:
+        async with slots if store_dir is None else contextlib.nullcontext():
+            writer = _MemberWriter(seg, owned[seg.pack.content])
+            try:
+                await agent.read_to(seg.pack.content, seg.start, seg.end - seg.start,
+                                    writer.write)
+            except AgentError as exc:
+                raise UnpackError(f"cannot fetch pack {seg.pack.name} ({seg.pack.content}): "
+                                  f"{exc}") from None
+            finally:
+                writer.close()
+            writer.check_done()
+
+    if store_dir is not None:
+        tasks = [asyncio.create_task(from_store(p, store_dir)) for p in packs]
+    else:
+        tasks = [asyncio.create_task(_ensure(agent, p)) for p in packs]
+        tasks += [asyncio.create_task(through_api(s)) for p in packs
+                  for s in segments(p, owned[p.content], SEGMENT_BYTES)]
+    try:
+        await asyncio.gather(*tasks)
+    finally:  # one failed: stop the others before the caller removes the tree
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _owners(packs: list[Pack], targets: dict[str, str]) -> dict[str, dict[str, str]]:
+    """Per pack, the targets it writes: each digest from the first pack that has it."""
+    owned: dict[str, dict[str, str]] = {p.content: {} for p in packs}
+    placed: set[str] = set()
+    for pack in packs:
+        for m in pack.members:
+            if m.digest in targets and m.digest not in placed:
+                placed.add(m.digest)
+                owned[pack.content][m.digest] = targets[m.digest]
+    return owned
+
+
+async def _ensure(agent: AgentClient, pack: Pack) -> None:
+    try:
+        await agent.ensure(pack.content)
+    except AgentError as exc:
+        raise UnpackError(f"cannot fetch pack {pack.name} ({pack.content}): {exc}") from None
+
+
+def _extract(view: ChunkView, pack: Pack, targets: dict[str, str]) -> None:
+    """Write the pack's wanted members from the agent's store (a worker thread)."""
+    manifest = view.manifest
+    if manifest.size != pack.size:
+        raise UnpackError(f"pack {pack.name} ({pack.content}) has {manifest.size} bytes, "
+                          f"the tree says {pack.size}")
+    writer = _MemberWriter(_Segment(pack, 0, pack.size, pack.members), targets)
+    try:
+        for index in range(manifest.chunks):
+            writer.write(view.read_chunk(index, 0, manifest.chunk_length(index)))
+    except (MissingChunk, DamagedChunk) as exc:
+        raise UnpackError(f"pack {pack.name}: {exc}") from None
+    finally:
+        writer.close()
+    writer.check_done()
+
+
+class _MemberWriter:
+    """Cuts a segment's byte stream into its members; writes and checks the wanted ones."""
+
+    def __init__(self, seg: _Segment, targets: dict[str, str]) -> None:
+        self.pack = seg.pack
+        self.members = seg.members  # sorted and disjoint: Snapshot checks that
+        self.targets = targets
+        self.index = 0
+        self.pos = seg.start
+        self.out: IO[bytes] | None = None
+        self.hash = blake3.blake3()
+        self._advance()
+
+    def write(self, data: bytes | memoryview) -> None:
+        view = memoryview(data)
+        while view:
+            if self.index >= len(self.members):
+                self.pos += len(view)
+                return
+            m = self.members[self.index]
+            if self.pos < m.offset:
+                n = min(len(view), m.offset - self.pos)
+            else:
+                n = min(len(view), m.offset + m.size - self.pos)
+                if self.out is not None:
+                    self.out.write(view[:n])
+                    self.hash.update(view[:n])
+            view = view[n:]
+            self.pos += n
+            self._advance()
+
+    def _advance(self) -> None:
+        """Finish the members the stream has passed; open the next wanted one."""
+        while self.index < len(self.members):
+            m = self.members[self.index]
+            path = self.targets.get(m.digest)
+            if self.out is None and path is not None and self.pos <= m.offset:
+                self.out = open(path, "wb")  # noqa: SIM115 (closed below or in close())
+                self.hash = blake3.blake3()
+            if self.pos < m.offset + m.size:
+                return
+            if self.out is not None:
+                self.out.close()
+                self.out = None
+                if self.hash.hexdigest() != m.digest:
+                    raise UnpackError(f"pack {self.pack.name} ({self.pack.content}): the "
+                                      f"bytes at {m.offset} do not match digest {m.digest}")
+            self.index += 1
+
+    def close(self) -> None:
+        if self.out is not None:
+            self.out.close()
+            self.out = None
+
+    def check_done(self) -> None:
+        if self.index < len(self.members):
+            raise UnpackError(f"pack {self.pack.name} ended at byte {self.pos}, before its "
+                              f"member at {self.members[self.index].offset}")
