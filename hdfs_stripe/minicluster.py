@@ -27,6 +27,7 @@ import contextlib
 import json
 import os
 import shutil
+import socket
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -114,6 +115,15 @@ def prepare() -> str:
     return f"{CLASSES}:{jars}"
 
 
+def _loopback_hosts(path: Path) -> Path:
+    """A hosts file for the cluster's JVM alone: this machine's name and localhost on
+    loopback. Hadoop resolves the local host name at start (HTTP server principals) and
+    fails where the name is in no resolver (a container, a chroot); the cluster only ever
+    talks to 127.0.0.1, so it needs no other name."""
+    path.write_text(f"127.0.0.1 localhost {socket.gethostname()}\n::1 localhost\n")
+    return path
+
+
 @dataclass(frozen=True, slots=True)
 class DataNode:
     xfer_port: int  # data transfer: how the NameNode names it in block locations
@@ -149,9 +159,11 @@ class MiniHdfs:
         classpath = await asyncio.to_thread(prepare)
         workdir.mkdir(parents=True, exist_ok=True)
         log_path = workdir / "minicluster.log"
+        hosts = _loopback_hosts(workdir / "hosts")
         with open(log_path, "ab") as err:
             proc = await asyncio.create_subprocess_exec(
-                java, *JVM_FLAGS, "-cp", classpath, "bootseer.Launcher", str(workdir / "dfs"),
+                java, *JVM_FLAGS, f"-Djdk.net.hosts.file={hosts}", "-cp", classpath,
+                "bootseer.Launcher", str(workdir / "dfs"),
                 str(datanodes), str(read_cap_bps), str(block_size),
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=err,
                 start_new_session=True)

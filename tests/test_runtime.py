@@ -61,7 +61,9 @@ def rootfs(tmp_path: Path) -> Path:
     root = tmp_path / "rootfs"
     layer = busybox_image().layers[0].read()
     with tarfile.open(fileobj=io.BytesIO(gzip.decompress(layer))) as tar:
-        tar.extractall(root, filter="tar")
+        # Extraction filters came with Python 3.11.4; Debian bookworm has 3.11.2.
+        safe = {"filter": "tar"} if hasattr(tarfile, "tar_filter") else {}
+        tar.extractall(root, **safe)  # type: ignore[arg-type]
     (root / "etc" / "passwd").write_text(PASSWD)
     (root / "etc" / "group").write_text(GROUP)
     return root
