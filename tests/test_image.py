@@ -21,15 +21,19 @@ must not read a pyfuse3 mount it serves). What is proved:
   hot set, from the first agent: the registry's own access log shows no new
   blob reads, the agents' counters show peer bytes, and the cold file stays
   unfetched;
-- bad layers (paths escaping the root, a corrupt gzip stream, an unknown
-  layer media type) are refused by `image index` with one line naming the
-  image and the layer; an image that was never indexed cannot be mounted,
-  and the message says what to run.
+- bad layers (paths escaping the root, duplicates, dangling hard links, a
+  corrupt gzip or truncated tar stream, an unknown layer media type) are
+  refused by `image index` with one line naming the image and the layer; an
+  image that was never indexed cannot be mounted, and the message says what
+  to run;
+- a read whose chunks the registry can no longer give fails with EIO once the
+  mount's read bound passes, is logged, and the mount keeps serving.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import hashlib
 import io
 import json
@@ -421,3 +425,19 @@ async def test_pull_then_mount_and_umount_from_the_command_line(
         assert not Path(f"/proc/{ready['pid']}").exists(), "the serving process outlived umount"
         status, _, err = await bootseer(cluster, "image", "umount", str(where), check=False)
         assert status == 2 and "no FUSE mount" in err
+
+
+async def test_a_read_whose_chunks_cannot_be_had_fails_with_eio_in_bounded_time(
+        fuse_ready: None, registry: RunningRegistry, image: BuiltImage, tmp_path: Path) -> None:
+    ref = await push(registry, "test/eio", image)
+    async with asyncio.timeout(TEST_BOUND_S), cluster_of(tmp_path, 1) as (cluster, agents):
+        await index(cluster, ref, agents[0])
+        registry.blob_path(image.layers[2].digest).unlink()  # the origin loses the data layer
+        async with mounted(cluster, agents[0], ref, tmp_path / "mnt",
+                           read_timeout_s=2.0) as mount:
+            with pytest.raises(OSError) as failed:
+                await asyncio.to_thread((mount.mountpoint / "data/hot.bin").read_bytes)
+            assert failed.value.errno == errno.EIO
+            text = await asyncio.to_thread((mount.mountpoint / "srv/a.txt").read_bytes)
+            assert text == b"alpha\n" * 1000, "the mount stopped serving after a failed read"
+        assert "EIO" in (tmp_path / "mnt.log").read_text(), "the failed read was not logged"
