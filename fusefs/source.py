@@ -107,25 +107,40 @@ class AgentSource:
             chunks = manifest.chunks_for_range(offset, length)
         except ValueError as exc:
             raise SourceError(f"{content}: {exc}") from None
-        pieces = []
+        # One buffer for the whole reply, each chunk's piece read straight into it: a
+        # reply spanning chunks (an extent that starts mid-chunk, as a tar member's does)
+        # then costs what one chunk's does. Fresh buffers per piece, joined, ran at a
+        # fifth of the speed here (1 GiB through the mount: 0.4 against 2.0 GB/s), the
+        # time going to page faults on each new buffer and the copy.
+        out = memoryview(bytearray(length)) if len(chunks) > 1 else None
+        at = 0
         for index in chunks:
             start = manifest.chunk_offset(index)
             lo = max(offset - start, 0)
             hi = min(offset + length - start, manifest.chunk_length(index))
-            pieces.append(await self._piece(view, index, lo, hi))
-        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+            piece = None if out is None else out[at:at + hi - lo]
+            got = await self._piece(view, index, lo, hi, piece)
+            if out is None:
+                return got
+            at += hi - lo
+        assert out is not None
+        return out
 
-    async def _piece(self, view: ChunkView, index: int, lo: int, hi: int) -> Buffer:
+    async def _piece(self, view: ChunkView, index: int, lo: int, hi: int,
+                     into: memoryview | None) -> Buffer:
         try:
             if self.threaded_reads:
-                return await asyncio.to_thread(view.read_chunk, index, lo, hi)
-            return view.read_chunk(index, lo, hi)
+                return await asyncio.to_thread(view.read_chunk, index, lo, hi, into)
+            return view.read_chunk(index, lo, hi, into)
         except DamagedChunk as exc:
             log.warning("%s; asking the agent for chunk %d again", exc, index)
         except MissingChunk:
             pass
         whole = await self._from_agent(view, index)
-        return whole[lo:hi]
+        if into is None:
+            return whole[lo:hi]
+        into[:] = whole[lo:hi]
+        return into
 
     async def _view(self, content: str) -> ChunkView:
         view = self._views.get(content)

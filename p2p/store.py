@@ -537,8 +537,10 @@ class ChunkStore:
 
 
 def read_checked(fd: int, manifest: Manifest, index: int, lo: int, hi: int,
-                 known: StatKey | None) -> tuple[memoryview | None, StatKey, int]:
-    """Bytes [lo, hi) of chunk `index`, whose file is open at `fd`, in a buffer of their own.
+                 known: StatKey | None, into: memoryview | None = None
+                 ) -> tuple[memoryview | None, StatKey, int]:
+    """Bytes [lo, hi) of chunk `index`, whose file is open at `fd`, in a buffer of their own
+    (or in `into`, which must hold hi - lo bytes: one request's buffer for several chunks).
 
     The whole file is hashed against `manifest` unless its stat key is still `known`
     (the key it had when it last passed). Returns (the bytes, or None if the file fails
@@ -546,18 +548,21 @@ def read_checked(fd: int, manifest: Manifest, index: int, lo: int, hi: int,
     the chunk; OSError as raised by the disk.
     """
     length = manifest.chunk_length(index)
-    if not 0 <= lo <= hi <= length:
+    if not 0 <= lo <= hi <= length or (into is not None and len(into) != hi - lo):
         raise ValueError(f"range {lo}..{hi} outside chunk {index} of {length} bytes")
     key = stat_key(os.fstat(fd))
     if key == known:
-        out = bytearray(hi - lo)
-        if read_full(fd, memoryview(out), lo) == hi - lo:
-            return memoryview(out), key, hi - lo
+        out = memoryview(bytearray(hi - lo)) if into is None else into
+        if read_full(fd, out, lo) == hi - lo:
+            return out, key, hi - lo
     whole = bytearray(length + 1)  # one byte more: a too-long file shows
     n = read_full(fd, memoryview(whole))
     if not manifest.verify(index, memoryview(whole)[:n]):
         return None, key, n
-    return memoryview(whole)[lo:hi], key, n
+    if into is None:
+        return memoryview(whole)[lo:hi], key, n
+    into[:] = memoryview(whole)[lo:hi]
+    return into, key, n
 
 
 class ChunkView:
@@ -595,9 +600,10 @@ class ChunkView:
                                 f"{content_id}")
         return cls(root, manifest)
 
-    def read_chunk(self, index: int, lo: int, hi: int) -> memoryview:
-        """Bytes [lo, hi) of chunk `index`, verified; MissingChunk if its file is absent,
-        DamagedChunk if the file fails the check or cannot be read."""
+    def read_chunk(self, index: int, lo: int, hi: int,
+                   into: memoryview | None = None) -> memoryview:
+        """Bytes [lo, hi) of chunk `index`, verified (in `into` if given); MissingChunk if
+        its file is absent, DamagedChunk if the file fails the check or cannot be read."""
         name = self.directory / f"{index}{CHUNK_SUFFIX}"
         try:
             fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC)
@@ -609,7 +615,7 @@ class ChunkView:
         try:
             with self._lock:
                 known = self._checked.get(index)
-            data, key, n = read_checked(fd, self.manifest, index, lo, hi, known)
+            data, key, n = read_checked(fd, self.manifest, index, lo, hi, known, into)
         except OSError as exc:
             raise DamagedChunk(f"cannot read {name} ({exc.strerror})") from exc
         finally:
