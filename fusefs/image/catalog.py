@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import logging
 import tempfile
 from collections.abc import Callable
@@ -99,8 +100,6 @@ class Image:
 
 async def resolve(client: RegistryClient, ref: ImageRef) -> tuple[PulledManifest, dict[str, Any]]:
     """The image manifest `ref` names (for this platform) and its config."""
-    import json
-
     pulled = await client.get_manifest(ref)
     raw = await client.get_blob(pulled.ref, pulled.manifest.config.digest,
                                 max_bytes=MAX_CONFIG_BYTES)

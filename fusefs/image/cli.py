@@ -32,7 +32,6 @@ from fusefs.cli import add_serving_flags, add_umount
 from p2p.cli import UserError, cluster_secret
 
 log = logging.getLogger("bootseer.image")
-SUPPRESS = argparse.SUPPRESS
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
