@@ -144,7 +144,7 @@ def _run_serve(args: argparse.Namespace) -> int:
     import asyncio
 
     from depsnap.cli import expected, places
-    from fusefs.mount import MountError, check_fuse
+    from fusefs.mount import MountError, check_fuse, ready_line
     from fusefs.tree import TreeError
 
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
@@ -152,14 +152,11 @@ def _run_serve(args: argparse.Namespace) -> int:
     opts, secret = _options(args), places(args).secret
     try:
         check_fuse()
-        expected(lambda: asyncio.run(serve_snapshot(opts, secret, _ready_line)))
+        expected(lambda: asyncio.run(serve_snapshot(opts, secret, ready_line)))
     except (MountError, TreeError) as exc:
         raise UserError(str(exc)) from None
     return 0
 
-
-def _ready_line(info: dict[str, Any]) -> None:
-    print(json.dumps({"event": "mounted", **info}), flush=True)
 
 
 def _run_mount(args: argparse.Namespace) -> int:

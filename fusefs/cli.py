@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import os
 import sys
@@ -104,14 +103,14 @@ def run_mount(args: argparse.Namespace) -> int:
 
 
 async def _serve(tree: Any, args: argparse.Namespace) -> None:
-    from fusefs.mount import serve
+    from fusefs.mount import ready_line, serve
     from fusefs.source import open_agent_source
 
     source = await open_agent_source(Path(args.store_dir), args.api_socket,
                                      args.read_timeout_s)
 
     def ready(info: dict[str, Any]) -> None:
-        print(json.dumps({"event": "mounted", **info}), flush=True)
+        ready_line(info)
         log.info("serving %d nodes (%d bytes in files) at %s, read-ahead %s KiB",
                  len(tree), tree.total_bytes, info["mountpoint"], info["read_ahead_kb"])
 

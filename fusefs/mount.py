@@ -183,6 +183,12 @@ def force_unmount(path: Path | str) -> None:
             log.warning("%s %s %s: %s", FUSERMOUNT, " ".join(args), path, result.stderr.strip())
 
 
+def ready_line(info: dict[str, Any]) -> None:
+    """The one JSON line a serving command prints on stdout once its mount serves (what
+    `start_detached` and `Mount.spawn` wait for)."""
+    print(json.dumps({"event": "mounted", **info}), flush=True)
+
+
 def start_detached(argv: list[str], log_path: Path, timeout_s: float) -> dict[str, Any]:
     """Start `argv`, a serving command, in a session of its own (stderr to `log_path`),
     wait for its JSON "mounted" line and leave it running: the `mount` commands return

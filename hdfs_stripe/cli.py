@@ -189,7 +189,7 @@ def _options(args: argparse.Namespace) -> Any:
 
 
 def _run_serve(args: argparse.Namespace) -> int:
-    from fusefs.mount import MountError, check_fuse
+    from fusefs.mount import MountError, check_fuse, ready_line
     from hdfs_stripe.mount import serve_ckpt
 
     secret = _setup(args)
@@ -199,10 +199,7 @@ def _run_serve(args: argparse.Namespace) -> int:
     except MountError as exc:
         raise UserError(str(exc)) from None
 
-    def ready(info: dict[str, Any]) -> None:
-        print(json.dumps({"event": "mounted", **info}), flush=True)
-
-    expected(serve_ckpt(opts, secret, ready))
+    expected(serve_ckpt(opts, secret, ready_line))
     return 0
 
 

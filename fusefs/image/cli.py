@@ -181,8 +181,8 @@ def _run_index(args: argparse.Namespace) -> int:
 
 
 def _run_serve(args: argparse.Namespace) -> int:
-    from fusefs.image.mount import ready_line, serve_image
-    from fusefs.mount import check_fuse
+    from fusefs.image.mount import serve_image
+    from fusefs.mount import check_fuse, ready_line
 
     _setup(args)
     if not args.mountpoint.is_dir():

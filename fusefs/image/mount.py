@@ -18,7 +18,6 @@ and returns the command's exit status.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import shutil
 import sys
@@ -191,6 +190,3 @@ class _Phases:
         self._into[name] = round(now - self._last, 3)
         self._last = now
 
-
-def ready_line(info: dict[str, Any]) -> None:
-    print(json.dumps({"event": "mounted", **info}), flush=True)
