@@ -1,0 +1,44 @@
+"""`bootseer bench tracker` end to end: a real tracker, real wrk, a small swarm."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tracker.loadgen import Swarm, build_pool
+
+SECRET = b"bench-test-secret-0123456789abcdef"
+
+
+@pytest.mark.parametrize("protocol", ["single", "batched"])
+def test_bench_prints_one_json_line_with_the_swarm_fully_announced(protocol: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "tracker.bench", "tracker", "--nodes", "60", "--contents", "2",
+         "--seconds", "1", "--max-rate", "40000", "--protocol", protocol, "--json"],
+        capture_output=True, text=True, timeout=300)
+    assert proc.returncode in (0, 1), proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["nodes"] == 60 and result["contents"] == 2 and result["replicas"] == 1
+    assert result["errors"] == 0
+    assert result["swarm_peers"] == [60, 60]
+    assert result["announces_per_second"] > 0
+    assert result["content_announces_per_second"] == pytest.approx(
+        result["announces_per_second"] * 2, abs=2)
+    assert result["requests"] > 0
+    assert (proc.returncode == 0) == (result["limited_by"] == "tracker")
+
+
+def test_pool_requests_are_distinct_and_signed_once_each() -> None:
+    pool = build_pool(Swarm(5, 3, batched=False), SECRET, "127.0.0.1:1", 40, seed=1)
+    assert len(set(pool)) == 40
+    assert all(raw.startswith(b"POST /v1/announce HTTP/1.1\r\n") for raw in pool)
+
+
+def test_replicas_other_than_one_are_refused_with_a_clear_error() -> None:
+    proc = subprocess.run([sys.executable, "-m", "tracker.bench", "tracker", "--replicas", "2"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "Redis" in proc.stderr and "Traceback" not in proc.stderr

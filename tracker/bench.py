@@ -1,0 +1,204 @@
+"""`bootseer bench tracker`: one tracker process under the announces of N nodes.
+
+Starts `bootseer tracker` (the real command), announces every node's
+contents once so the swarm has its full size, then replays signed announces
+from all N nodes with `wrk` (tracker.loadgen) over `--connections` keep-alive
+connections for `--seconds`, and prints one JSON line:
+
+    nodes, contents, replicas, protocol, announces_per_second (node announces),
+    content_announces_per_second, p50_ms, p99_ms, tracker_rss_mb (peak),
+    errors, tracker_cpu and generator_cpu (cores busy), limited_by, swarm_peers
+
+`limited_by` says what bounded the rate: "tracker" when the tracker process
+kept a core busy; "generator" when wrk did instead (its figure is then the
+generator's, not the tracker's); "neither" when neither was saturated (the
+machine's two cores were busy with something else). Anything but "tracker"
+is printed as a warning on stderr and exits with status 1.
+
+The tracker runs with its per-address and per-peer rate limits lifted and a
+long peer TTL: every simulated node shares 127.0.0.1 and announces as fast as
+the tracker answers, far more often than every two seconds, and the swarm
+must keep its size whatever the rate. Everything else is the default
+configuration. `--protocol single` sends one request per content (the
+pre-batching wire format); `batched` one per node with all its contents.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import uvloop
+
+from p2p.cli import UserError
+from p2p.localcluster import Child, LocalCluster, to_toml
+from tracker import loadgen
+
+SATURATED_CORE = 0.85  # a process this busy (of one core per thread) is the bound
+POOL_SEED = 11
+BENCH_CONFIG = {
+    "host_rate_per_second": 1e9, "host_burst": 1_000_000_000,
+    "announce_rate_per_second": 1e9, "announce_burst": 1_000_000_000,
+    "peer_ttl_seconds": 3600.0, "seed": 1, "log_level": "WARNING",
+}
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def add_parser(kinds: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = kinds.add_parser("tracker", help="one tracker under N nodes' signed announces (wrk)")
+    p.add_argument("--nodes", type=_positive, default=10_000)
+    p.add_argument("--contents", type=_positive, default=3)
+    p.add_argument("--replicas", type=_positive, default=1,
+                   help="tracker processes sharing one Redis (only 1 is supported yet)")
+    p.add_argument("--protocol", choices=["batched", "single"], default="batched",
+                   help="one announce per node (all contents) or one per content")
+    p.add_argument("--seconds", type=float, default=5.0, help="measured time")
+    p.add_argument("--connections", type=_positive, default=64)
+    p.add_argument("--threads", type=_positive, default=1, help="wrk threads")
+    p.add_argument("--max-rate", type=_positive, default=40_000,
+                   help="requests per second the prepared pool lasts for")
+    p.add_argument("--want-share", type=float, default=0.1,
+                   help="share of announced contents that ask for peers")
+    p.add_argument("--json", action="store_true", help="print only the JSON line")
+    p.add_argument("--workdir", type=Path, help="keep the tracker's log and the pool here")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.replicas != 1:
+        raise UserError("--replicas > 1 needs the Redis-backed tracker, which is not built "
+                        "yet; run with --replicas 1")
+    if not any(Path(d, "wrk").exists() for d in os.get_exec_path()):
+        raise UserError("wrk is not installed (Debian package wrk; `make setup` installs it)")
+    result = uvloop.run(_bench(args))
+    print(json.dumps(result), flush=True)
+    if result["limited_by"] != "tracker":
+        print(f"bootseer bench tracker: the tracker was not the bound (limited_by "
+              f"{result['limited_by']}: tracker_cpu {result['tracker_cpu']}, generator_cpu "
+              f"{result['generator_cpu']}); the rate above is not the tracker's capacity",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+async def _bench(args: argparse.Namespace) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="bootseer-bench-tracker-") as tmp:
+        workdir = args.workdir or Path(tmp)
+        cluster = LocalCluster(workdir)
+        try:
+            return await _measure(cluster, workdir, args)
+        finally:
+            await cluster.stop()
+
+
+def _say(args: argparse.Namespace, message: str) -> None:
+    if not args.json:
+        print(message, file=sys.stderr, flush=True)
+
+
+async def _measure(cluster: LocalCluster, workdir: Path,
+                   args: argparse.Namespace) -> dict[str, Any]:
+    swarm = loadgen.Swarm(args.nodes, args.contents, want_share=args.want_share,
+                          batched=args.protocol == "batched")
+    config = workdir / "tracker.toml"
+    workdir.mkdir(parents=True, exist_ok=True)
+    config.write_text(to_toml(BENCH_CONFIG))
+    tracker = await cluster.start_tracker("--config", str(config))
+    url = cluster.tracker_url
+    host_port = url.removeprefix("http://")
+    host, _, port = host_port.rpartition(":")
+
+    _say(args, f"warm-up: {swarm.requests_per_round()} announces")
+    warm = loadgen.build_pool(swarm, cluster.secret, host_port, swarm.requests_per_round(),
+                              POOL_SEED, want_share=0.0)
+    failures = await loadgen.send_pool(host, int(port), warm, min(args.connections, 16))
+    if failures:
+        raise UserError(f"{failures} warm-up announces failed; see {tracker.stderr_path}")
+    peers_before = await _healthz_peers(url)
+
+    count = int(args.max_rate * args.seconds)
+    _say(args, f"signing {count} announces")
+    pool = await asyncio.to_thread(loadgen.build_pool, swarm, cluster.secret, host_port,
+                                   count, POOL_SEED + 1)
+    prefix = workdir / "pool"
+    await asyncio.to_thread(loadgen.write_pool, pool, prefix, args.threads)
+    del pool
+    _say(args, f"wrk: {args.connections} connections for {args.seconds:g} s")
+    cpu_before, wall_before = _cpu_seconds(tracker), time.monotonic()
+    wrk = await asyncio.to_thread(loadgen.run_wrk, url, prefix, args.threads,
+                                  args.connections, args.seconds, workdir)
+    tracker_cpu = (_cpu_seconds(tracker) - cpu_before) / (time.monotonic() - wall_before)
+    if wrk.dry:
+        raise UserError(f"the prepared pool ran out ({wrk.dry} requests past it): the "
+                        f"tracker answered more than --max-rate {args.max_rate}/s; raise it")
+    return _result(args, swarm, wrk, tracker, tracker_cpu, peers_before,
+                   await _healthz_peers(url))
+
+
+def _result(args: argparse.Namespace, swarm: loadgen.Swarm, wrk: loadgen.WrkResult,
+            tracker: Child, tracker_cpu: float, peers_before: int,
+            peers_after: int) -> dict[str, Any]:
+    rate = wrk.requests / wrk.seconds
+    node_rate = rate if swarm.batched else rate / swarm.contents
+    generator_cpu = wrk.cpu_seconds / wrk.seconds
+    if tracker_cpu >= SATURATED_CORE:
+        limited_by = "tracker"
+    elif generator_cpu >= SATURATED_CORE * args.threads:
+        limited_by = "generator"
+    else:
+        limited_by = "neither"
+    return {
+        "bench": "tracker", "nodes": swarm.nodes, "contents": swarm.contents,
+        "replicas": args.replicas, "protocol": args.protocol,
+        "announces_per_second": round(node_rate),
+        "content_announces_per_second": round(node_rate * swarm.contents),
+        "p50_ms": round(wrk.p50_ms, 2), "p99_ms": round(wrk.p99_ms, 2),
+        "tracker_rss_mb": round(tracker.peak_rss_mb(), 1),
+        "errors": wrk.errors, "requests": wrk.requests, "seconds": round(wrk.seconds, 2),
+        "connections": args.connections, "want_share": args.want_share,
+        "tracker_cpu": round(tracker_cpu, 2), "generator_cpu": round(generator_cpu, 2),
+        "limited_by": limited_by, "swarm_peers": [peers_before, peers_after],
+    }
+
+
+def _cpu_seconds(child: Child) -> float:
+    """User + system CPU seconds of a live child, from /proc."""
+    fields = Path(f"/proc/{child.pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def _healthz_peers(url: str) -> int:
+    timeout = aiohttp.ClientTimeout(total=10)
+    async with aiohttp.ClientSession(timeout=timeout) as http, \
+            http.get(f"{url}/healthz") as resp:
+        return int((await resp.json())["peers"])
+
+
+def main() -> int:
+    """`python -m tracker.bench ...`: the bench without the installed entry point."""
+    parser = argparse.ArgumentParser(prog="bootseer bench")
+    add_parser(parser.add_subparsers(dest="bench", required=True))
+    args = parser.parse_args()
+    try:
+        return int(args.run(args))
+    except UserError as exc:
+        print(f"bootseer bench: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
