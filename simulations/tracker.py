@@ -14,9 +14,8 @@ Dead members are not removed at once: the real tracker forgets a peer only
 when its announces stop for `peer_ttl_s`, and until then it keeps handing
 it out. `fail` schedules exactly that removal.
 
-`want=0` (an agent with enough peers asks for none) skips the handout; the
-real tracker still builds the candidate list then, which the policy ignores,
-so the answers are identical and only the cost differs.
+`want=0` (an agent with enough peers asks for none) skips the handout, as
+the real tracker does.
 """
 
 from __future__ import annotations

@@ -20,7 +20,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-CORE_FILES = [ROOT / f for f in ("tracker/handout.py", "tracker/registry.py", "p2p/ratelimit.py",
+CORE_FILES = [ROOT / f for f in ("tracker/handout.py", "tracker/registry.py", "tracker/index.py",
+                                  "p2p/ratelimit.py",
                                   "p2p/guard.py", "fusefs/tree.py", "fusefs/image/toc.py",
                                   "fusefs/image/layerindex.py", "fusefs/image/record.py",
                                   "hdfs_stripe/stripe.py", "hdfs_stripe/naming.py",

@@ -14,6 +14,7 @@ from p2p.content import ContentId, PeerId
 from p2p.ratelimit import LogLimiter
 from tracker.config import ConfigError, TrackerConfig, load_config
 from tracker.handout import HANDOUT_POLICIES, get_policy, rack_aware, uniform
+from tracker.index import Candidates, SwarmIndex
 from tracker.limits import KeyedRateLimit, ReplayCache
 from tracker.registry import IdentityError, Member, OriginSlot, Registry
 
@@ -25,13 +26,17 @@ def member(peer: str, rack: str = "r0", have: int = 0, complete: bool = False) -
     return Member(PeerId(peer), f"10.0.0.1:{7000 + len(peer)}", rack, have, complete, 0.0)
 
 
-def racks(spec: str) -> list[Member]:
-    """`racks("r0:3 r1:2")`: 3 members in r0 (r0-0..r0-2), 2 in r1; sorted by peer id."""
+def racks(spec: str) -> Candidates:
+    """`racks("r0:3 r1:2")`: 3 members in r0 (r0-000..r0-002), 2 in r1, as candidates."""
     out = []
     for part in spec.split():
         rack, n = part.split(":")
         out += [member(f"{rack}-{i:03d}", rack) for i in range(int(n))]
-    return sorted(out, key=lambda m: m.peer)
+    return pool(out)
+
+
+def pool(members: list[Member]) -> Candidates:
+    return Candidates(SwarmIndex.of(members))
 
 
 # -- registry -------------------------------------------------------------------------
@@ -144,9 +149,10 @@ def test_registry_rejects_nonsense_settings() -> None:
 def test_never_hands_out_the_requester_and_respects_limit(name: str) -> None:
     policy = get_policy(name)
     members = racks("r0:10 r1:10 r2:10")
+    listed = list(members)
     for seed in range(50):
         rng = random.Random(seed)
-        requester = members[seed % len(members)]
+        requester = listed[seed % len(listed)]
         got = policy(requester.peer, requester.rack, members, 7 + seed % 30, rng)
         assert requester not in got
         assert len(got) == min(7 + seed % 30, len(members) - 1)
@@ -181,7 +187,7 @@ def test_rack_aware_spreads_over_all_racks_when_racks_outnumber_the_budget() -> 
     members = racks("r0:32 " + " ".join(f"x{i:02d}:4" for i in range(40)))
     reached: set[str] = set()
     rng = random.Random(3)
-    for m in members[:32]:
+    for m in list(members)[:32]:
         got = rack_aware(m.peer, "r0", members, 30, rng)
         assert Counter(g.rack for g in got)["r0"] == 20
         reached |= {g.rack for g in got}
@@ -189,10 +195,9 @@ def test_rack_aware_spreads_over_all_racks_when_racks_outnumber_the_budget() -> 
 
 
 def test_rack_aware_prefers_complete_then_fuller_sources() -> None:
-    members = sorted([member("a", "r0", have=1), member("b", "r0", have=9),
-                      member("c", "r0", have=3, complete=True), member("d", "r0", have=5),
-                      member("e", "r1", have=2), member("f", "r1", have=2, complete=True)],
-                     key=lambda m: m.peer)
+    members = pool([member("a", "r0", have=1), member("b", "r0", have=9),
+                    member("c", "r0", have=3, complete=True), member("d", "r0", have=5),
+                    member("e", "r1", have=2), member("f", "r1", have=2, complete=True)])
     got = rack_aware(PeerId("a"), "r0", members, 3, random.Random(0))
     assert [m.peer for m in got] == ["c", "b", "f"]
 
@@ -213,8 +218,9 @@ def test_rack_aware_fills_from_own_rack_when_others_are_small() -> None:
 def test_zero_limit_and_lone_peer_get_nothing() -> None:
     members = racks("r0:3")
     assert rack_aware(PeerId("r0-000"), "r0", members, 0, random.Random(0)) == []
-    assert uniform(PeerId("r0-000"), "r0", members[:1], 5, random.Random(0)) == []
-    assert rack_aware(PeerId("r0-000"), "r0", members[:1], 5, random.Random(0)) == []
+    alone = racks("r0:1")
+    assert uniform(PeerId("r0-000"), "r0", alone, 5, random.Random(0)) == []
+    assert rack_aware(PeerId("r0-000"), "r0", alone, 5, random.Random(0)) == []
 
 
 def test_rack_aware_handles_a_large_swarm() -> None:
@@ -232,8 +238,8 @@ def test_unknown_policy_names_the_known_ones() -> None:
 
 # -- core purity ----------------------------------------------------------------------
 
-CORE = ["tracker/registry.py", "tracker/handout.py", "tracker/limits.py"]
-ALLOWED_PROJECT = {"p2p.content", "tracker.registry", "p2p.ratelimit"}
+CORE = ["tracker/registry.py", "tracker/handout.py", "tracker/limits.py", "tracker/index.py"]
+ALLOWED_PROJECT = {"p2p.content", "tracker.registry", "tracker.index", "p2p.ratelimit"}
 FORBIDDEN = {"os", "time", "asyncio", "socket", "threading", "subprocess", "selectors",
              "pathlib", "io", "shutil", "tempfile", "signal", "datetime", "secrets", "uuid"}
 
@@ -401,3 +407,85 @@ def test_log_limiter_lets_one_line_through_per_period_and_counts_the_rest() -> N
     assert logs.allow("y", 1.0) == 0
     assert logs.allow("x", 2.0) is None
     assert logs.allow("x", 10.0) == 2
+
+
+# -- the swarm index handouts draw from -----------------------------------------------
+
+
+class CountingRandom(random.Random):
+    """Counts the random draws a policy makes: its work, without a clock."""
+
+    draws = 0
+
+    def random(self) -> float:
+        self.draws += 1
+        return super().random()
+
+    def getrandbits(self, k: int) -> int:
+        self.draws += 1
+        return super().getrandbits(k)
+
+
+def big_swarm(nodes: int, per_rack: int = 40) -> Registry:
+    reg = Registry()
+    for n in range(nodes):
+        reg.announce(C, member(f"n{n:05d}", f"r{n // per_rack:04d}", have=n % 97,
+                               complete=n % 5 == 0), 0.0)
+    return reg
+
+
+@pytest.mark.parametrize("name", sorted(HANDOUT_POLICIES))
+def test_handout_work_does_not_grow_with_the_swarm(name: str) -> None:
+    policy = get_policy(name)
+    draws = []
+    for nodes in (400, 12_000):
+        reg, rng = big_swarm(nodes), CountingRandom(5)
+        for n in range(0, 400, 7):
+            policy(PeerId(f"n{n:05d}"), f"r{n // 40:04d}", reg.candidates(C, 0.0), 30, rng)
+        draws.append(rng.draws)
+    assert draws[1] < 1.3 * draws[0], draws
+
+
+def test_index_matches_a_brute_force_model_under_churn() -> None:
+    rng = random.Random(9)
+    reg, model = Registry(), {}
+    for step in range(3000):
+        peer = PeerId(f"p{rng.randrange(60)}")
+        if rng.random() < 0.2:
+            reg.leave(C, peer)
+            model.pop(peer, None)
+        else:
+            m = member(peer, f"r{rng.randrange(4)}", rng.randrange(9), rng.random() < 0.3)
+            reg.announce(C, m, float(step))
+            model[peer] = m
+        if step % 100 == 0:
+            index = reg.candidates(C, float(step)).index
+            assert sorted(index.by_peer) == sorted(model)
+            for rack in {m.rack for m in model.values()}:
+                group = index.rack(rack)
+                assert group is not None
+                want = {p for p, m in model.items() if m.rack == rack and m.complete}
+                assert sorted(group.complete.items) == sorted(want)
+            assert index.rack_names == sorted({m.rack for m in model.values()})
+
+
+def test_banned_members_are_skipped_by_every_draw() -> None:
+    reg = Registry(ban_seconds=100.0)
+    for p in ["bad", "x", "y", "z"]:
+        reg.announce(C, member(p, complete=p == "bad"), 0.0)
+    reg.report(PeerId("bad"), PeerId("x"), "r", 1.0)
+    reg.report(PeerId("bad"), PeerId("y"), "r", 1.0)
+    for policy in HANDOUT_POLICIES.values():
+        for seed in range(20):
+            got = policy(PeerId("x"), "r0", reg.candidates(C, 2.0), 5, random.Random(seed))
+            assert sorted(m.peer for m in got) == ["y", "z"]
+
+
+def test_same_announces_same_index_same_handouts() -> None:
+    first = [m.peer for m in rack_aware(PeerId("n00007"), "r0000",
+                                        big_swarm(2000).candidates(C, 0.0), 30,
+                                        random.Random(1))]
+    again = [m.peer for m in rack_aware(PeerId("n00007"), "r0000",
+                                        big_swarm(2000).candidates(C, 0.0), 30,
+                                        random.Random(1))]
+    assert first == again and len(first) == 30

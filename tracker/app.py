@@ -108,7 +108,8 @@ async def _announce(request: web.Request) -> web.Response:
     now = time.monotonic()
     addr = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     t.registry.announce(content, Member(peer, addr, rack, have, complete, now, host), now)
-    handed = t.policy(peer, rack, t.registry.candidates(content, now), limit, t.rng)
+    handed = (t.policy(peer, rack, t.registry.candidates(content, now), limit, t.rng)
+              if limit else [])
     peers = [{"peer": m.peer, "addr": m.addr, "rack": m.rack, "have": m.have,
               "complete": m.complete} for m in handed]
     slot = t.registry.origin_slot(content, peer)

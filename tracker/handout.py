@@ -1,8 +1,8 @@
 """Peer handout policies: which members of a swarm the tracker hands a peer.
 
 Theory of operation. A handout answers one announce: given the requester, its
-rack, the swarm's members (already stripped of banned peers, in a
-deterministic order) and a `limit`, return at most `limit` members, never the
+rack, the swarm's candidates (the members minus banned peers, indexed; see
+tracker.index) and a `limit`, return at most `limit` members, never the
 requester itself. Policies are pure functions registered by name in
 `HANDOUT_POLICIES`, so the tracker and the simulator pick one by name and a
 simulation sweep is a loop over names.
@@ -30,88 +30,74 @@ preference order.
 
 `random` is the baseline the simulator compares against: a uniform sample.
 
-Cost: one pass over the members to group them by rack, then work
-proportional to the members of the racks actually visited; O(members) per
-call, whatever the number of racks. Only the given `random.Random` is used,
-so a seed reproduces a handout exactly. No I/O, no clock.
+Cost: the policies draw from `tracker.index.Candidates`, the swarm indexed
+by rack and completeness, so a handout costs O(limit) draws plus the racks it
+visits (at most `limit`), whatever the swarm size; a rack's best sources are
+ranked among a bounded random sample (exact for racks of up to
+`max(4 n, 16)` incomplete members; see tracker.index). Only the given
+`random.Random` is used, so a seed reproduces a handout exactly. No I/O, no
+clock.
 """
 
 from __future__ import annotations
 
-import heapq
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from p2p.content import PeerId
+from tracker.index import Candidates
 from tracker.registry import Member
 
-HandoutPolicy = Callable[[PeerId, str, Sequence[Member], int, random.Random], list[Member]]
+HandoutPolicy = Callable[[PeerId, str, Candidates, int, random.Random], list[Member]]
 
 SAME_RACK_SHARE = 2 / 3
 
 
-def _best(group: Sequence[Member], n: int, rng: random.Random) -> list[Member]:
-    """The `n` best sources in `group`: complete first, then most chunks, rng ties."""
-    if n <= 0:
-        return []
-    return heapq.nlargest(n, group, key=lambda m: (m.complete, m.have, rng.random()))
-
-
-def rack_aware(requester: PeerId, rack: str, members: Sequence[Member], limit: int,
+def rack_aware(requester: PeerId, rack: str, members: Candidates, limit: int,
                rng: random.Random) -> list[Member]:
     """Same rack first, then every other rack represented; see the module docstring."""
     if limit <= 0:
         return []
-    same: list[Member] = []
-    others: dict[str, list[Member]] = {}
-    for m in members:
-        if m.peer == requester:
-            continue
-        if m.rack == rack:
-            same.append(m)
-        elif (group := others.get(m.rack)) is not None:
-            group.append(m)
-        else:
-            others[m.rack] = [m]
-
+    racks = members.racks()
+    others = len(racks) - (1 if members.index.rack(rack) is not None else 0)
     same_quota = max(1, round(limit * SAME_RACK_SHARE)) if others else limit
-    ranked_same = _best(same, limit, rng)
+    ranked_same = members.best(rack, limit, rng, skip=(requester,))
     chosen = ranked_same[:same_quota]
     budget = limit - len(chosen)
     if budget > 0 and others:
-        chosen += _spread(others, budget, rng)
+        chosen += _spread(members, rack, racks, others, budget, rng)
         budget = limit - len(chosen)
     if budget > 0:
         chosen += ranked_same[same_quota:same_quota + budget]
         budget = limit - len(chosen)
     if budget > 0 and others:
         taken = {m.peer for m in chosen}
-        leftovers = [m for group in others.values() for m in group if m.peer not in taken]
-        chosen += rng.sample(leftovers, min(budget, len(leftovers)))
+        taken.add(requester)
+        chosen += members.others(budget, rack, rng, taken)
     return chosen
 
 
-def _spread(others: dict[str, list[Member]], budget: int, rng: random.Random) -> list[Member]:
+def _spread(members: Candidates, rack: str, racks: list[str], others: int, budget: int,
+            rng: random.Random) -> list[Member]:
     """Up to `budget` members, `per_rack` from each other rack, from an rng-chosen rack on."""
-    racks = sorted(others)
-    per_rack = max(1, budget // len(racks))
+    per_rack = max(1, budget // others)
     start = rng.randrange(len(racks))
     picked: list[Member] = []
     for i in range(len(racks)):
         if len(picked) >= budget:
             break
-        group = others[racks[(start + i) % len(racks)]]
-        picked += _best(group, min(per_rack, budget - len(picked)), rng)
+        name = racks[(start + i) % len(racks)]
+        if name != rack:
+            picked += members.best(name, min(per_rack, budget - len(picked)), rng)
     return picked
 
 
-def uniform(requester: PeerId, rack: str, members: Sequence[Member], limit: int,
+def uniform(requester: PeerId, rack: str, members: Candidates, limit: int,
             rng: random.Random) -> list[Member]:
     """A uniform random sample of the members other than the requester."""
     if limit <= 0:
         return []
-    pool = [m for m in members if m.peer != requester]
-    return rng.sample(pool, min(limit, len(pool)))
+    return members.sample(limit, rng, skip=(requester,))
 
 
 HANDOUT_POLICIES: dict[str, HandoutPolicy] = {

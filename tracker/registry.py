@@ -43,19 +43,21 @@ drive it unchanged. Every list it returns is in a deterministic order (peers
 sorted by id, contents sorted by id): policies that consume those lists are
 then reproducible for a given random seed.
 
-Cost: announce, leave and report are O(log n) plus a list insert and O(k)
-fetcher upkeep; `members` and `candidates` are O(members of that content);
-`expire` is O(expired), because refreshed members move to the back of one
-queue ordered by last announce.
+Cost: announce and leave are O(1) plus O(k) fetcher upkeep (a new rack adds
+a sorted insert into that content's racks); `candidates` is O(1), a view of
+the content's index (tracker.index) that handouts sample from, so no call
+here walks a swarm; `members` sorts, for tests and the status page; `expire`
+is O(expired), because refreshed members move to the back of one queue
+ordered by last announce.
 """
 
 from __future__ import annotations
 
-import bisect
 from collections import OrderedDict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from p2p.content import ContentId, PeerId
+from tracker.index import Candidates, SwarmIndex
 
 BAN_SECONDS = 600.0
 REPORTERS_TO_BAN = 2
@@ -108,29 +110,27 @@ class OriginSlot:
 
 
 class _Swarm:
-    """The members of one content, with their ids kept sorted, and its origin fetchers."""
+    """The members of one content (indexed: tracker.index), and its origin fetchers."""
 
-    __slots__ = ("by_peer", "demoted", "fetchers", "order", "progress")
+    __slots__ = ("demoted", "fetchers", "index", "progress")
 
     def __init__(self) -> None:
-        self.by_peer: dict[PeerId, Member] = {}
-        self.order: list[PeerId] = []
+        self.index = SwarmIndex()
         self.fetchers: list[PeerId] = []  # index = origin slot
         self.progress: dict[PeerId, tuple[int, float]] = {}  # fetcher -> (have, since when)
         self.demoted: dict[PeerId, int] = {}  # lost its slot -> held count at the time
 
+    @property
+    def by_peer(self) -> dict[PeerId, Member]:
+        return self.index.by_peer
+
     def put(self, member: Member) -> bool:
         """Insert or refresh; True if the peer is new to this content."""
-        new = member.peer not in self.by_peer
-        self.by_peer[member.peer] = member
-        if new:
-            bisect.insort(self.order, member.peer)
-        return new
+        return self.index.put(member)
 
     def remove(self, peer: PeerId) -> bool:
-        if self.by_peer.pop(peer, None) is None:
+        if self.index.remove(peer) is None:
             return False
-        del self.order[bisect.bisect_left(self.order, peer)]
         self.demoted.pop(peer, None)
         self.unappoint(peer)
         return True
@@ -151,6 +151,9 @@ class _Swarm:
         member = self.by_peer.get(peer)
         self.demoted[peer] = member.have if member else 0
         return True
+
+
+_EMPTY = SwarmIndex()
 
 
 class Registry:
@@ -202,7 +205,8 @@ class Registry:
         swarm = self._swarms.get(content)
         if swarm is None:
             swarm = self._swarms[content] = _Swarm()
-        member = replace(member, last_seen=now)
+        member = Member(member.peer, member.addr, member.rack, member.have, member.complete,
+                        now, member.host)
         new = swarm.put(member)
         key = (content, member.peer)
         self._by_age[key] = now
@@ -224,7 +228,7 @@ class Registry:
         if swarm is None or not swarm.remove(peer):
             return False
         del self._by_age[(content, peer)]
-        if not swarm.by_peer:
+        if not swarm.index:
             del self._swarms[content]
         left = self._contents_of[peer] - 1
         if left:
@@ -251,19 +255,23 @@ class Registry:
         return gone
 
     def members(self, content: ContentId) -> list[Member]:
-        """The members of `content`, sorted by peer id."""
+        """The members of `content`, sorted by peer id: O(members log members)."""
         swarm = self._swarms.get(content)
         if swarm is None:
             return []
         by_peer = swarm.by_peer
-        return [by_peer[p] for p in swarm.order]
+        return [by_peer[p] for p in sorted(by_peer)]
 
-    def candidates(self, content: ContentId, now: float) -> list[Member]:
-        """The members that may be handed out at `now` (not banned), sorted by peer id."""
-        members = self.members(content)
+    def candidates(self, content: ContentId, now: float) -> Candidates:
+        """What handouts draw from at `now`: the members not banned, indexed (O(1)).
+
+        Iterating it lists them sorted by peer id (O(members log members)).
+        """
+        swarm = self._swarms.get(content)
+        index = swarm.index if swarm is not None else _EMPTY
         if not self._banned_until:
-            return members
-        return [m for m in members if not self.is_banned(m.node, now)]
+            return Candidates(index)
+        return Candidates(index, lambda m: self.is_banned(m.node, now))
 
     def member(self, content: ContentId, peer: PeerId) -> Member | None:
         swarm = self._swarms.get(content)

@@ -1,0 +1,231 @@
+"""The members of one content, indexed so that a handout never walks the swarm.
+
+Theory of operation. A handout wants a few dozen peers out of a swarm that may
+hold ten thousand; the tracker answers thousands of announces a second, so
+the work per announce must not grow with the swarm. `SwarmIndex` keeps each
+content's members three ways, all updated in O(1) per announce:
+
+- by peer id (a dict), for refreshes and lookups;
+- per rack, split into complete and incomplete members, each an indexable
+  bag (`_Bag`: a list plus positions, removal swaps in the last item), so a
+  rack's members can be sampled without a scan;
+- all of them in one more bag, for uniform draws;
+- the sorted list of racks with members (changes only when a rack appears or
+  empties), so a walk over racks can start anywhere.
+
+`Candidates` is what a handout policy (tracker.handout) sees: the index and
+a ban predicate. Its `best(rack, n)` returns a rack's best `n` sources:
+complete members first, in random order (they are equal sources), then
+incomplete ones by chunks held, chosen among a random sample of at most
+`max(4 n, 16)` of them (ties by the rng). A rack no larger than that sample
+is ranked exactly. `others(n, rack, skip)` draws `n` members of other racks
+at random, rack by rack from a random rack on. Both cost O(n + skipped), not
+O(members); banned members are skipped as they are met, so a ban costs only
+the draws it wastes.
+
+Order is deterministic: bags keep insertion order (swap-remove changes it
+the same way every run), racks are sorted, and all randomness comes from the
+`random.Random` the caller passes; nothing iterates a set. No I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections.abc import Callable, Collection, Iterable, Iterator
+from typing import TYPE_CHECKING
+
+from p2p.content import PeerId
+
+if TYPE_CHECKING:
+    from tracker.registry import Member
+
+MIN_RANK_SAMPLE = 16  # incomplete members ranked per `best` call, at least
+RANK_SAMPLE_PER_PEER = 4  # ... and this many per peer asked for
+
+
+class _Bag:
+    """Peer ids with O(1) add, remove and random access; see the module docstring."""
+
+    __slots__ = ("items", "pos")
+
+    def __init__(self) -> None:
+        self.items: list[PeerId] = []
+        self.pos: dict[PeerId, int] = {}
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def add(self, peer: PeerId) -> None:
+        self.pos[peer] = len(self.items)
+        self.items.append(peer)
+
+    def remove(self, peer: PeerId) -> None:
+        i = self.pos.pop(peer)
+        last = self.items.pop()
+        if last != peer:
+            self.items[i] = last
+            self.pos[last] = i
+
+    def draw(self, k: int, rng: random.Random) -> list[PeerId]:
+        """Up to `k` distinct items in random order."""
+        return rng.sample(self.items, min(k, len(self.items)))
+
+
+class _Rack:
+    __slots__ = ("complete", "incomplete")
+
+    def __init__(self) -> None:
+        self.complete = _Bag()
+        self.incomplete = _Bag()
+
+    def bag(self, complete: bool) -> _Bag:
+        return self.complete if complete else self.incomplete
+
+    def __len__(self) -> int:
+        return len(self.complete) + len(self.incomplete)
+
+
+class SwarmIndex:
+    """One content's members by peer, by rack and completeness. See the module docstring."""
+
+    __slots__ = ("_racks", "by_peer", "everyone", "rack_names")
+
+    def __init__(self) -> None:
+        self.by_peer: dict[PeerId, Member] = {}
+        self.everyone = _Bag()
+        self._racks: dict[str, _Rack] = {}
+        self.rack_names: list[str] = []  # sorted; only racks with members
+
+    def __len__(self) -> int:
+        return len(self.by_peer)
+
+    def put(self, member: Member) -> bool:
+        """Insert or refresh `member`; True if its peer is new here."""
+        old = self.by_peer.get(member.peer)
+        self.by_peer[member.peer] = member
+        if old is not None and old.rack == member.rack and old.complete == member.complete:
+            return False
+        if old is not None:
+            self._unfile(old)
+        else:
+            self.everyone.add(member.peer)
+        rack = self._racks.get(member.rack)
+        if rack is None:
+            rack = self._racks[member.rack] = _Rack()
+            self.rack_names.insert(_bisect(self.rack_names, member.rack), member.rack)
+        rack.bag(member.complete).add(member.peer)
+        return old is None
+
+    def remove(self, peer: PeerId) -> Member | None:
+        member = self.by_peer.pop(peer, None)
+        if member is not None:
+            self._unfile(member)
+            self.everyone.remove(peer)
+        return member
+
+    def _unfile(self, member: Member) -> None:
+        rack = self._racks[member.rack]
+        rack.bag(member.complete).remove(member.peer)
+        if not rack:
+            del self._racks[member.rack]
+            del self.rack_names[_bisect(self.rack_names, member.rack)]
+
+    def rack(self, name: str) -> _Rack | None:
+        return self._racks.get(name)
+
+    @classmethod
+    def of(cls, members: Iterable[Member]) -> SwarmIndex:
+        """An index holding `members` (for tests and one-off callers)."""
+        index = cls()
+        for m in members:
+            index.put(m)
+        return index
+
+
+def _bisect(names: list[str], name: str) -> int:
+    lo, hi = 0, len(names)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if names[mid] < name:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+def _never(member: Member) -> bool:
+    return False
+
+
+class Candidates:
+    """The members a handout may draw from: an index minus banned members."""
+
+    __slots__ = ("_banned", "index")
+
+    def __init__(self, index: SwarmIndex,
+                 banned: Callable[[Member], bool] | None = None) -> None:
+        self.index = index
+        self._banned = banned or _never
+
+    def __iter__(self) -> Iterator[Member]:
+        """Every candidate, sorted by peer id: O(members log members), for tests and pages."""
+        by_peer = self.index.by_peer
+        return (m for p in sorted(by_peer) if not self._banned(m := by_peer[p]))
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def racks(self) -> list[str]:
+        """Racks with members, sorted (do not modify)."""
+        return self.index.rack_names
+
+    def best(self, rack: str, n: int, rng: random.Random,
+             skip: Collection[PeerId] = ()) -> list[Member]:
+        """Up to `n` of `rack`'s best sources, best first; see the module docstring."""
+        group = self.index.rack(rack)
+        if group is None or n <= 0:
+            return []
+        chosen = self._take(group.complete, n, len(skip), rng, skip)
+        if len(chosen) < n:
+            sample = max(MIN_RANK_SAMPLE, RANK_SAMPLE_PER_PEER * n)
+            pool = self._take(group.incomplete, sample, len(skip), rng, skip)
+            chosen += heapq.nlargest(n - len(chosen), pool,
+                                     key=lambda m: (m.have, rng.random()))
+        return chosen
+
+    def others(self, n: int, rack: str, rng: random.Random,
+               skip: Collection[PeerId]) -> list[Member]:
+        """Up to `n` random members outside `rack` and `skip`, rack by rack."""
+        names = self.index.rack_names
+        if n <= 0 or not names:
+            return []
+        picked: list[Member] = []
+        start = rng.randrange(len(names))
+        for i in range(len(names)):
+            name = names[(start + i) % len(names)]
+            group = self.index.rack(name)
+            if name == rack or group is None:
+                continue
+            for bag in (group.complete, group.incomplete):
+                need = n - len(picked)
+                if need > 0:
+                    picked += self._take(bag, need, len(skip), rng, skip)
+            if len(picked) >= n:
+                break
+        return picked
+
+    def sample(self, n: int, rng: random.Random, skip: Collection[PeerId]) -> list[Member]:
+        """Up to `n` members drawn uniformly, none in `skip`."""
+        return self._take(self.index.everyone, n, len(skip), rng, skip)
+
+    def _take(self, bag: _Bag, k: int, extra: int, rng: random.Random,
+              skip: Collection[PeerId]) -> list[Member]:
+        """Up to `k` members of `bag` in random order, skipping `skip` and banned ones."""
+        by_peer = self.index.by_peer
+        drawn = bag.draw(k + extra, rng)
+        out = [m for p in drawn if p not in skip and not self._banned(m := by_peer[p])]
+        if len(out) < k and len(drawn) < len(bag):  # bans ate the slack: widen, rarely
+            drawn = bag.draw(len(bag), rng)
+            out = [m for p in drawn if p not in skip and not self._banned(m := by_peer[p])]
+        return out[:k]
