@@ -24,7 +24,8 @@ Two rooms of the agent's work live beside it. Peer connections (accepting,
 dialling, address bans, reports to the tracker) are p2p.connections': the
 swarms say which peers to connect to, and the agent hears when a dial ends
 (`dialled`, `dial_failed`). Announces are p2p.announcer's: one loop per
-session, whose replies the agent hands to the swarm (`tracker_replied`).
+node, one request for all sessions, whose replies the agent hands to each
+session's swarm (`tracker_replied`).
 """
 
 from __future__ import annotations
@@ -114,6 +115,7 @@ class Agent:
         peer = PeerId(self.config.resolved_peer_id(self.port))
         self.me = PeerInfo(peer, f"{self.config.host}:{self.port}", self.config.rack)
         self._conns.start(self.me)
+        self._spawn(self._announcer.run())
         for manifest in self.store.known():
             try:  # seed what survived a restart; whoever still wants it all asks again
                 await self._open_session(manifest, lazy=True)
@@ -248,7 +250,7 @@ class Agent:
         self.sessions[manifest.content_id] = session
         self.metrics.contents.set(len(self.sessions))
         self._execute(session, swarm.start(self._loop.time()))
-        session.announcer = self._spawn(self._announcer.loop(session))
+        self._announcer.soon(session)  # the node's one announce loop covers it now
         return session
 
     def _new_done(self) -> asyncio.Future[None]:
@@ -266,8 +268,6 @@ class Agent:
             if task is not current:
                 task.cancel()
         session.origin_tasks.clear()
-        if session.announcer:
-            session.announcer.cancel()
         error = ContentFailed(why)
         if not session.done.done():
             session.done.set_exception(error)

@@ -1,16 +1,19 @@
 """Announcing the agent's contents to the tracker, and passing on what it hands out.
 
-Theory of operation. Each session has one announce loop: it announces, then
+Theory of operation. The agent has one announce loop (`run`), and each pass
+announces every open session's content in one request (the tracker's
+batched announce): what we hold of each, whether it is complete. Then it
 waits for the interval the tracker last asked for (the configured one before
-its first answer) unless `soon` wakes it first: a peer the tracker did
-not hand out joined, so the swarm grew and our origin-fetcher slot may have
-changed. Announces woken early come no faster than one per
-EARLY_ANNOUNCE_GAP_S. Every reply (peers, origin slot) goes to the owner,
-which hands it to the swarm; a failed announce is logged and the loop goes on.
+its first answer) unless `soon` wakes it first: a session opened, or a peer
+the tracker did not hand out joined, so a swarm grew and our origin-fetcher
+slot may have changed. Announces woken early come no faster than one per
+EARLY_ANNOUNCE_GAP_S. Every content's reply (peers, origin slot) goes to the
+owner, which hands it to that content's swarm; a failed announce is logged
+and the loop goes on.
 
 A content that fails or is evicted is announced "stopped" with nothing held
-(`gone`); a stopping agent says "stopped" for all its contents at once
-(`goodbye`).
+(`gone`); a stopping agent says "stopped" for all its contents in one
+request (`goodbye`).
 """
 
 from __future__ import annotations
@@ -24,7 +27,13 @@ from p2p.content import ContentId
 from p2p.peer import PeerInfo
 from p2p.session import Session
 from p2p.swarm import bits
-from p2p.tracker_client import AnnounceReply, TrackerClient, TrackerError, TrackerUnavailable
+from p2p.tracker_client import (
+    AnnounceReply,
+    ContentState,
+    TrackerClient,
+    TrackerError,
+    TrackerUnavailable,
+)
 
 log = logging.getLogger(__name__)
 EARLY_ANNOUNCE_GAP_S = 0.2  # announces prompted by new peers come no faster
@@ -44,43 +53,56 @@ class Announcer:
         self._owner = owner
         self._tracker = tracker
         self._interval_s = interval_s
+        self._wake = asyncio.Event()
 
-    async def loop(self, session: Session) -> None:
+    async def run(self) -> None:
+        """The node's announce loop; runs until cancelled."""
+        loop = asyncio.get_running_loop()
         interval = self._interval_s
         while True:
-            session.wake_announcer.clear()
-            interval = await self.once(session.content) or interval
+            self._wake.clear()
+            last = loop.time()
+            interval = await self._announce(list(self._owner.sessions)) or interval
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(session.wake_announcer.wait(), interval)
-            await asyncio.sleep(EARLY_ANNOUNCE_GAP_S)
+                await asyncio.wait_for(self._wake.wait(), interval)
+            gap = last + EARLY_ANNOUNCE_GAP_S - loop.time()
+            if gap > 0:
+                await asyncio.sleep(gap)
 
-    def soon(self, session: Session) -> None:
-        session.wake_announcer.set()
+    def soon(self, session: Session | None = None) -> None:
+        """Announce early (all contents: one request covers them)."""
+        self._wake.set()
 
     async def once(self, content: ContentId, event: str | None = None) -> float | None:
-        """Announce `content`'s session, if it has one; the interval the tracker asks for."""
-        session, me = self._owner.sessions.get(content), self._owner.me
-        if session is None or me is None:
+        """Announce `content`'s session alone, if it has one; the interval asked for."""
+        return await self._announce([content], event)
+
+    async def _announce(self, contents: list[ContentId],
+                        event: str | None = None) -> float | None:
+        me, sessions = self._owner.me, self._owner.sessions
+        states = [ContentState(c, bits.count(s.swarm.have), s.swarm.complete, event)
+                  for c in contents if (s := sessions.get(c)) is not None]
+        if me is None or not states:
             return None
         try:
-            reply = await self._tracker.announce(
-                content, me.peer, me.addr, me.rack,
-                bits.count(session.swarm.have), session.swarm.complete, event=event)
+            replies = await self._tracker.announce_all(me.peer, me.addr, me.rack, states)
         except (TrackerUnavailable, TrackerError) as exc:
-            log.warning("announce for %s failed: %s", content, exc)
+            log.warning("announce of %d contents failed: %s", len(states), exc)
             return None
         if event is not None:
             return None
-        self._owner.tracker_replied(session, reply)
-        return reply.interval
+        for state in states:
+            session = sessions.get(state.content)
+            if session is not None:  # it may have closed while we waited
+                self._owner.tracker_replied(session, replies[state.content])
+        return next(iter(replies.values())).interval
 
     async def goodbye(self) -> None:
-        await asyncio.gather(*(self.once(content, event="stopped")
-                               for content in list(self._owner.sessions)))
+        await self._announce(list(self._owner.sessions), event="stopped")
 
     async def gone(self, session: Session) -> None:
         me = self._owner.me
         assert me is not None
         with contextlib.suppress(TrackerUnavailable, TrackerError):
-            await self._tracker.announce(session.content, me.peer, me.addr, me.rack, 0, False,
-                                         event="stopped")
+            await self._tracker.announce_all(me.peer, me.addr, me.rack,
+                                             [ContentState(session.content, 0, False, "stopped")])

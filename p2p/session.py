@@ -29,8 +29,6 @@ class Session:
     waiters: dict[int, list[asyncio.Future[None]]] = field(default_factory=dict)
     origin_tasks: dict[int, asyncio.Task[None]] = field(default_factory=dict)
     timer: asyncio.TimerHandle | None = None
-    wake_announcer: asyncio.Event = field(default_factory=asyncio.Event)
-    announcer: asyncio.Task[None] | None = None
     origin_bytes: int = 0
     peer_bytes: int = 0
     started: float = 0.0

@@ -25,7 +25,7 @@ import json
 import re
 import time
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,6 +72,17 @@ class AnnounceReply:
     origin_slot: int | None = None  # our index among the origin fetchers; None: not one
     origin_slots: int = 1  # how many origin fetchers the swarm has
     origin_filled: int | None = None  # how many slots have a fetcher now (None: all)
+
+
+@dataclass(frozen=True, slots=True)
+class ContentState:
+    """What a node tells the tracker about one content in an announce."""
+
+    content: ContentId
+    have: int  # chunks held
+    complete: bool
+    event: str | None = None  # "started", "completed", "stopped" (leave the swarm)
+    want: int | None = None  # peers wanted; 0 = none; None = the tracker's handout limit
 
 
 class TrackerUnavailable(Exception):
@@ -126,26 +137,33 @@ class TrackerClient:
         """Join or refresh `content`'s swarm; `event="stopped"` leaves it.
 
         `want` caps the peers returned (0 = just a keep-alive); default: the
-        tracker's handout limit.
+        tracker's handout limit. One content of `announce_all`.
         """
-        body: dict[str, Any] = {"content": check_content_id(content), "peer": peer,
-                                "addr": addr, "rack": rack,
-                                "have": have, "complete": complete}
-        if event is not None:
-            body["event"] = event
-        if want is not None:
-            body["want"] = want
+        state = ContentState(content, have, complete, event, want)
+        return (await self.announce_all(peer, addr, rack, [state]))[content]
+
+    async def announce_all(self, peer: PeerId, addr: str, rack: str,
+                           contents: Sequence[ContentState]) -> dict[ContentId, AnnounceReply]:
+        """One announce for all of a node's `contents`: each content's reply by id.
+
+        Peers come back only for contents whose `want` is not 0.
+        """
+        states: dict[str, Any] = {}
+        for c in contents:
+            state: dict[str, Any] = {"have": c.have, "complete": c.complete}
+            if c.event is not None:
+                state["event"] = c.event
+            if c.want is not None:
+                state["want"] = c.want
+            states[check_content_id(c.content)] = state
+        body = {"peer": peer, "addr": addr, "rack": rack, "contents": states}
         status, raw, _ = await self._request("POST", "/v1/announce", _encode(body))
         reply = _decode(status, raw)
         try:
-            peers = [PeerInfo(PeerId(_typed(p["peer"], str)), _typed(p["addr"], str),
-                              _typed(p["rack"], str), _typed(p["have"], int),
-                              _typed(p["complete"], bool)) for p in reply["peers"]]
-            slot, filled = reply.get("origin_slot"), reply.get("origin_filled")
-            return AnnounceReply(peers, float(_typed(reply["interval"], (int, float))),
-                                 None if slot is None else _typed(slot, int),
-                                 max(1, _typed(reply.get("origin_slots", 1), int)),
-                                 None if filled is None else _typed(filled, int))
+            interval = float(_typed(reply["interval"], (int, float)))
+            got = _typed(reply["contents"], dict)
+            return {c.content: _content_reply(_typed(got[c.content], dict), interval)
+                    for c in contents}
         except (KeyError, TypeError) as exc:
             raise TrackerError(status, f"malformed announce reply: {exc!r}") from None
 
@@ -237,6 +255,17 @@ class TrackerClient:
                 self.base_url, f"no answer within {self._timeout.total:g} s") from exc
         except (aiohttp.ClientError, OSError) as exc:
             raise TrackerUnavailable(self.base_url, str(exc) or type(exc).__name__) from exc
+
+
+def _content_reply(reply: dict[str, Any], interval: float) -> AnnounceReply:
+    """One content's part of an announce reply; KeyError or TypeError if malformed."""
+    peers = [PeerInfo(PeerId(_typed(p["peer"], str)), _typed(p["addr"], str),
+                      _typed(p["rack"], str), _typed(p["have"], int),
+                      _typed(p["complete"], bool)) for p in reply.get("peers", [])]
+    slot, filled = reply.get("origin_slot"), reply.get("origin_filled")
+    return AnnounceReply(peers, interval, None if slot is None else _typed(slot, int),
+                         max(1, _typed(reply.get("origin_slots", 1), int)),
+                         None if filled is None else _typed(filled, int))
 
 
 def _quoted(segment: str) -> str:

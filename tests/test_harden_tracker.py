@@ -336,8 +336,9 @@ async def test_announces_and_reports_beyond_their_rate_get_429(tmp_path: Path) -
                 with pytest.raises(TrackerError) as info:
                     await announce()
                 assert (info.value.status, info.value.retry_after_s) == (429, 5)
-            await announce(D)  # another swarm has its own budget
-            await c.announce(D, PeerId("q"), "127.0.0.1:7001", "r0", 0, False)
+            with pytest.raises(TrackerError):  # one budget per node: all its contents
+                await announce(D)
+            await c.announce(D, PeerId("q"), "127.0.0.1:7001", "r0", 0, False)  # another node
             for _ in range(2):
                 await c.report(PeerId("p"), PeerId("q"), D, "bad chunk")
             with pytest.raises(TrackerError, match="too many reports") as info:

@@ -291,7 +291,7 @@ def _with(**changes: Any) -> bytes:
     (b"{not json", "not valid JSON"),
     (b"[1, 2]", "must be a JSON object"),
     (b"[" * 30_000 + b"]" * 30_000, "not valid JSON"),  # too deep: RecursionError
-    (_with(content=...), 'missing field "content"'),
+    (_with(content=...), 'missing field "contents"'),
     (_with(peer=7), 'field "peer" must be str'),
     (_with(peer=""), 'field "peer" must not be empty'),
     (_with(have="3"), 'field "have" must be int'),

@@ -3,7 +3,8 @@
 Routes (JSON bodies; every /v1 request is signed with the cluster secret,
 see p2p.auth.sign_request, over the URL path):
 
-    POST /v1/announce                  join/refresh a swarm, get peers and origin slot
+    POST /v1/announce                  join/refresh a node's swarms, get peers and origin
+                                       slots (tracker.announce)
     POST /v1/report                    report a peer that sent bad chunks, or is unreachable
     PUT  /v1/manifests/{content_id}    publish a manifest (201 new, 200 same, 409 other)
     GET  /v1/manifests/{content_id}    fetch a manifest; the body is MAC'd
@@ -20,8 +21,9 @@ and every content id with p2p.content.check_content_id. Failures are mapped once
 not match its source address, 408 too slow, 409 conflict or replay, 429 too
 many; the catch-all 500 is for our own bugs only.
 
-This module builds the app and holds the swarm views (announce, report),
-health and metrics; the manifest and name views are tracker.content_views;
+This module builds the app and holds the report view, health and metrics;
+the announce view is tracker.announce, the manifest and name views are
+tracker.content_views;
 what every view shares, the `Tracker` at `app[TRACKER]`, is tracker.state.
 
 Identity: the source address of a request is the node (tracker.registry). An
@@ -49,7 +51,7 @@ from prometheus_client.exposition import generate_latest
 
 from p2p.auth import AuthError
 from p2p.content import PeerId
-from tracker import content_views, payload
+from tracker import announce, content_views, payload
 from tracker.config import TrackerConfig
 from tracker.guard import (
     MANIFEST_BODY_LIMIT,
@@ -60,61 +62,19 @@ from tracker.guard import (
     SlowClient,
     source_host,
 )
-from tracker.registry import IdentityError, Member
+from tracker.registry import IdentityError
 from tracker.state import TRACKER, Tracker
 
 log = logging.getLogger("bootseer.tracker")
 
 MAX_REASON_CHARS = 1024
-MAX_HAVE = 2**53
 EXPIRE_EVERY_SECONDS = 1.0
-ANNOUNCE_EVENTS = (None, "started", "completed", "stopped")
 UNREACHABLE = "unreachable"  # a report reason: could not dial the peer (frees its slot)
-UNSPECIFIED_HOSTS = ("0.0.0.0", "::")
 
 __all__ = ["TRACKER", "make_app"]
 
 
 # -- swarm views ----------------------------------------------------------------------
-
-
-async def _announce(request: web.Request) -> web.Response:
-    t = request.app[TRACKER]
-    body = payload.json_object(await t.guard.authenticate(request))
-    host = source_host(request)
-    content = payload.content_id(payload.field(body, "content", str), 'field "content"')
-    peer = PeerId(payload.text(body, "peer"))
-    event = body.get("event")
-    if event not in ANNOUNCE_EVENTS:
-        raise BadRequest(f'field "event" must be one of "started", "completed", "stopped"; '
-                         f"not {str(event)[:40]!r}")
-    t.guard.limit(t.guard.announce_rate, (host, peer, content), "announces for this content")
-    t.metrics.announces.inc()
-    interval = t.config.announce_interval_seconds
-    if event == "stopped":
-        t.registry.leave(content, peer, host)
-        return payload.reply({"peers": [], "interval": interval, "origin_slot": None,
-                              "origin_slots": 1, "origin_filled": 1})
-    (addr_host, port), rack = payload.addr(body), payload.text(body, "rack", empty_ok=True)
-    have, complete = payload.count(body, "have", MAX_HAVE), payload.field(body, "complete", bool)
-    limit = t.config.handout_limit
-    if "want" in body:  # an agent with enough peers asks for fewer, or none
-        limit = min(limit, payload.count(body, "want", MAX_HAVE))
-    if addr_host in UNSPECIFIED_HOSTS:
-        addr_host = host
-    if addr_host != host:
-        raise Forbidden(f'"addr" names host {addr_host}, but the announce came from {host}; '
-                        "a node announces the address it is seen at")
-    now = time.monotonic()
-    addr = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    t.registry.announce(content, Member(peer, addr, rack, have, complete, now, host), now)
-    handed = (t.policy(peer, rack, t.registry.candidates(content, now), limit, t.rng)
-              if limit else [])
-    peers = [{"peer": m.peer, "addr": m.addr, "rack": m.rack, "have": m.have,
-              "complete": m.complete} for m in handed]
-    slot = t.registry.origin_slot(content, peer)
-    return payload.reply({"peers": peers, "interval": interval, "origin_slot": slot.slot,
-                          "origin_slots": slot.slots, "origin_filled": slot.filled})
 
 
 async def _report(request: web.Request) -> web.Response:
@@ -227,7 +187,7 @@ def make_app(config: TrackerConfig, secret: bytes) -> web.Application:
     app[TRACKER] = tracker
     app.cleanup_ctx.append(_expiry)
     app.add_routes([
-        web.post("/v1/announce", _announce),
+        web.post("/v1/announce", announce.announce),
         web.post("/v1/report", _report),
         web.put("/v1/manifests/{content_id}", content_views.put_manifest),
         web.get("/v1/manifests/{content_id}", content_views.get_manifest),

@@ -34,12 +34,15 @@ def json_object(body: bytes) -> dict[str, Any]:
     return value
 
 
-def field(obj: dict[str, Any], name: str, kind: type) -> Any:
+def field(obj: dict[str, Any], name: str, kind: type, within: str = "") -> Any:
+    """`obj[name]` if present and of `kind`; `within` prefixes the name in errors
+    ("contents.c1-....": a field of one content of a batched announce)."""
     if name not in obj:
-        raise BadRequest(f'missing field "{name}"')
+        raise BadRequest(f'missing field "{within}{name}"')
     value = obj[name]
     if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
-        raise BadRequest(f'field "{name}" must be {kind.__name__}, not {type(value).__name__}')
+        raise BadRequest(f'field "{within}{name}" must be {kind.__name__}, '
+                         f"not {type(value).__name__}")
     return value
 
 
@@ -88,10 +91,10 @@ def _ip(given: str) -> str | None:
         return None
 
 
-def count(obj: dict[str, Any], name: str, maximum: int) -> int:
-    value: int = field(obj, name, int)
+def count(obj: dict[str, Any], name: str, maximum: int, within: str = "") -> int:
+    value: int = field(obj, name, int, within)
     if not 0 <= value <= maximum:
-        raise BadRequest(f'field "{name}" must be in 0..{maximum}, not {value}')
+        raise BadRequest(f'field "{within}{name}" must be in 0..{maximum}, not {value}')
     return value
 
 

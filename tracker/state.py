@@ -42,7 +42,10 @@ class Metrics:
         def gauge(name: str, doc: str, value: Callable[[], float]) -> None:
             Gauge(f"bootseer_tracker_{name}", doc, registry=r).set_function(value)
 
-        self.announces = counter("announces", "Announces handled")
+        self.announces = counter("announces", "Announce requests handled (one per node and "
+                                 "interval, for all its contents)")
+        self.content_announces = counter("content_announces",
+                                         "Contents announced (a batched announce counts each)")
         self.expired = counter("expired_peers", "Members dropped for not announcing")
         self.auth_failures = counter("auth_failures", "Requests with a missing or bad signature")
         self.bad_requests = counter("bad_requests", "Requests rejected as malformed")
