@@ -15,13 +15,17 @@ content's members three ways, all updated in O(1) per announce:
 
 `Candidates` is what a handout policy (tracker.handout) sees: the index and
 a ban predicate. Its `best(rack, n)` returns a rack's best `n` sources:
-complete members first, in random order (they are equal sources), then
-incomplete ones by chunks held, chosen among a random sample of at most
-`max(4 n, 16)` of them (ties by the rng). A rack no larger than that sample
-is ranked exactly. `others(n, rack, skip)` draws `n` members of other racks
-at random, rack by rack from a random rack on. Both cost O(n + skipped), not
-O(members); banned members are skipped as they are met, so a ban costs only
-the draws it wastes.
+complete members first (equal sources), then incomplete ones by chunks
+held, ranked among at most `max(4 n, 8)` of them. Both groups are read as a
+*window*: a run of the bag from an rng-chosen start, wrapping around. One
+draw per group instead of one per member matters here (Python's rng costs
+about as much as the rest of the handout), and it still spreads equal
+members' load: requesters get different starts, and ties go to the earlier
+member of the window. A rack no larger than the window is ranked exactly.
+`others(n, rack, skip)` takes `n` members of other racks, windows rack by
+rack from a random rack on; `sample` is a uniform draw (the `random`
+policy). All cost O(n + skipped), not O(members); banned members are
+skipped as they are met, so a ban costs only the draws it wastes.
 
 Order is deterministic: bags keep insertion order (swap-remove changes it
 the same way every run), racks are sorted, and all randomness comes from the
@@ -40,7 +44,7 @@ from p2p.content import PeerId
 if TYPE_CHECKING:
     from tracker.registry import Member
 
-MIN_RANK_SAMPLE = 16  # incomplete members ranked per `best` call, at least
+MIN_RANK_SAMPLE = 8  # incomplete members ranked per `best` call, at least
 RANK_SAMPLE_PER_PEER = 4  # ... and this many per peer asked for
 
 
@@ -68,8 +72,18 @@ class _Bag:
             self.pos[last] = i
 
     def draw(self, k: int, rng: random.Random) -> list[PeerId]:
-        """Up to `k` distinct items in random order."""
+        """Up to `k` distinct items, a uniform sample in random order."""
         return rng.sample(self.items, min(k, len(self.items)))
+
+    def window(self, k: int, rng: random.Random) -> list[PeerId]:
+        """Up to `k` consecutive items (wrapping) from a random start: one rng draw."""
+        items = self.items
+        if k >= len(items):
+            start = rng.randrange(len(items)) if items else 0
+            return items[start:] + items[:start]
+        start = rng.randrange(len(items))
+        end = start + k
+        return items[start:end] if end <= len(items) else items[start:] + items[:end - len(items)]
 
 
 class _Rack:
@@ -158,6 +172,10 @@ def _never(member: Member) -> bool:
     return False
 
 
+def _have(member: Member) -> int:
+    return member.have
+
+
 class Candidates:
     """The members a handout may draw from: an index minus banned members."""
 
@@ -186,12 +204,15 @@ class Candidates:
         group = self.index.rack(rack)
         if group is None or n <= 0:
             return []
-        chosen = self._take(group.complete, n, len(skip), rng, skip)
+        chosen = self._take(group.complete, n, len(skip), rng, skip, window=True)
         if len(chosen) < n:
             sample = max(MIN_RANK_SAMPLE, RANK_SAMPLE_PER_PEER * n)
-            pool = self._take(group.incomplete, sample, len(skip), rng, skip)
-            chosen += heapq.nlargest(n - len(chosen), pool,
-                                     key=lambda m: (m.have, rng.random()))
+            pool = self._take(group.incomplete, sample, len(skip), rng, skip, window=True)
+            need = n - len(chosen)
+            if need == 1 and pool:
+                chosen.append(max(pool, key=_have))
+            else:
+                chosen += heapq.nlargest(need, pool, key=_have)
         return chosen
 
     def others(self, n: int, rack: str, rng: random.Random,
@@ -210,7 +231,7 @@ class Candidates:
             for bag in (group.complete, group.incomplete):
                 need = n - len(picked)
                 if need > 0:
-                    picked += self._take(bag, need, len(skip), rng, skip)
+                    picked += self._take(bag, need, len(skip), rng, skip, window=True)
             if len(picked) >= n:
                 break
         return picked
@@ -220,12 +241,15 @@ class Candidates:
         return self._take(self.index.everyone, n, len(skip), rng, skip)
 
     def _take(self, bag: _Bag, k: int, extra: int, rng: random.Random,
-              skip: Collection[PeerId]) -> list[Member]:
-        """Up to `k` members of `bag` in random order, skipping `skip` and banned ones."""
-        by_peer = self.index.by_peer
-        drawn = bag.draw(k + extra, rng)
-        out = [m for p in drawn if p not in skip and not self._banned(m := by_peer[p])]
+              skip: Collection[PeerId], window: bool = False) -> list[Member]:
+        """Up to `k` members of `bag`, skipping `skip` and banned ones: a uniform sample,
+        or (`window`) a run of the bag from a random start, which costs one draw."""
+        by_peer, banned = self.index.by_peer, self._banned
+        drawn = bag.window(k + extra, rng) if window else bag.draw(k + extra, rng)
+        if banned is _never:  # the usual case: no ban anywhere
+            return [by_peer[p] for p in drawn if p not in skip][:k]
+        out = [m for p in drawn if p not in skip and not banned(m := by_peer[p])]
         if len(out) < k and len(drawn) < len(bag):  # bans ate the slack: widen, rarely
             drawn = bag.draw(len(bag), rng)
-            out = [m for p in drawn if p not in skip and not self._banned(m := by_peer[p])]
+            out = [m for p in drawn if p not in skip and not banned(m := by_peer[p])]
         return out[:k]
