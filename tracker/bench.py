@@ -7,8 +7,11 @@ connections for `--seconds`, and prints one JSON line:
 
     nodes, contents, replicas, protocol, announces_per_second (node announces),
     content_announces_per_second, p50_ms, p99_ms, tracker_rss_mb (peak),
-    errors, tracker_cpu and generator_cpu (cores busy), limited_by, swarm_peers
+    errors, tracker_cpu and generator_cpu (cores busy),
+    content_announces_per_cpu_second, limited_by, swarm_peers
 
+`content_announces_per_cpu_second` divides by the tracker's CPU: what one
+core does, comparable across runs on a machine shared with other work.
 `limited_by` says what bounded the rate: "tracker" when the tracker process
 kept a core busy; "generator" when wrk did instead (its figure is then the
 generator's, not the tracker's); "neither" when neither was saturated (the
@@ -171,6 +174,8 @@ def _result(args: argparse.Namespace, swarm: loadgen.Swarm, wrk: loadgen.WrkResu
         "errors": wrk.errors, "requests": wrk.requests, "seconds": round(wrk.seconds, 2),
         "connections": args.connections, "want_share": args.want_share,
         "tracker_cpu": round(tracker_cpu, 2), "generator_cpu": round(generator_cpu, 2),
+        "content_announces_per_cpu_second": round(node_rate * swarm.contents
+                                                  / max(tracker_cpu, 1e-9)),
         "limited_by": limited_by, "swarm_peers": [peers_before, peers_after],
     }
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import errno
+import gc
 import json
 import logging
 import signal
@@ -106,6 +107,7 @@ async def serve(config: TrackerConfig, secret: bytes) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):  # before the listening line: no race
         loop.add_signal_handler(sig, stop.set)
     await runner.setup()
+    _freeze_startup_objects()
     try:
         t = app[TRACKER]
         server = await _listen(listen(runner, config, t.guard, t.metrics.refused_connections),
@@ -116,6 +118,19 @@ async def serve(config: TrackerConfig, secret: bytes) -> int:
     finally:
         await runner.cleanup()
     return 0
+
+
+def _freeze_startup_objects() -> None:
+    """Keep what importing and setting up made out of the collector's full passes.
+
+    The registry holds a tracked object per member, each replaced at every
+    announce, so full collections come every few seconds under load; each one
+    also walked the ~40,000 objects of the loaded modules and the app, which
+    never become garbage. Measured at 10,000 x 3: full passes of 120-140 ms
+    before, 15-27 ms after (the p99 is made of them).
+    """
+    gc.collect()
+    gc.freeze()
 
 
 async def _listen(starting: Awaitable[asyncio.Server],

@@ -6,15 +6,17 @@ view reads must be present and of its type, text printable and bounded, and
 every content id well formed (p2p.content.check_content_id). Each check
 raises `BadRequest` naming the field and the problem, which the app maps to a
 400. The views import this module and call its checks by name
-(`payload.text(body, "peer")`), and answer with `payload.reply`.
+(`payload.text(body, "peer")`), and answer with `payload.reply`. JSON goes
+through orjson both ways: at thousands of announces a second the standard
+library's encoder and decoder were a tenth of the tracker's time.
 """
 
 from __future__ import annotations
 
 import ipaddress
-import json
 from typing import Any
 
+import orjson
 from aiohttp import web
 
 from p2p.content import ContentId, ManifestError, check_content_id
@@ -26,8 +28,8 @@ MAX_ID_CHARS = 256
 
 def json_object(body: bytes) -> dict[str, Any]:
     try:
-        value = json.loads(body)
-    except (ValueError, RecursionError) as exc:  # RecursionError: absurdly deep nesting
+        value = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:  # also absurdly deep nesting, NaN, 65-bit ints
         raise BadRequest(f"body is not valid JSON: {str(exc)[:200]}") from None
     if not isinstance(value, dict):
         raise BadRequest(f"body must be a JSON object, not {type(value).__name__}")
@@ -99,5 +101,5 @@ def count(obj: dict[str, Any], name: str, maximum: int, within: str = "") -> int
 
 
 def reply(value: object, status: int = 200) -> web.Response:
-    return web.json_response(value, status=status)
+    return web.Response(body=orjson.dumps(value), status=status, content_type="application/json")
 
