@@ -80,7 +80,8 @@ class Announcer:
     async def _announce(self, contents: list[ContentId],
                         event: str | None = None) -> float | None:
         me, sessions = self._owner.me, self._owner.sessions
-        states = [ContentState(c, bits.count(s.swarm.have), s.swarm.complete, event)
+        states = [ContentState(c, bits.count(s.swarm.have), s.swarm.complete, event,
+                               origin_bytes=s.origin_bytes)
                   for c in contents if (s := sessions.get(c)) is not None]
         if me is None or not states:
             return None

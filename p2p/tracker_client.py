@@ -83,6 +83,7 @@ class ContentState:
     complete: bool
     event: str | None = None  # "started", "completed", "stopped" (leave the swarm)
     want: int | None = None  # peers wanted; 0 = none; None = the tracker's handout limit
+    origin_bytes: int = 0  # fetched from the origin so far (the tracker's status page)
 
 
 class TrackerUnavailable(Exception):
@@ -151,6 +152,8 @@ class TrackerClient:
         states: dict[str, Any] = {}
         for c in contents:
             state: dict[str, Any] = {"have": c.have, "complete": c.complete}
+            if c.origin_bytes:
+                state["origin_bytes"] = c.origin_bytes
             if c.event is not None:
                 state["event"] = c.event
             if c.want is not None:

@@ -10,10 +10,12 @@
                                 "origin_filled": 4}, ...}}
 
 A node announces every content it holds or fetches in one request; for each
-it says how many chunks it holds (`have`), whether it is `complete`, how many
-peers it wants (`want`, default the tracker's handout limit, 0 when it has
-enough: then no handout is drawn at all) and an optional `event` ("started",
-"completed", or "stopped" to leave that swarm). The reply has an entry per
+it says how many chunks it holds (`have`), whether it is `complete`, the
+bytes it fetched from the origin so far (`origin_bytes`, optional; the
+status page sums them), how many peers it wants (`want`, default the
+tracker's handout limit, 0 when it has enough: then no handout is drawn at
+all) and an optional `event` ("started", "completed", or "stopped" to
+leave that swarm). The reply has an entry per
 announced content: its origin slot always, and `peers` drawn only for the
 contents that asked. A node announcing the same content twice in a request
 is impossible (JSON object keys); at most `MAX_CONTENTS` per request.
@@ -44,6 +46,7 @@ from tracker.registry import Member
 from tracker.state import TRACKER, Tracker
 
 MAX_HAVE = 2**53
+MAX_BYTES = 2**62
 MAX_CONTENTS = 256
 EVENTS = (None, "started", "completed", "stopped")
 UNSPECIFIED_HOSTS = ("0.0.0.0", "::")
@@ -59,6 +62,7 @@ class ContentAnnounce:
     complete: bool
     want: int
     event: str | None
+    origin_bytes: int = 0
 
 
 async def announce(request: web.Request) -> web.Response:
@@ -112,8 +116,11 @@ def _one(obj: dict[str, Any], where: str, cid: ContentId, handout_limit: int) ->
     want = handout_limit
     if "want" in obj:  # an agent with enough peers asks for fewer, or none
         want = min(want, payload.count(obj, "want", MAX_HAVE, where))
+    origin_bytes = payload.count(obj, "origin_bytes", MAX_BYTES, where) \
+        if "origin_bytes" in obj else 0
     return ContentAnnounce(cid, payload.count(obj, "have", MAX_HAVE, where),
-                           payload.field(obj, "complete", bool, where), want, event)
+                           payload.field(obj, "complete", bool, where), want, event,
+                           origin_bytes)
 
 
 def _member(body: dict[str, Any], peer: PeerId, host: str) -> Member:
@@ -135,7 +142,7 @@ def _apply(t: Tracker, item: ContentAnnounce, peer: PeerId, host: str,
         return STOPPED
     now = time.monotonic()
     t.registry.announce(item.content, Member(peer, node.addr, node.rack, item.have,
-                                             item.complete, now, host), now)
+                                             item.complete, now, host, item.origin_bytes), now)
     peers = []
     if item.want:
         handed = t.policy(peer, node.rack, t.registry.candidates(item.content, now),

@@ -10,6 +10,8 @@ see p2p.auth.sign_request, over the URL path):
     GET  /v1/manifests/{content_id}    fetch a manifest; the body is MAC'd
     PUT  /v1/names/{name}              name a published content (see tracker.names)
     GET  /v1/names/{name}              resolve a name; the body is MAC'd
+    GET  /                             the operators' status page, HTML (unauthenticated;
+                                       tracker.status)
     GET  /healthz                      liveness and counts (unauthenticated)
     GET  /metrics                      Prometheus text (unauthenticated)
 
@@ -51,7 +53,7 @@ from prometheus_client.exposition import generate_latest
 
 from p2p.auth import AuthError
 from p2p.content import PeerId
-from tracker import announce, content_views, payload
+from tracker import announce, content_views, payload, status
 from tracker.config import TrackerConfig
 from tracker.guard import (
     MANIFEST_BODY_LIMIT,
@@ -185,6 +187,7 @@ def make_app(config: TrackerConfig, secret: bytes) -> web.Application:
     tracker.names.load()
     app = web.Application(middlewares=[_errors], client_max_size=MANIFEST_BODY_LIMIT)
     app[TRACKER] = tracker
+    app[status.STATUS] = status.StatusPage()
     app.cleanup_ctx.append(_expiry)
     app.add_routes([
         web.post("/v1/announce", announce.announce),
@@ -193,6 +196,7 @@ def make_app(config: TrackerConfig, secret: bytes) -> web.Application:
         web.get("/v1/manifests/{content_id}", content_views.get_manifest),
         web.put(r"/v1/names/{name:.+}", content_views.put_name),
         web.get(r"/v1/names/{name:.+}", content_views.get_name),
+        web.get("/", status.page),
         web.get("/healthz", _healthz),
         web.get("/metrics", _metrics),
     ])

@@ -103,9 +103,10 @@ class _Rack:
 class SwarmIndex:
     """One content's members by peer, by rack and completeness. See the module docstring."""
 
-    __slots__ = ("_racks", "by_peer", "everyone", "rack_names")
+    __slots__ = ("_racks", "by_peer", "complete_count", "everyone", "rack_names")
 
     def __init__(self) -> None:
+        self.complete_count = 0
         self.by_peer: dict[PeerId, Member] = {}
         self.everyone = _Bag()
         self._racks: dict[str, _Rack] = {}
@@ -129,6 +130,7 @@ class SwarmIndex:
             rack = self._racks[member.rack] = _Rack()
             self.rack_names.insert(_bisect(self.rack_names, member.rack), member.rack)
         rack.bag(member.complete).add(member.peer)
+        self.complete_count += member.complete
         return old is None
 
     def remove(self, peer: PeerId) -> Member | None:
@@ -141,6 +143,7 @@ class SwarmIndex:
     def _unfile(self, member: Member) -> None:
         rack = self._racks[member.rack]
         rack.bag(member.complete).remove(member.peer)
+        self.complete_count -= member.complete
         if not rack:
             del self._racks[member.rack]
             del self.rack_names[_bisect(self.rack_names, member.rack)]

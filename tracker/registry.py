@@ -53,7 +53,7 @@ ordered by last announce.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 from p2p.content import ContentId, PeerId
@@ -62,6 +62,7 @@ from tracker.index import Candidates, SwarmIndex
 BAN_SECONDS = 600.0
 REPORTERS_TO_BAN = 2
 ORIGIN_FETCHERS = 4
+RECENT_REPORTS = 20  # kept for the status page, newest last
 
 
 class IdentityError(Exception):
@@ -79,6 +80,7 @@ class Member:
     complete: bool
     last_seen: float  # `now` of the latest announce, seconds on the caller's clock
     host: str = ""  # the address the announce came from; "" = unknown (the node is the id)
+    origin_bytes: int = 0  # what this member says it fetched from the origin, so far
 
     @property
     def node(self) -> str:
@@ -112,10 +114,11 @@ class OriginSlot:
 class _Swarm:
     """The members of one content (indexed: tracker.index), and its origin fetchers."""
 
-    __slots__ = ("demoted", "fetchers", "index", "progress")
+    __slots__ = ("demoted", "fetchers", "index", "origin_bytes", "progress")
 
     def __init__(self) -> None:
         self.index = SwarmIndex()
+        self.origin_bytes = 0  # the members' origin fetches, summed as they grow
         self.fetchers: list[PeerId] = []  # index = origin slot
         self.progress: dict[PeerId, tuple[int, float]] = {}  # fetcher -> (have, since when)
         self.demoted: dict[PeerId, int] = {}  # lost its slot -> held count at the time
@@ -180,6 +183,7 @@ class Registry:
         self._bound: dict[PeerId, str] = {}  # peer -> host, while the peer is a member
         self._reports: dict[str, dict[str, Report]] = {}  # offender node -> reporter node
         self._banned_until: dict[str, float] = {}  # node -> end of its ban
+        self._recent: deque[tuple[str, Report]] = deque(maxlen=RECENT_REPORTS)
 
     # -- identity -----------------------------------------------------------------
 
@@ -205,8 +209,10 @@ class Registry:
         swarm = self._swarms.get(content)
         if swarm is None:
             swarm = self._swarms[content] = _Swarm()
+        old = swarm.by_peer.get(member.peer)
         member = Member(member.peer, member.addr, member.rack, member.have, member.complete,
-                        now, member.host)
+                        now, member.host, member.origin_bytes)
+        swarm.origin_bytes += max(0, member.origin_bytes - (old.origin_bytes if old else 0))
         new = swarm.put(member)
         key = (content, member.peer)
         self._by_age[key] = now
@@ -324,7 +330,29 @@ class Registry:
         return (stall is not None and not member.complete
                 and now - swarm.progress[fetcher][1] > stall)
 
-    # -- counts, for metrics ------------------------------------------------------
+    # -- counts, for metrics and the status page ----------------------------------
+
+    def fetchers(self, content: ContentId) -> list[PeerId]:
+        """`content`'s origin fetchers, by slot."""
+        swarm = self._swarms.get(content)
+        return list(swarm.fetchers) if swarm is not None else []
+
+    def origin_bytes(self, content: ContentId) -> int:
+        """Bytes `content`'s members say they fetched from the origin while members."""
+        swarm = self._swarms.get(content)
+        return swarm.origin_bytes if swarm is not None else 0
+
+    def complete_count(self, content: ContentId) -> int:
+        swarm = self._swarms.get(content)
+        return swarm.index.complete_count if swarm is not None else 0
+
+    def bans(self, now: float) -> list[tuple[str, float]]:
+        """(node, seconds left) of the bans in force at `now`, sorted by node."""
+        return sorted((n, until - now) for n, until in self._banned_until.items() if now < until)
+
+    def recent_reports(self) -> list[tuple[str, Report]]:
+        """The last RECENT_REPORTS reports as (offender node, report), oldest first."""
+        return list(self._recent)
 
     def contents(self) -> list[ContentId]:
         """Contents with at least one member, sorted."""
@@ -360,6 +388,7 @@ class Registry:
             return False
         reports = self._reports.setdefault(offender, {})
         reports[reporter_node] = Report(reporter_node, reason, now)
+        self._recent.append((offender, reports[reporter_node]))
         fresh = sum(1 for r in reports.values() if now - r.at <= self.ban_seconds)
         if fresh < self.reporters_to_ban or self.is_banned(offender, now):
             return False
