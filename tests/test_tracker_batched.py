@@ -10,14 +10,10 @@ import pytest
 
 from p2p.content import ContentId, PeerId
 from p2p.tracker_client import ContentState, TrackerClient
-from tests.test_tracker_service import (  # noqa: F401  (fixtures)
-    C,
-    Tracker,
-    client,
-    http,
-    signed,
-    tracker,
-)
+from tests import test_tracker_service as service
+from tests.test_tracker_service import C, Tracker, signed
+
+tracker, client, http = service.tracker, service.client, service.http  # the fixtures
 
 D = ContentId("c1-" + "2" * 64)
 E = ContentId("c1-" + "3" * 64)

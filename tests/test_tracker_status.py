@@ -85,11 +85,11 @@ async def test_status_page_shows_the_live_swarm_in_a_real_browser(
         await clients["y"].report(PeerId("y"), PeerId("bad"), m.content_id, "chunk 5 mismatch")
 
         dom = browse(tracker.url + "/", "--dump-dom")
-        assert f'http-equiv="refresh" content="2"' in dom
+        assert 'http-equiv="refresh" content="2"' in dom
         (row,) = cells(dom, "contents")
         assert row[1:6] == ["blob", "48.0 KB", "3", "1", "50%"]  # (0 + 12 + 6) / (3 * 12)
         assert row[6].startswith("2/4: bad, y")  # the incomplete members, in announce order
-        assert row[7] == "72.0 KB (1.50×)"
+        assert row[7] == "72.0 KB (1.50\u00d7)"
         assert cells(dom, "bans")[0][0] == "127.0.0.2"
         reports = cells(dom, "reports")
         assert [r[:3] for r in reports] == [
@@ -99,7 +99,7 @@ async def test_status_page_shows_the_live_swarm_in_a_real_browser(
         await clients["z"].announce_all(PeerId("z"), f"{HOSTS['z']}:7000", "r1", [
             ContentState(m.content_id, 12, True, origin_bytes=4_096)])
         (row,) = cells(browse(tracker.url + "/", "--dump-dom"), "contents")
-        assert row[3:5] == ["4", "2"] and row[7] == "76.1 KB (1.59×)"
+        assert row[3:5] == ["4", "2"] and row[7] == "76.1 KB (1.59\u00d7)"
 
         shot = tmp_path / "status.png"
         browse(tracker.url + "/", f"--screenshot={shot}")
