@@ -81,12 +81,14 @@ class RateLimited(Exception):
 
 def source_host(request: web.BaseRequest) -> str:
     """The address the request came from: the identity every claim is checked against."""
-    return _normal_ip(request.remote or "")
+    return cached_normal_ip(request.remote or "")
 
 
 @functools.lru_cache(maxsize=65536)
-def _normal_ip(remote: str) -> str:
-    return normal_ip(remote)  # parsing an address costs more than the rest of a lookup
+def cached_normal_ip(host: str) -> str:
+    """p2p.wire.normal_ip, remembered: parsing an address costs more than an announce's
+    registry work, and a cluster has a bounded set of them."""
+    return normal_ip(host)
 
 
 class Guard:

@@ -207,6 +207,8 @@ class Candidates:
         group = self.index.rack(rack)
         if group is None or n <= 0:
             return []
+        if n == 1 and not skip and self._banned is _never:
+            return [self._one(group, rng)]  # a handout's spread asks this of many racks
         chosen = self._take(group.complete, n, len(skip), rng, skip, window=True)
         if len(chosen) < n:
             sample = max(MIN_RANK_SAMPLE, RANK_SAMPLE_PER_PEER * n)
@@ -217,6 +219,14 @@ class Candidates:
             else:
                 chosen += heapq.nlargest(need, pool, key=_have)
         return chosen
+
+    def _one(self, group: _Rack, rng: random.Random) -> Member:
+        """`best(rack, 1)` without bans or skips, in fewer steps: same answer."""
+        by_peer = self.index.by_peer
+        if group.complete.items:
+            return by_peer[group.complete.window(1, rng)[0]]
+        window = group.incomplete.window(max(MIN_RANK_SAMPLE, RANK_SAMPLE_PER_PEER), rng)
+        return max((by_peer[p] for p in window), key=_have)
 
     def others(self, n: int, rack: str, rng: random.Random,
                skip: Collection[PeerId]) -> list[Member]:

@@ -21,7 +21,7 @@ from aiohttp import web
 
 from p2p.content import ContentId, ManifestError, check_content_id
 from p2p.wire import normal_ip
-from tracker.guard import BadRequest
+from tracker.guard import BadRequest, cached_normal_ip
 
 MAX_ID_CHARS = 256
 
@@ -71,7 +71,7 @@ def addr(obj: dict[str, Any]) -> tuple[str, str]:
     host, _, port = given.rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise BadRequest(f'field "addr" must be "host:port", not {given!r}')
-    return normal_ip(host), port
+    return cached_normal_ip(host), port
 
 
 def seen_at(obj: dict[str, Any]) -> str | None:
