@@ -42,6 +42,7 @@ import aiohttp
 import uvloop
 
 from p2p.cli import UserError
+from p2p.demo import positive_int
 from p2p.localcluster import Child, LocalCluster, to_toml
 from tracker import loadgen
 
@@ -54,25 +55,18 @@ BENCH_CONFIG = {
 }
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
 def add_parser(kinds: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = kinds.add_parser("tracker", help="one tracker under N nodes' signed announces (wrk)")
-    p.add_argument("--nodes", type=_positive, default=10_000)
-    p.add_argument("--contents", type=_positive, default=3)
-    p.add_argument("--replicas", type=_positive, default=1,
+    p.add_argument("--nodes", type=positive_int, default=10_000)
+    p.add_argument("--contents", type=positive_int, default=3)
+    p.add_argument("--replicas", type=positive_int, default=1,
                    help="tracker processes sharing one Redis (only 1 is supported yet)")
     p.add_argument("--protocol", choices=["batched", "single"], default="batched",
                    help="one announce per node (all contents) or one per content")
     p.add_argument("--seconds", type=float, default=5.0, help="measured time")
-    p.add_argument("--connections", type=_positive, default=64)
-    p.add_argument("--threads", type=_positive, default=1, help="wrk threads")
-    p.add_argument("--max-rate", type=_positive, default=40_000,
+    p.add_argument("--connections", type=positive_int, default=64)
+    p.add_argument("--threads", type=positive_int, default=1, help="wrk threads")
+    p.add_argument("--max-rate", type=positive_int, default=40_000,
                    help="requests per second the prepared pool lasts for")
     p.add_argument("--want-share", type=float, default=0.1,
                    help="share of announced contents that ask for peers")
