@@ -210,8 +210,9 @@ class Registry:
         if swarm is None:
             swarm = self._swarms[content] = _Swarm()
         old = swarm.by_peer.get(member.peer)
-        member = Member(member.peer, member.addr, member.rack, member.have, member.complete,
-                        now, member.host, member.origin_bytes)
+        if member.last_seen != now:  # the caller may have stamped it already
+            member = Member(member.peer, member.addr, member.rack, member.have,
+                            member.complete, now, member.host, member.origin_bytes)
         swarm.origin_bytes += max(0, member.origin_bytes - (old.origin_bytes if old else 0))
         new = swarm.put(member)
         key = (content, member.peer)
