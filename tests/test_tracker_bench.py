@@ -13,11 +13,13 @@ from tracker.loadgen import Swarm, build_pool
 SECRET = b"bench-test-secret-0123456789abcdef"
 
 
-@pytest.mark.parametrize("protocol", ["single", "batched"])
-def test_bench_prints_one_json_line_with_the_swarm_fully_announced(protocol: str) -> None:
+@pytest.mark.parametrize("protocol, extra", [("single", []),
+                                             ("batched", ["--compare-nodes", "20"])])
+def test_bench_prints_one_json_line_with_the_swarm_fully_announced(
+        protocol: str, extra: list[str]) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "tracker.bench", "tracker", "--nodes", "60", "--contents", "2",
-         "--seconds", "1", "--max-rate", "40000", "--protocol", protocol, "--json"],
+         "--seconds", "1", "--max-rate", "40000", "--protocol", protocol, "--json", *extra],
         capture_output=True, text=True, timeout=300)
     assert proc.returncode in (0, 1), proc.stderr
     result = json.loads(proc.stdout)
@@ -29,6 +31,9 @@ def test_bench_prints_one_json_line_with_the_swarm_fully_announced(protocol: str
         result["announces_per_second"] * 2, abs=2)
     assert result["requests"] > 0
     assert (proc.returncode == 0) == (result["limited_by"] == "tracker")
+    if extra:
+        assert result["compare"]["nodes"] == 20
+        assert result["rate_ratio"] > 0 and result["cpu_rate_ratio"] > 0
 
 
 def test_pool_requests_are_distinct_and_signed_once_each() -> None:

@@ -12,6 +12,10 @@ connections for `--seconds`, and prints one JSON line:
 
 `content_announces_per_cpu_second` divides by the tracker's CPU: what one
 core does, comparable across runs on a machine shared with other work.
+`--compare-nodes 300` first measures a 300-node swarm (same contents) on a
+tracker of its own, side by side in the same run, and adds `compare` (its
+figures), `rate_ratio` and `cpu_rate_ratio` (large swarm over small): the
+cost per announce should not grow with the swarm.
 `limited_by` says what bounded the rate: "tracker" when the tracker process
 kept a core busy; "generator" when wrk did instead (its figure is then the
 generator's, not the tracker's); "neither" when neither was saturated (the
@@ -70,6 +74,9 @@ def add_parser(kinds: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                    help="requests per second the prepared pool lasts for")
     p.add_argument("--want-share", type=float, default=0.1,
                    help="share of announced contents that ask for peers")
+    p.add_argument("--compare-nodes", type=positive_int, metavar="N",
+                   help="first measure a swarm of N nodes (same contents) on a fresh "
+                   "tracker; add its figures and the ratios of the two rates")
     p.add_argument("--json", action="store_true", help="print only the JSON line")
     p.add_argument("--workdir", type=Path, help="keep the tracker's log and the pool here")
     p.set_defaults(run=run)
@@ -95,11 +102,27 @@ def run(args: argparse.Namespace) -> int:
 async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bootseer-bench-tracker-") as tmp:
         workdir = args.workdir or Path(tmp)
-        cluster = LocalCluster(workdir)
-        try:
-            return await _measure(cluster, workdir, args)
-        finally:
-            await cluster.stop()
+        small = None
+        if args.compare_nodes:  # the small swarm first, on a tracker of its own
+            small = await _run_once(workdir / "compare", args, args.compare_nodes)
+        result = await _run_once(workdir, args, args.nodes)
+    if small is not None:
+        per_cpu = "content_announces_per_cpu_second"
+        result["compare"] = {k: small[k] for k in (
+            "nodes", "content_announces_per_second", per_cpu, "p99_ms", "tracker_cpu",
+            "limited_by")}
+        result["rate_ratio"] = round(result["content_announces_per_second"]
+                                     / max(small["content_announces_per_second"], 1), 3)
+        result["cpu_rate_ratio"] = round(result[per_cpu] / max(small[per_cpu], 1), 3)
+    return result
+
+
+async def _run_once(workdir: Path, args: argparse.Namespace, nodes: int) -> dict[str, Any]:
+    cluster = LocalCluster(workdir)
+    try:
+        return await _measure(cluster, workdir, args, nodes)
+    finally:
+        await cluster.stop()
 
 
 def _say(args: argparse.Namespace, message: str) -> None:
@@ -107,9 +130,9 @@ def _say(args: argparse.Namespace, message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
 
-async def _measure(cluster: LocalCluster, workdir: Path,
-                   args: argparse.Namespace) -> dict[str, Any]:
-    swarm = loadgen.Swarm(args.nodes, args.contents, want_share=args.want_share,
+async def _measure(cluster: LocalCluster, workdir: Path, args: argparse.Namespace,
+                   nodes: int) -> dict[str, Any]:
+    swarm = loadgen.Swarm(nodes, args.contents, want_share=args.want_share,
                           batched=args.protocol == "batched")
     config = workdir / "tracker.toml"
     workdir.mkdir(parents=True, exist_ok=True)
