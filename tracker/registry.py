@@ -325,7 +325,7 @@ class Registry:
 
     def _lost_claim(self, swarm: _Swarm, fetcher: PeerId, now: float) -> bool:
         member = swarm.by_peer[fetcher]
-        if self.is_banned(member.node, now):
+        if self._banned_until and self.is_banned(member.node, now):  # no bans: the usual case
             return True
         stall = self.fetcher_stall_seconds
         return (stall is not None and not member.complete
