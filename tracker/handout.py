@@ -34,7 +34,7 @@ Cost: the policies draw from `tracker.index.Candidates`, the swarm indexed
 by rack and completeness, so a handout costs O(limit) draws plus the racks it
 visits (at most `limit`), whatever the swarm size; a rack's best sources are
 ranked among a bounded random sample (exact for racks of up to
-`max(4 n, 8)` incomplete members; see tracker.index). Only the given
+`4 n` incomplete members; see tracker.index). Only the given
 `random.Random` is used, so a seed reproduces a handout exactly. No I/O, no
 clock.
 """

@@ -16,7 +16,7 @@ content's members three ways, all updated in O(1) per announce:
 `Candidates` is what a handout policy (tracker.handout) sees: the index and
 a ban predicate. Its `best(rack, n)` returns a rack's best `n` sources:
 complete members first (equal sources), then incomplete ones by chunks
-held, ranked among at most `max(4 n, 8)` of them. Both groups are read as a
+held, ranked among at most `4 n` of them. Both groups are read as a
 *window*: a run of the bag from an rng-chosen start, wrapping around. One
 draw per group instead of one per member matters here (Python's rng costs
 about as much as the rest of the handout), and it still spreads equal
@@ -44,8 +44,7 @@ from p2p.content import PeerId
 if TYPE_CHECKING:
     from tracker.registry import Member
 
-MIN_RANK_SAMPLE = 8  # incomplete members ranked per `best` call, at least
-RANK_SAMPLE_PER_PEER = 4  # ... and this many per peer asked for
+RANK_SAMPLE_PER_PEER = 4  # incomplete members ranked per `best` call, per peer asked for
 
 
 class _Bag:
@@ -211,7 +210,7 @@ class Candidates:
             return [self._one(group, rng)]  # a handout's spread asks this of many racks
         chosen = self._take(group.complete, n, len(skip), rng, skip, window=True)
         if len(chosen) < n:
-            sample = max(MIN_RANK_SAMPLE, RANK_SAMPLE_PER_PEER * n)
+            sample = RANK_SAMPLE_PER_PEER * n
             pool = self._take(group.incomplete, sample, len(skip), rng, skip, window=True)
             need = n - len(chosen)
             if need == 1 and pool:
@@ -225,8 +224,8 @@ class Candidates:
         by_peer = self.index.by_peer
         if group.complete.items:
             return by_peer[group.complete.window(1, rng)[0]]
-        window = group.incomplete.window(max(MIN_RANK_SAMPLE, RANK_SAMPLE_PER_PEER), rng)
-        return max((by_peer[p] for p in window), key=_have)
+        window = group.incomplete.window(RANK_SAMPLE_PER_PEER, rng)
+        return max(map(by_peer.__getitem__, window), key=_have)
 
     def others(self, n: int, rack: str, rng: random.Random,
                skip: Collection[PeerId]) -> list[Member]:
