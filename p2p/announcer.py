@@ -7,7 +7,9 @@ waits for the interval the tracker last asked for (the configured one before
 its first answer) unless `soon` wakes it first: a session opened, or a peer
 the tracker did not hand out joined, so a swarm grew and our origin-fetcher
 slot may have changed. Announces woken early come no faster than one per
-EARLY_ANNOUNCE_GAP_S. Every content's reply (peers, origin slot) goes to the
+EARLY_ANNOUNCE_GAP_S. A content asks for peers only while it is incomplete
+and has fewer links than the swarm would open (`want: 0` otherwise, as the
+simulator assumes). Every content's reply (peers, origin slot) goes to the
 owner, which hands it to that content's swarm; a failed announce is logged
 and the loop goes on.
 
@@ -46,6 +48,14 @@ class AnnouncerOwner(Protocol):
     def tracker_replied(self, session: Session, reply: AnnounceReply) -> None: ...
 
 
+def _want(session: Session) -> int | None:
+    """0 (no handout) once the content is complete or we hold as many links as the
+    swarm would open; else None, the tracker's limit. The simulator models exactly
+    this, and it spares the tracker most handouts of a running launch."""
+    swarm = session.swarm
+    return 0 if swarm.complete or len(session.links) >= swarm.config.max_peers else None
+
+
 class Announcer:
     """The agent's announces; see the module docstring."""
 
@@ -81,7 +91,7 @@ class Announcer:
                         event: str | None = None) -> float | None:
         me, sessions = self._owner.me, self._owner.sessions
         states = [ContentState(c, bits.count(s.swarm.have), s.swarm.complete, event,
-                               origin_bytes=s.origin_bytes)
+                               want=_want(s), origin_bytes=s.origin_bytes)
                   for c in contents if (s := sessions.get(c)) is not None]
         if me is None or not states:
             return None
