@@ -17,9 +17,10 @@ BIN := $(VENV)/bin
 # unpacking half of the full-pull baseline; debootstrap: the realistic python3 image
 # the image benchmark builds. openjdk-17-jdk-headless and maven: Hadoop's mini cluster
 # (a real NameNode and DataNodes) that the checkpoint tests and benchmark read from.
+# iproute2: `ip` and `tc` for `bootseer testbed` (namespaces, bridges, caps).
 DEB_PACKAGES := fuse3 libfuse3-dev pkg-config gcc python3-dev python3-venv \
 	docker-registry skopeo apache2-utils busybox-static runc bubblewrap umoci debootstrap \
-	openjdk-17-jdk-headless maven
+	openjdk-17-jdk-headless maven iproute2
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 .PHONY: setup test lint demo clean
