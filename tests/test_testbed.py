@@ -6,16 +6,19 @@ the default `bs`), and remove them however they end.
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from p2p.localcluster import bootseer_command
+from p2p.content import MiB
+from p2p.localcluster import LocalCluster, bootseer_command, wait_all_complete, write_random_file
 from p2p.testbed import netns
-from p2p.testbed.plan import MAX_IFNAME, Spec, SpecError, commands, plan
+from p2p.testbed.plan import MAX_IFNAME, Host, Spec, SpecError, commands, plan
 
 NAME, SUBNET = "tq", "10.214.0.0/16"
 
@@ -92,7 +95,7 @@ for _ in range(int(sys.argv[2])):
 """
 
 
-def send_between(bed: netns.Testbed, src: netns.Host, dst: netns.Host, mib: int) -> int:
+def send_between(bed: netns.Testbed, src: Host, dst: Host, mib: int) -> int:
     """Bytes a TCP sink in `dst` received from `src` (each in its own namespace)."""
     sink = subprocess.Popen(bed.command(dst, [sys.executable, "-c", SINK]),
                             stdout=subprocess.PIPE, text=True)
@@ -153,3 +156,25 @@ def test_cli_exec_returns_the_status_and_errors_are_one_line(clean: None) -> Non
         assert bad.returncode == 2 and words in bad.stderr, bad.stderr
         assert "Traceback" not in bad.stderr
     assert bootseer("down", "--name", NAME).returncode == 0
+
+
+async def test_a_swarm_runs_on_the_testbed_one_agent_per_node(clean: None,
+                                                              tmp_path: Path) -> None:
+    spec = Spec(nodes=3, racks=2, node_mbps=200, origin_mbps=200, name=NAME, subnet=SUBNET)
+    with netns.testbed(spec) as bed:
+        cluster = LocalCluster(tmp_path / "cluster", testbed=bed)
+        try:
+            await cluster.start_tracker()
+            assert cluster.tracker_url.startswith(f"http://{bed.origin.ip}:")
+            source = tmp_path / "origin" / "content.bin"
+            await asyncio.to_thread(write_random_file, source, 8 * MiB, 5)
+            await cluster.start_origin(source.parent)
+            m = await cluster.publish(source, 1 * MiB)
+            agents = [await cluster.start_agent(i, "ignored") for i in range(3)]
+            assert [a.child.ready["addr"].split(":")[0] for a in agents] == \
+                [n.ip for n in bed.nodes]
+            results = await wait_all_complete(agents, m.content_id, 60)
+            assert all(r.get("complete") for r in results.values()), results
+            assert await cluster.origin_bytes() >= 8 * MiB
+        finally:
+            await cluster.stop()

@@ -43,7 +43,7 @@ MAX_PER_RACK = 250
 MAX_MBPS = 12_500.0  # 100 Gbps: tc's token bucket takes no more
 BURST_SECONDS = 0.01  # a bucket holds 10 ms of traffic ...
 MIN_BURST_BYTES = 64 * 1024  # ... but never less than this
-QUEUE_LATENCY_MS = 100  # how long a packet may wait in a bucket's queue
+QUEUE_LATENCY_MS = 20  # how long a packet may wait in a bucket's queue
 
 
 class SpecError(ValueError):
