@@ -525,6 +525,7 @@ class Agent:
         session = self.sessions.get(ContentId(msg.content))
         if asked is None or session is None or session.swarm.held(msg.chunk):
             await link.conn.discard_payload(msg.len)
+            self.metrics.wasted_bytes.inc(msg.len)
             return
         expected = session.manifest.chunk_length(msg.chunk)
         if msg.len != expected:
@@ -546,6 +547,9 @@ class Agent:
 
     def on_served(self, nbytes: int) -> None:
         self.metrics.served_bytes.inc(nbytes)
+
+    def on_cancelled(self) -> None:
+        self.metrics.requests_cancelled.inc()
 
     def chunk_count(self, content: ContentId) -> int | None:
         session = self.sessions.get(content)

@@ -97,6 +97,8 @@ async def _rounds(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, 
     swarm = await distribute(cluster, swarm_agents, source, manifest.content_id, args.size,
                              progress=not args.json and sys.stderr.isatty())
     rss = max(a.child.peak_rss_mb() for a in swarm_agents)
+    wasted, cancelled = await _counters(swarm_agents, "bootseer_wasted_bytes_total",
+                                        "bootseer_requests_cancelled_total")
     await asyncio.gather(*(a.child.stop() for a in swarm_agents))
 
     baseline_seconds = None
@@ -120,6 +122,7 @@ async def _rounds(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, 
         "seconds_over_bound": round(swarm.seconds / bound, 3) if bound else None,
         "origin_egress_ratio": round(swarm.origin_bytes / args.size, 4),
         "max_agent_rss_mb": round(rss, 1),
+        "wasted_bytes": int(wasted), "requests_cancelled": int(cancelled),
         "aggregate_mbps": round(args.nodes * args.size / swarm.seconds / 1e6, 1),
         "node_seconds": sorted(round(float(r.get("seconds", -1)), 2)
                                for r in swarm.per_node.values()),
@@ -141,6 +144,21 @@ def _testbed(args: argparse.Namespace) -> Testbed:
     spec = bed.plan.spec
     args.node_cap, args.origin_cap, args.racks = spec.node_mbps, spec.origin_mbps, spec.racks
     return bed
+
+
+async def _counters(agents: list[AgentHandle], *names: str) -> list[float]:
+    """Each named counter, summed over `agents` (from their /metrics text)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    totals = dict.fromkeys(names, 0.0)
+    for agent in agents:
+        async with agent.client(10.0) as client:
+            text = await client.metrics()
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name in totals:
+                    totals[sample.name] += sample.value
+    return [totals[name] for name in names]
 
 
 def _agent_options(pairs: list[str], base: dict[str, Any]) -> dict[str, Any]:

@@ -18,8 +18,9 @@ actions the swarm returns as scheduled callbacks and network flows:
 |                     | origin's queue, then a flow; ChunkArrived(c, None), or    |
 |                     | ChunkFailed if the origin is down                         |
 | Advertise(c)        | PeerHas (PeerPending) to every connected peer, one batch  |
-| Cancel(p, c)        | not sent if still paced; else p still sends the piece     |
-|                     | (the wire has no cancel) and its bytes count as wasted    |
+| Cancel(p, c)        | not sent if still paced; else a cancel travels to p,      |
+|                     | which skips the request if it has not started sending it; |
+|                     | a piece sent anyway counts as wasted bytes                |
 | Disconnect(p)       | PeerLost to the other side; their transfers stop          |
 | Report / Complete / Abort | counted / completion time / failure recorded        |
 
@@ -499,8 +500,9 @@ class Simulation:
             self._send(src.uploads.finished(transfer) if sending else src.uploads.drop(transfer))
 
     def _cancel_arrived(self, transfer: Transfer) -> None:
-        """A proposed agent change: the sender drops a cancelled request (see AgentSpec)."""
-        if not transfer.cancelled and transfer in self.nodes[transfer.dst].transfers:
+        """The sender skips a cancelled request unless its piece is going out (p2p.link)."""
+        if not transfer.cancelled and transfer.stage != SENDING \
+                and transfer in self.nodes[transfer.dst].transfers:
             self._abort(transfer)
 
     def _waste(self, transfer: Transfer, nbytes: float) -> None:

@@ -16,6 +16,7 @@ from p2p.wire import (
     MAX_HEADER,
     Auth,
     Bye,
+    Cancel,
     Challenge,
     Have,
     Hello,
@@ -50,6 +51,7 @@ MESSAGES = [
     Request(C, 3, 99),
     Piece(C, 3, 99, MAX_CHUNK_SIZE),
     Reject(C, 3, 99, "not held"),
+    Cancel(C, 3, 99),
     Bye("shutting down"),
 ]
 
