@@ -49,6 +49,7 @@ from p2p.wire import (
     Reject,
     RemoteProtocolError,
     Request,
+    Withdraw,
 )
 
 log = logging.getLogger(__name__)
@@ -57,7 +58,7 @@ MAX_QUEUED_UPLOADS = 64  # requests a peer may have waiting at our side
 
 class LinkOwner(Protocol):
     def on_join(self, link: Link, msg: Join) -> None: ...
-    def on_have(self, link: Link, msg: Have | Pending) -> None: ...
+    def on_have(self, link: Link, msg: Have | Pending | Withdraw) -> None: ...
     async def on_piece(self, link: Link, msg: Piece,
                        asked: tuple[ContentId, int] | None) -> None: ...
     def on_reject(self, link: Link, content: ContentId, chunk: int, reason: str) -> None: ...
@@ -173,7 +174,7 @@ class Link:
         match msg:
             case Join():
                 self._owner.on_join(self, msg)
-            case Have() | Pending():
+            case Have() | Pending() | Withdraw():
                 self._owner.on_have(self, msg)
             case Request():
                 if self._uploads.qsize() >= MAX_QUEUED_UPLOADS:
