@@ -62,6 +62,11 @@ def test_every_live_node_completes_and_bytes_balance(strategy: str) -> None:
     assert stop == "complete"
     assert all(node.complete_s is not None and node.ready_s is not None for node in sim.nodes)
     assert s["uploaded_bytes"] == s["same_rack_bytes"] + s["cross_rack_bytes"]  # type: ignore[operator]
+    # Started at once, no node can beat the fluid floor; the last one cannot either.
+    _, _, at_once = run(scenario("\n", text=BASE.replace('start_jitter = "500ms"',
+                                                          'start_jitter = "0s"'),
+                                 strategy=strategy))
+    assert 0 < at_once["floor_seconds"] <= at_once["max"]  # type: ignore[operator]
     assert s["origin_egress_bytes"] >= s["unique_bytes"]  # type: ignore[operator]
     wanted = sum(sim.contents[c].size for node in sim.nodes for c in node.needs)
     received = s["same_rack_bytes"] + s["cross_rack_bytes"] + s["origin_bytes"]  # type: ignore[operator]
