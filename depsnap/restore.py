@@ -125,7 +125,7 @@ async def _build(agent: AgentClient, snapshot: Snapshot, root: str, cache_dir: P
         os.chmod(path, e.mode)
         os.utime(path, ns=(e.mtime_ns, e.mtime_ns))
     return RestoreStats(len(files), snapshot.file_bytes, len(packs),
-                        sum(p.size for p in packs), linked, round(fetched - started, 3),
+                        sum(p.stored_size for p in packs), linked, round(fetched - started, 3),
                         round(time.monotonic() - fetched, 3))
 
 

@@ -16,7 +16,8 @@ out one of two ways:
   member-aligned ranges of about `SEGMENT_BYTES` are streamed with `read_to`,
   `PARALLEL_READS` at a time, while the agent is still fetching.
 
-Either way a `_MemberWriter` cuts the byte stream at member boundaries,
+Either way a `_MemberWriter` decodes a compressed pack's frames as they
+come (`depsnap.frames`), cuts the raw byte stream at member boundaries,
 writes each wanted member to its path and checks it against its BLAKE3
 digest as it goes (the tree's digests are also the local cache's keys, so a
 tree that lies about one must not get it into the cache).
@@ -34,6 +35,7 @@ from typing import IO
 
 import blake3
 
+from depsnap.frames import FrameDecoder, FrameError
 from depsnap.snapshot import Member, Pack
 from p2p.content import ContentId, ManifestError
 from p2p.localapi import AgentClient, AgentError
@@ -61,7 +63,10 @@ class _Segment:
 
 
 def segments(pack: Pack, targets: Mapping[str, str], size: int) -> list[_Segment]:
-    """The pack's members with a target, cut into runs of about `size` bytes or more."""
+    """The pack's members with a target, cut into runs of about `size` bytes or more
+    (a compressed pack is one run: its stream is decoded from its first frame on)."""
+    if pack.frames:
+        return [_Segment(pack, 0, pack.size, pack.members)]
     out: list[list[Member]] = []
     group: list[Member] = []
     for m in pack.members:
@@ -97,9 +102,10 @@ async def unpack(agent: AgentClient, packs: list[Pack], targets: dict[str, str],
     async def through_api(seg: _Segment) -> None:
         async with slots if store_dir is None else contextlib.nullcontext():
             writer = _MemberWriter(seg, owned[seg.pack.content])
+            stored = (0, seg.pack.stored_size) if seg.pack.frames \
+                else (seg.start, seg.end - seg.start)
             try:
-                await agent.read_to(seg.pack.content, seg.start, seg.end - seg.start,
-                                    writer.write)
+                await agent.read_to(seg.pack.content, *stored, writer.write_stored)
             except AgentError as exc:
                 raise UnpackError(f"cannot fetch pack {seg.pack.name} ({seg.pack.content}): "
                                   f"{exc}") from None
@@ -143,13 +149,13 @@ async def _ensure(agent: AgentClient, pack: Pack) -> None:
 def _extract(view: ChunkView, pack: Pack, targets: dict[str, str]) -> None:
     """Write the pack's wanted members from the agent's store (a worker thread)."""
     manifest = view.manifest
-    if manifest.size != pack.size:
+    if manifest.size != pack.stored_size:
         raise UnpackError(f"pack {pack.name} ({pack.content}) has {manifest.size} bytes, "
-                          f"the tree says {pack.size}")
+                          f"the tree says {pack.stored_size}")
     writer = _MemberWriter(_Segment(pack, 0, pack.size, pack.members), targets)
     try:
         for index in range(manifest.chunks):
-            writer.write(view.read_chunk(index, 0, manifest.chunk_length(index)))
+            writer.write_stored(view.read_chunk(index, 0, manifest.chunk_length(index)))
     except (MissingChunk, DamagedChunk) as exc:
         raise UnpackError(f"pack {pack.name}: {exc}") from None
     finally:
@@ -158,10 +164,12 @@ def _extract(view: ChunkView, pack: Pack, targets: dict[str, str]) -> None:
 
 
 class _MemberWriter:
-    """Cuts a segment's byte stream into its members; writes and checks the wanted ones."""
+    """Cuts a segment's byte stream into its members; writes and checks the wanted ones.
+    `write` takes raw bytes, `write_stored` the content's (decoded first if compressed)."""
 
     def __init__(self, seg: _Segment, targets: dict[str, str]) -> None:
         self.pack = seg.pack
+        self.decoder = FrameDecoder(seg.pack) if seg.pack.frames else None
         self.members = seg.members  # sorted and disjoint: Snapshot checks that
         self.targets = targets
         self.index = 0
@@ -169,6 +177,16 @@ class _MemberWriter:
         self.out: IO[bytes] | None = None
         self.hash = blake3.blake3()
         self._advance()
+
+    def write_stored(self, data: bytes | memoryview) -> None:
+        if self.decoder is None:
+            self.write(data)
+            return
+        try:
+            for raw in self.decoder.feed(data):
+                self.write(raw)
+        except FrameError as exc:
+            raise UnpackError(f"{exc} ({self.pack.content})") from None
 
     def write(self, data: bytes | memoryview) -> None:
         view = memoryview(data)
@@ -212,6 +230,11 @@ class _MemberWriter:
             self.out = None
 
     def check_done(self) -> None:
+        if self.decoder is not None:
+            try:
+                self.decoder.check_done()
+            except FrameError as exc:
+                raise UnpackError(f"{exc} ({self.pack.content})") from None
         if self.index < len(self.members):
             raise UnpackError(f"pack {self.pack.name} ended at byte {self.pos}, before its "
                               f"member at {self.members[self.index].offset}")
