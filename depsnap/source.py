@@ -28,6 +28,8 @@ import bisect
 import logging
 from collections import OrderedDict
 
+import zstandard
+
 from depsnap.frames import FrameError, decode_frame, frame_span, stored_offsets
 from depsnap.snapshot import Member, Pack, Snapshot
 from fusefs.source import AgentSource, Buffer, SourceError
@@ -51,6 +53,7 @@ class SnapshotSource:
         self._tasks: set[asyncio.Task[None]] = set()
         self._decoded: OrderedDict[tuple[str, int], bytes] = OrderedDict()
         self._decoding: dict[tuple[str, int], asyncio.Task[bytes]] = {}
+        self._zstd = zstandard.ZstdDecompressor()  # decodes run on the event loop's thread
 
     async def read(self, content: str, offset: int, length: int) -> Buffer:
         self._prefetch_file(content, offset, length)
@@ -89,7 +92,7 @@ class SnapshotSource:
         start = self._offsets[pack.content][index]
         stored = await self.inner.read(pack.content, start, pack.frames[index])
         try:
-            raw = decode_frame(pack, index, stored)
+            raw = decode_frame(pack, index, stored, self._zstd)
         except FrameError as exc:
             raise SourceError(f"{exc} ({pack.content})") from None
         self._decoded[(pack.content, index)] = raw
