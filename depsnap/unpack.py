@@ -93,7 +93,7 @@ async def unpack(agent: AgentClient, packs: list[Pack], targets: dict[str, str],
     owned = _owners(packs, targets)
     slots = asyncio.Semaphore(PARALLEL_PACKS if store_dir else PARALLEL_READS)
     fetching = asyncio.Semaphore(PARALLEL_FETCHES)
-    extractors = _Extractors(PARALLEL_PACKS) if store_dir is not None else None
+    extractors = _Extractors(PARALLEL_PACKS) if store_dir is not None and packs else None
 
     async def from_store(pack: Pack, store: Path) -> None:
         async with fetching:

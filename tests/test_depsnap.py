@@ -15,7 +15,8 @@ proved:
 - a failing or interrupted command publishes nothing and returns its status;
 - two runs of one key at once end with one published snapshot;
 - a full disk during restore leaves no partial tree and says why; a key
-  nobody published is a one-line error.
+  nobody published is a one-line error; a restore killed mid-fetch leaves
+  nothing at the prefix, and the next restore there removes what it left.
 """
 
 from __future__ import annotations
