@@ -49,7 +49,7 @@ from p2p.store import ChunkView, DamagedChunk, MissingChunk
 
 log = logging.getLogger(__name__)
 
-PARALLEL_PACKS = min(os.cpu_count() or 1, 4)  # packs extracted from the store at once
+PARALLEL_PACKS = min(os.cpu_count() or 1, 8)  # extractor processes: packs extracted at once
 PARALLEL_FETCHES = 6  # packs asked of the agent at once
 PARALLEL_READS = 8  # ranges streamed through the API at once
 SEGMENT_BYTES = 32 << 20
