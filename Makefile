@@ -17,12 +17,13 @@ BIN := $(VENV)/bin
 # unpacking half of the full-pull baseline; debootstrap: the realistic python3 image
 # the image benchmark builds. openjdk-17-jdk-headless and maven: Hadoop's mini cluster
 # (a real NameNode and DataNodes) that the checkpoint tests and benchmark read from.
+# iproute2: `ip` and `tc` for `bootseer testbed` (namespaces, bridges, caps).
 # wrk: the load generator of `bootseer bench tracker` (replays pre-signed announces).
 # chromium and fonts-dejavu-core: the real headless browser the tracker's status-page
 # test loads and screenshots the page in.
 DEB_PACKAGES := fuse3 libfuse3-dev pkg-config gcc python3-dev python3-venv \
 	docker-registry skopeo apache2-utils busybox-static runc bubblewrap umoci debootstrap \
-	openjdk-17-jdk-headless maven wrk chromium fonts-dejavu-core
+	openjdk-17-jdk-headless maven iproute2 wrk chromium fonts-dejavu-core
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 .PHONY: setup test lint demo clean

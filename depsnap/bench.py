@@ -21,10 +21,21 @@ case on a fresh prefix and with an empty cache, on loopback agents
 - `mount_first_import_seconds`: from starting `depsnap serve` on agent C
   (empty store) to `import pandas` succeeding from the mount, and the pack
   bytes that took (`mount_fetched_bytes`);
-- `snapshot_bytes` (all packs), `snapshot_zstd_bytes` (the packs through
-  `zstd -3`, the C tool, for the choice not to compress), and sharing: a
-  second environment (numpy and six, at another prefix) is published next to
-  the first, and `second_new_bytes` is what it added to the origin.
+- `snapshot_bytes` (all packs as stored: zstd frames, what peers move),
+  `snapshot_raw_bytes` (the packs' raw bytes), and sharing: a second
+  environment (numpy and six, at another prefix) is published next to the
+  first, and `second_new_bytes` is what it added to the origin;
+- the targets, side by side: `pip_over_restore` (>= 10 wanted) and
+  `uv_bytecode_over_restore` (>= 2; uv with byte-code, since the snapshot
+  holds pip's byte-code: `restore_compares_with`), and for the mount
+  `transfer_seconds` (a fresh agent fetching every pack from A, nothing
+  written out: the swarm's rate here) and `mount_target_seconds`, 1 s plus
+  `mount_fetched_bytes` at that rate;
+- CPU seconds (user + system) of pip, uv and restore (`*_cpu_seconds`: the
+  restorer with its extractors, its agent, and the seed while it served) and
+  their ratios (`*_over_restore_cpu`): on a shared two-core machine another
+  job's load moves wall times by 2-3x from one minute to the next, CPU
+  seconds much less.
 
 Venv creation is not in any of the install times. Times are noisy on a
 shared machine: compare the ratios.
@@ -36,6 +47,7 @@ import argparse
 import asyncio
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -93,13 +105,27 @@ class _Runner:
                self.env)
         return prefix
 
-    def timed(self, argv: list[str], env: dict[str, str] | None = None) -> float:
-        started = time.monotonic()
+    def timed(self, argv: list[str], env: dict[str, str] | None = None
+              ) -> tuple[float, float]:
+        """Wall and CPU seconds (user + system, the command and its children)."""
+        started, cpu = time.monotonic(), _children_cpu()
         _check(argv, {**self.env, **(env or {})})
-        return round(time.monotonic() - started, 3)
+        return round(time.monotonic() - started, 3), round(_children_cpu() - cpu, 3)
 
     def pip_args(self, packages: list[str]) -> list[str]:
         return ["install", "-q", "--no-index", "--find-links", str(self.wheels), *packages]
+
+
+def _children_cpu() -> float:
+    """CPU seconds of this process's waited-for children so far."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _process_cpu(pid: int) -> float:
+    """CPU seconds a live process has used (user + system)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _check(argv: list[str], env: dict[str, str]) -> str:
@@ -117,12 +143,12 @@ async def _cases(cluster: LocalCluster, work: Path, wheels: Path, packages: list
     out: dict[str, Any] = {"bench": "depsnap", "packages": packages}
 
     pip_venv = await asyncio.to_thread(run.venv, "pip-venv", True)
-    out["pip_seconds"] = await asyncio.to_thread(
+    out["pip_seconds"], out["pip_cpu_seconds"] = await asyncio.to_thread(
         run.timed, [str(pip_venv / "bin" / "pip"), *run.pip_args(packages)])
     out["pip_compiles_bytecode"] = True
-    for name, extra in (("uv_seconds", []), ("uv_bytecode_seconds", ["--compile-bytecode"])):
-        venv = await asyncio.to_thread(run.venv, name.replace("_seconds", "-venv"), False)
-        out[name] = await asyncio.to_thread(
+    for name, extra in (("uv", []), ("uv_bytecode", ["--compile-bytecode"])):
+        venv = await asyncio.to_thread(run.venv, f"{name}-venv", False)
+        out[f"{name}_seconds"], out[f"{name}_cpu_seconds"] = await asyncio.to_thread(
             run.timed, [uv, "pip", *run.pip_args(packages), "--python",
                         str(venv / "bin" / "python"), *extra],
             {"UV_CACHE_DIR": str(work / f"uv-cache-{name}")})
@@ -141,16 +167,26 @@ async def _cases(cluster: LocalCluster, work: Path, wheels: Path, packages: list
                              args.python, "--", "pip", *run.pip_args(packages))
     out.update(create_seconds=created["seconds"], snapshot_bytes=created["pack_bytes"],
                snapshot_files=created["files"], snapshot_packs=created["packs"])
-    out["snapshot_zstd_bytes"] = await asyncio.to_thread(_zstd_bytes, origin / "packs")
-    async with a.client(600) as client:  # A seeds: it holds every pack
-        tree = json.loads((origin / "trees" / created["tree"]).read_text())
-        for pack in tree["packs"]:
-            await client.ensure(pack["content"])
+    tree = json.loads((origin / "trees" / created["tree"]).read_text())
+    out["snapshot_raw_bytes"] = sum(pack["size"] for pack in tree["packs"])
+    out["pack_compression"] = "zstd level 3, frames of 1 MiB raw"
+    await _ensure_all(a, tree)  # A seeds: it holds every pack
     prefix.rename(work / "created-venv")
 
-    out.update(await _restores(env, cluster, run, created["key"], tree, prefix, args.rounds))
+    out.update(await _restores(env, cluster, run, a, created["key"], tree, prefix,
+                               args.rounds))
+    out["restore_compares_with"] = "pip_seconds, uv_bytecode_seconds (byte-code compiled)"
+    for name in ("pip", "uv_bytecode"):
+        out[f"{name}_over_restore"] = round(out[f"{name}_seconds"] / out["restore_seconds"], 2)
+        out[f"{name}_over_restore_cpu"] = round(
+            out[f"{name}_cpu_seconds"] / out["restore_cpu_seconds"], 2)
+    t = await cluster.start_agent(9, "r1", name="t")
+    out["transfer_seconds"] = await _ensure_all(t, tree)
+    await t.child.stop()
 
     out.update(await _mount_import(env, c, created["key"], work / "mnt"))
+    rate = out["snapshot_bytes"] / out["transfer_seconds"]
+    out["mount_target_seconds"] = round(1 + out["mount_fetched_bytes"] / rate, 3)
 
     second = await _depsnap(env, a, "run", "--json", "--prefix", str(work / "second"),
                             "--python", args.python, "--", "pip",
@@ -161,15 +197,21 @@ async def _cases(cluster: LocalCluster, work: Path, wheels: Path, packages: list
     return out
 
 
-async def _restores(env: dict[str, str], cluster: LocalCluster, run: _Runner, key: str,
-                    tree: dict[str, Any], prefix: Path, rounds: int) -> dict[str, Any]:
-    """`rounds` restores, each by a fresh agent, alternating with `cp -a` of the tree."""
-    restores, copies, fetches, places = [], [], [], []
+async def _restores(env: dict[str, str], cluster: LocalCluster, run: _Runner,
+                    seed: AgentHandle, key: str, tree: dict[str, Any], prefix: Path,
+                    rounds: int) -> dict[str, Any]:
+    """`rounds` restores, each by a fresh agent, alternating with `cp -a` of the tree.
+    A restore's CPU time is the restorer's (its extractors included), its agent's and
+    the seed's while it served."""
+    restores, cpus, copies, fetches, places = [], [], [], [], []
     peer = origin = 0
     for i in range(rounds):
         b = await cluster.start_agent(10 + i, "r1", name=f"b{i}")
+        cpu = _children_cpu() + _process_cpu(seed.child.pid) - _process_cpu(b.child.pid)
         got = await _depsnap(env, b, "restore", "--json", key, "--prefix", str(prefix),
                              "--no-cache", "--store-dir", str(b.store_dir))
+        cpus.append(round(_children_cpu() + _process_cpu(seed.child.pid)
+                          + _process_cpu(b.child.pid) - cpu, 3))
         restores.append(got["seconds"])
         fetches.append(got["fetch_seconds"])
         places.append(got["place_seconds"])
@@ -177,14 +219,23 @@ async def _restores(env: dict[str, str], cluster: LocalCluster, run: _Runner, ke
         await b.child.stop()
         await asyncio.to_thread(shutil.rmtree, prefix)
         copy = run.work / "copied-venv"
-        copies.append(await asyncio.to_thread(
-            run.timed, ["cp", "-a", str(run.work / "created-venv"), str(copy)]))
+        copies.append((await asyncio.to_thread(
+            run.timed, ["cp", "-a", str(run.work / "created-venv"), str(copy)]))[0])
         await asyncio.to_thread(shutil.rmtree, copy)
     return {"restore_seconds": statistics.median(restores), "restore_rounds": restores,
+            "restore_cpu_seconds": statistics.median(cpus),
             "restore_fetch_seconds": statistics.median(fetches),
             "restore_place_seconds": statistics.median(places),
             "copy_seconds": statistics.median(copies), "copy_rounds": copies,
             "restore_peer_bytes": peer, "restore_origin_bytes": origin}
+
+
+async def _ensure_all(agent: AgentHandle, tree: dict[str, Any]) -> float:
+    """Have `agent` fetch every pack of `tree`, all at once; the seconds it took."""
+    started = time.monotonic()
+    async with agent.client(600) as client:
+        await asyncio.gather(*(client.ensure(p["content"]) for p in tree["packs"]))
+    return round(time.monotonic() - started, 3)
 
 
 def _node_env(cluster: LocalCluster, work: Path, origin: Path) -> dict[str, str]:
@@ -242,14 +293,3 @@ async def _mount_import(env: dict[str, str], agent: AgentHandle, key: str, mount
 
 def _tree_bytes(root: Path) -> int:
     return sum(p.lstat().st_size for p in root.rglob("*") if p.is_file() and not p.is_symlink())
-
-
-def _zstd_bytes(packs: Path) -> int | None:
-    if shutil.which("zstd") is None:
-        return None
-    total = 0
-    for pack in sorted(packs.iterdir()):
-        done = subprocess.run(["zstd", "-3", "-c", "-q", str(pack)], capture_output=True,
-                              check=True)
-        total += len(done.stdout)
-    return total

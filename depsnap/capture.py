@@ -4,11 +4,12 @@
 directory, file and symlink with its mode and mtime (files with their size
 and BLAKE3 digest, read once). Sockets, FIFOs and devices have no place in an
 installed environment and are refused. `write_packs` lays the files out into
-packs (`snapshot.layout_packs`), writes each pack into `packs_dir` under its
-content id, computing its swarm manifest on the way, and returns the packs
-and their manifests. A pack that is already there (the same numpy in another
-snapshot) is not written again: same bytes, same id. Each pack is written to
-a temporary name and renamed, so a reader never sees half a pack.
+packs (`snapshot.layout_packs`), writes each pack as zstd frames
+(`depsnap.frames`) into `packs_dir` under its content id, computing its swarm
+manifest on the way, and returns the packs and their manifests. A pack that
+is already there (the same numpy in another snapshot) is not written again:
+same bytes, same id. Each pack is written to a temporary name and renamed, so
+a reader never sees half a pack.
 """
 
 from __future__ import annotations
@@ -19,9 +20,11 @@ import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import blake3
 
+from depsnap.frames import FRAME_BYTES, FrameWriter
 from depsnap.snapshot import PACK_KIND, PERMISSION_BITS, Entry, Pack, PackLayout, layout_packs
 from p2p.content import CHUNK_SIZE, Manifest, ManifestBuilder, MiB
 
@@ -87,24 +90,27 @@ def write_packs(prefix: Path, entries: list[Entry], packs_dir: Path, origin_url:
     packs, manifests, new_bytes = [], [], 0
     packs_dir.mkdir(parents=True, exist_ok=True)
     for layout in layout_packs(e for e in entries if e.kind == "file"):
-        manifest, fresh = _write_pack(layout, files, packs_dir, origin_url)
-        packs.append(Pack(layout.name, manifest.content_id, layout.size, layout.members))
+        manifest, frames, fresh = _write_pack(layout, files, packs_dir, origin_url)
+        packs.append(Pack(layout.name, manifest.content_id, layout.size, layout.members,
+                          FRAME_BYTES, frames))
         manifests.append(manifest)
-        new_bytes += layout.size if fresh else 0
+        new_bytes += manifest.size if fresh else 0
     return WrittenPacks(tuple(packs), tuple(manifests), new_bytes)
 
 
 def _write_pack(layout: PackLayout, files: dict[str, Path], packs_dir: Path,
-                origin_url: str) -> tuple[Manifest, bool]:
+                origin_url: str) -> tuple[Manifest, tuple[int, ...], bool]:
+    """The pack's manifest, its frames' stored lengths, and whether it is new."""
     builder = ManifestBuilder(PACK_CHUNK_BYTES)
+    frames = FrameWriter()
     fd, tmp = tempfile.mkstemp(prefix=".pack-", dir=packs_dir)
     try:
         with os.fdopen(fd, "wb") as out:
             for member in layout.members:
                 with open(files[member.digest], "rb") as f:
                     while block := f.read(BLOCK):
-                        builder.feed(block)
-                        out.write(block)
+                        _write_frames(frames.feed(block), builder, out)
+            _write_frames(frames.finish(), builder, out)
         probe = builder.finish(PACK_KIND, "")
         final = packs_dir / probe.content_id
         fresh = not final.exists()
@@ -116,7 +122,13 @@ def _write_pack(layout: PackLayout, files: dict[str, Path], packs_dir: Path,
             os.unlink(tmp)
     url = f"{origin_url.rstrip('/')}/packs/{probe.content_id}"
     return Manifest(probe.content_id, PACK_KIND, probe.size, probe.chunk_size, probe.digests,
-                    url, probe.digest), fresh
+                    url, probe.digest), tuple(frames.frames), fresh
+
+
+def _write_frames(stored: list[bytes], builder: ManifestBuilder, out: IO[bytes]) -> None:
+    for frame in stored:
+        builder.feed(frame)
+        out.write(frame)
 
 
 def publish_file(data: bytes, directory: Path, origin_url: str, kind: str,

@@ -2,11 +2,12 @@
 
 The snapshot's tree manifest becomes a `fusefs.tree.Tree` (`snapshot_tree`):
 each file is one extent, `(pack content, member offset, size)`, so a read of
-a file is a read of a byte range of its pack, and the pack's 1 MiB chunks are
-fetched lazily through the agent (`fusefs.source.AgentSource`: chunks already
-local are read from the agent's store files, missing ones are asked of the
-agent, which fetches them from peers or the origin; `depsnap.source` makes a
-file's first read prefetch the rest of that file). Lookups, getattr,
+a file is a read of a byte range of its pack's raw bytes. `depsnap.source`
+turns that into reads of the zstd frames under it (decoded and cached) and
+makes a file's first read prefetch the rest of that file; the pack's chunks
+are fetched lazily through the agent (`fusefs.source.AgentSource`: chunks
+already local are read from the agent's store files, missing ones are asked
+of the agent, which fetches them from peers or the origin). Lookups, getattr,
 readdir and readlink come from the tree in memory, with the kernel's entry
 and attribute caching on (the tree never changes): Python's import system,
 which stats thousands of names that do not exist, fetches nothing.

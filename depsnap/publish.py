@@ -53,7 +53,7 @@ class Published:
     won: bool  # False: another node published this key first
     files: int
     file_bytes: int
-    pack_bytes: int
+    pack_bytes: int  # stored (compressed) bytes of the packs
     new_pack_bytes: int  # pack bytes not in the origin directory before
     packs: int
 
@@ -118,4 +118,4 @@ async def publish(tracker: TrackerClient, snapshot: Snapshot, manifests: list[Ma
         winner, won = await tracker.get_name(name), False
     return Published(snapshot.key, winner, (won or winner == tree) and winner == ours,
                      sum(e.kind == "file" for e in snapshot.entries), snapshot.file_bytes,
-                     sum(p.size for p in snapshot.packs), new_bytes, len(snapshot.packs))
+                     sum(p.stored_size for p in snapshot.packs), new_bytes, len(snapshot.packs))

@@ -4,7 +4,11 @@ The tree is built in a temporary directory next to the prefix (same
 filesystem, so the final `rename` is atomic) and renamed onto the prefix only
 when every file, link, mode and mtime is in place: nobody ever sees half a
 tree at the prefix. On any failure the temporary tree is removed; a full
-disk (ENOSPC, EDQUOT) says so, with the bytes the snapshot needs.
+disk (ENOSPC, EDQUOT) says so, with the bytes the snapshot needs. A restore
+that is killed cannot remove its tree, and does not need to for correctness
+(the prefix never appeared); to keep it from filling the disk, the builder
+holds an flock on a file in the tree while it builds it, and the next
+restore at that prefix removes every such tree whose lock is free.
 
 Bytes come out of the packs through the local agent (`depsnap.unpack`: from
 its store files when `store_dir` is given, else through its API), each
@@ -27,11 +31,14 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
+import glob
+import logging
 import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,7 +46,9 @@ from depsnap.snapshot import Entry, Snapshot
 from depsnap.unpack import UnpackError, unpack
 from p2p.localapi import AgentClient
 
+log = logging.getLogger(__name__)
 ROOT_MODE = 0o755  # the prefix itself is not an entry of the tree: it gets the usual mode
+LOCK_NAME = ".depsnap-restoring"  # in a tree being built; gone before it is renamed
 
 
 class RestoreError(Exception):
@@ -66,11 +75,14 @@ async def restore(agent: AgentClient, snapshot: Snapshot, prefix: Path,
         raise RestoreError(f"{prefix} exists and is not an empty directory; remove it or "
                            "restore elsewhere")
     prefix.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{prefix.name}.depsnap-", dir=prefix.parent))
+    _remove_abandoned(prefix)
+    tmp = Path(tempfile.mkdtemp(prefix=_tmp_prefix(prefix), dir=prefix.parent))
     try:
-        stats = await _build(agent, snapshot, str(tmp), cache_dir, store_dir)
-        os.chmod(tmp, ROOT_MODE)
-        os.rename(tmp, prefix)
+        with _building(tmp):
+            stats = await _build(agent, snapshot, str(tmp), cache_dir, store_dir)
+            os.chmod(tmp, ROOT_MODE)
+            os.unlink(tmp / LOCK_NAME)  # still locked through its descriptor
+            os.rename(tmp, prefix)
         return stats
     except OSError as exc:
         _remove(tmp)
@@ -88,6 +100,40 @@ async def restore(agent: AgentClient, snapshot: Snapshot, prefix: Path,
     except BaseException:
         _remove(tmp)
         raise
+
+
+def _tmp_prefix(prefix: Path) -> str:
+    return f".{prefix.name}.depsnap-"
+
+
+@contextlib.contextmanager
+def _building(tmp: Path) -> Iterator[None]:
+    """Hold a lock on `tmp` while it is built: a tree whose lock is free was abandoned."""
+    lock = os.open(tmp / LOCK_NAME, os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(lock)
+
+
+def _remove_abandoned(prefix: Path) -> None:
+    """Remove the partial trees of restores at `prefix` whose process died (killed,
+    power lost): nobody holds their lock. A tree still being built keeps its lock, and
+    one without a lock file is too young to judge (or an unknown directory): both stay."""
+    for path in prefix.parent.glob(glob.escape(_tmp_prefix(prefix)) + "*"):
+        try:
+            lock = os.open(path / LOCK_NAME, os.O_RDWR | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # another restore is building it
+        finally:
+            os.close(lock)
+        log.warning("removing %s, left by a restore that did not finish", path)
+        _remove(path)
 
 
 def _remove(tmp: Path) -> None:
@@ -125,7 +171,7 @@ async def _build(agent: AgentClient, snapshot: Snapshot, root: str, cache_dir: P
         os.chmod(path, e.mode)
         os.utime(path, ns=(e.mtime_ns, e.mtime_ns))
     return RestoreStats(len(files), snapshot.file_bytes, len(packs),
-                        sum(p.size for p in packs), linked, round(fetched - started, 3),
+                        sum(p.stored_size for p in packs), linked, round(fetched - started, 3),
                         round(time.monotonic() - fetched, 3))
 
 

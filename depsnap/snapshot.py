@@ -26,6 +26,13 @@ side. So two environments with the same numpy wheel have
 byte-identical `numpy` packs, hence the same content id and the same chunks:
 the swarm moves them once and every node's store keeps them once.
 
+Compression. A pack's content may hold its raw bytes as a run of zstd frames,
+each of `frame_bytes` raw bytes (`depsnap.frames`); the tree lists each
+frame's stored length. Members keep their offsets in the raw bytes, so a byte
+range of a file is a byte range of the raw pack, which is a run of whole
+frames of the content: a lazy mount reads a file by fetching and decoding
+only the frames under it, and a restore decodes each pack as it streams.
+
 Trust. `Snapshot.from_json` is a trust boundary (a tree comes through the
 swarm; its id pins its bytes, but whoever published it chose them): every
 path must be relative, without `.`, `..`, empty or NUL components, listed
@@ -54,6 +61,8 @@ PACK_KIND = "depsnap-pack"
 MIN_PACK_BYTES = 1 << 20
 MAX_PACK_BYTES = 32 << 20  # bigger units are cut: one pack is one swarm, fetched in parallel
 MISC_PACK = "misc"
+MAX_FRAME_BYTES = 16 << 20  # a compressed pack's frames (depsnap.frames) decode to at most this
+FRAME_OVERHEAD = 1 << 10  # with frame_bytes / 128: more than an incompressible frame grows
 MAX_ENTRIES = 2_000_000
 PERMISSION_BITS = 0o7777
 KINDS = ("dir", "file", "symlink")
@@ -86,10 +95,22 @@ class Member:
 
 @dataclass(frozen=True, slots=True)
 class Pack:
+    """Members lie in the pack's *raw* bytes (`size` of them). With `frames`, the
+    content holds those bytes as zstd frames of `frame_bytes` raw bytes each (the last
+    one shorter), `frames` giving each frame's stored length; without, the content is
+    the raw bytes."""
+
     name: str  # the unit, e.g. "site-packages/numpy"; for people and the bench
     content: str  # swarm content id
     size: int
     members: tuple[Member, ...]
+    frame_bytes: int = 0
+    frames: tuple[int, ...] = ()
+
+    @property
+    def stored_size(self) -> int:
+        """The content's size: what moves between peers and lies in stores."""
+        return sum(self.frames) if self.frames else self.size
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,9 +157,7 @@ class Snapshot:
             "interpreter": self.interpreter, "inputs": self.inputs,
             "resolved": list(self.resolved),
             "entries": [_entry_row(e) for e in self.entries],
-            "packs": [{"name": p.name, "content": p.content, "size": p.size,
-                       "members": [[m.digest, m.offset, m.size] for m in p.members]}
-                      for p in self.packs],
+            "packs": [_pack_dict(p) for p in self.packs],
         }, separators=(",", ":")).encode()
 
     @classmethod
@@ -216,6 +235,7 @@ def check_link(path: str, target: str, interpreter: str) -> None:
 def check_packs(entries: Sequence[Entry], packs: Sequence[Pack]) -> None:
     sizes: dict[str, int] = {}
     for pack in packs:
+        check_frames(pack)
         end = 0
         for m in pack.members:
             if m.offset < end or m.size < 0 or m.offset + m.size > pack.size \
@@ -227,6 +247,20 @@ def check_packs(entries: Sequence[Entry], packs: Sequence[Pack]) -> None:
     for e in entries:
         if e.kind == "file" and sizes.get(e.digest) != e.size:
             raise SnapshotError(f"{e.path!r}: no pack holds its {e.size} bytes ({e.digest})")
+
+
+def check_frames(pack: Pack) -> None:
+    """A compressed pack's frames must cover its raw bytes, one frame per `frame_bytes`."""
+    if not pack.frames and not pack.frame_bytes:
+        return
+    if not 0 < pack.frame_bytes <= MAX_FRAME_BYTES or pack.size < 0:
+        raise SnapshotError(f"pack {pack.name}: frame size {pack.frame_bytes} is not in "
+                            f"1..{MAX_FRAME_BYTES}")
+    bound = pack.frame_bytes + (pack.frame_bytes >> 7) + FRAME_OVERHEAD  # > zstd's worst
+    if len(pack.frames) != -(-pack.size // pack.frame_bytes) \
+            or any(not 0 < n <= bound for n in pack.frames):
+        raise SnapshotError(f"pack {pack.name}: {len(pack.frames)} frames do not hold "
+                            f"{pack.size} bytes in frames of {pack.frame_bytes}")
 
 
 # ---- packing --------------------------------------------------------------------------
@@ -304,11 +338,20 @@ def _entry_from_row(row: Any) -> Entry:
     return Entry(path, kind, mode, mtime)
 
 
+def _pack_dict(p: Pack) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": p.name, "content": p.content, "size": p.size,
+                           "members": [[m.digest, m.offset, m.size] for m in p.members]}
+    if p.frames:
+        out.update(frame_bytes=p.frame_bytes, frames=list(p.frames))
+    return out
+
+
 def _pack_from_dict(raw: Any) -> Pack:
     members = tuple(Member(_typed(m[0], str), _typed(m[1], int), _typed(m[2], int))
                     for m in _typed(raw["members"], list))
+    frames = tuple(_typed(n, int) for n in _typed(raw.get("frames", []), list))
     return Pack(_typed(raw["name"], str), _typed(raw["content"], str), _typed(raw["size"], int),
-                members)
+                members, _typed(raw.get("frame_bytes", 0), int), frames)
 
 
 def _typed(value: Any, kind: type) -> Any:

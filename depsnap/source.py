@@ -1,14 +1,24 @@
-"""The lazy mount's byte source: a file's first read asks the agent for all of it.
+"""The lazy mount's byte source: compressed packs decoded, files prefetched whole.
 
-A snapshot's files lie whole and contiguous in their packs. The kernel reads
-a file a window at a time, and through `fusefs.source.AgentSource` every
-missing chunk is one request to the agent, so a 60 MiB shared library
-imported on a cold node would cost sixty round trips one after another.
-`SnapshotSource` wraps that source: the first read that lands in a file
-spanning more chunks than the read needs hands the agent the file's whole
-chunk range as a prefetch list (the agent fetches them from peers in
-parallel, in that order); the read itself proceeds as before and waits only
-for its own chunks. Files that are never opened are never fetched.
+The mount's tree (`depsnap.mount.snapshot_tree`) gives every file one extent
+in its pack's *raw* bytes; `SnapshotSource` turns a read of raw bytes into a
+read of the content the pack is stored as, through `fusefs.source.AgentSource`
+(local chunks straight from the agent's store, missing ones through the
+agent):
+
+- A compressed pack (`depsnap.frames`) is read a frame at a time: the stored
+  bytes of each frame under the read are read, decoded and checked against
+  the raw length the tree gives, and the last `CACHED_FRAMES` decoded frames
+  are kept (a 1 MiB frame holds many small `.py` files, which Python opens one
+  after another, and the kernel reads a big file in windows smaller than a
+  frame). Concurrent reads of one frame share one decode.
+- The first read that lands in a file spanning more chunks than the read
+  needs hands the agent the file's whole chunk range as a prefetch list (the
+  agent fetches them from peers in parallel, in that order): the kernel reads
+  a file a window at a time, and a 60 MiB shared library imported on a cold
+  node would otherwise cost a round trip per chunk, one after another. The
+  read itself waits only for its own chunks. Files never opened are never
+  fetched.
 """
 
 from __future__ import annotations
@@ -16,11 +26,17 @@ from __future__ import annotations
 import asyncio
 import bisect
 import logging
+from collections import OrderedDict
 
-from depsnap.snapshot import Member, Snapshot
-from fusefs.source import AgentSource, Buffer
+import zstandard
+
+from depsnap.frames import FrameError, decode_frame, frame_span, stored_offsets
+from depsnap.snapshot import Member, Pack, Snapshot
+from fusefs.source import AgentSource, Buffer, SourceError
 
 log = logging.getLogger(__name__)
+
+CACHED_FRAMES = 64  # decoded frames kept (1 MiB each): with 32, 15% of decodes were repeats
 
 
 class SnapshotSource:
@@ -29,20 +45,60 @@ class SnapshotSource:
     def __init__(self, inner: AgentSource, snapshot: Snapshot) -> None:
         self.inner = inner
         self.prefetched_files = 0
+        self._packs = {p.content: p for p in snapshot.packs}
+        self._offsets = {p.content: stored_offsets(p) for p in snapshot.packs if p.frames}
         self._members: dict[str, tuple[list[int], tuple[Member, ...]]] = {
             p.content: ([m.offset for m in p.members], p.members) for p in snapshot.packs}
         self._asked: set[tuple[str, int]] = set()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._decoded: OrderedDict[tuple[str, int], bytes] = OrderedDict()
+        self._decoding: dict[tuple[str, int], asyncio.Task[bytes]] = {}
+        self._zstd = zstandard.ZstdDecompressor()  # decodes run on the event loop's thread
 
     async def read(self, content: str, offset: int, length: int) -> Buffer:
         self._prefetch_file(content, offset, length)
-        return await self.inner.read(content, offset, length)
+        pack = self._packs.get(content)
+        if pack is None or not pack.frames or length == 0:
+            return await self.inner.read(content, offset, length)
+        span = frame_span(pack, self._offsets[content], offset, length)
+        frames = await asyncio.gather(*(self._frame(pack, i)
+                                        for i in range(span.first, span.last + 1)))
+        start = offset - span.first * pack.frame_bytes
+        if len(frames) == 1:
+            return memoryview(frames[0])[start:start + length]
+        return memoryview(b"".join(frames))[start:start + length]
 
     async def close(self) -> None:
-        for task in self._tasks:
+        tasks = [*self._tasks, *self._decoding.values()]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         await self.inner.close()
+
+    async def _frame(self, pack: Pack, index: int) -> bytes:
+        key = (pack.content, index)
+        raw = self._decoded.get(key)
+        if raw is not None:
+            self._decoded.move_to_end(key)
+            return raw
+        task = self._decoding.get(key)
+        if task is None:
+            task = asyncio.create_task(self._decode(pack, index))
+            self._decoding[key] = task
+            task.add_done_callback(lambda _: self._decoding.pop(key, None))
+        return await asyncio.shield(task)  # one reader's deadline does not cancel another's
+
+    async def _decode(self, pack: Pack, index: int) -> bytes:
+        start = self._offsets[pack.content][index]
+        stored = await self.inner.read(pack.content, start, pack.frames[index])
+        try:
+            raw = decode_frame(pack, index, stored, self._zstd)
+        except FrameError as exc:
+            raise SourceError(f"{exc} ({pack.content})") from None
+        self._decoded[(pack.content, index)] = raw
+        if len(self._decoded) > CACHED_FRAMES:
+            self._decoded.popitem(last=False)
+        return raw
 
     def _prefetch_file(self, content: str, offset: int, length: int) -> None:
         starts, members = self._members.get(content, ([], ()))
@@ -58,8 +114,13 @@ class SnapshotSource:
         task.add_done_callback(self._done)
 
     async def _prefetch(self, content: str, member: Member) -> None:
+        start, size = member.offset, member.size
+        pack = self._packs[content]
+        if pack.frames:
+            span = frame_span(pack, self._offsets[content], start, size)
+            start, size = span.start, span.end - span.start
         manifest = await self.inner.manifest(content)
-        chunks = list(manifest.chunks_for_range(member.offset, member.size))
+        chunks = list(manifest.chunks_for_range(start, size))
         if len(chunks) > 1:
             await self.inner.client.prefetch(content, chunks)
             self.prefetched_files += 1

@@ -37,7 +37,7 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -114,16 +114,35 @@ class AgentSource:
         # time going to page faults on each new buffer and the copy.
         out = memoryview(bytearray(length)) if len(chunks) > 1 else None
         at = 0
-        for index in chunks:
-            start = manifest.chunk_offset(index)
-            lo = max(offset - start, 0)
-            hi = min(offset + length - start, manifest.chunk_length(index))
+        for index, lo, hi in _pieces(manifest, chunks, offset, length):
             piece = None if out is None else out[at:at + hi - lo]
             got = await self._piece(view, index, lo, hi, piece)
             if out is None:
                 return got
             at += hi - lo
         assert out is not None
+        return out
+
+    def read_local(self, content: str, offset: int, length: int) -> Buffer | None:
+        """The bytes if the content's view is loaded and every chunk of them is in the
+        store and passes its check; else None. Synchronous and thread-safe: for a
+        decoder thread, which must not wait on the event loop for bytes already here."""
+        view = self._views.get(content)
+        if view is None:
+            return None
+        manifest = view.manifest
+        try:
+            chunks = manifest.chunks_for_range(offset, length)
+        except ValueError:
+            return None
+        out = memoryview(bytearray(length))
+        at = 0
+        for index, lo, hi in _pieces(manifest, chunks, offset, length):
+            try:
+                view.read_chunk(index, lo, hi, out[at:at + hi - lo])
+            except (MissingChunk, DamagedChunk):
+                return None
+            at += hi - lo
         return out
 
     async def _piece(self, view: ChunkView, index: int, lo: int, hi: int,
@@ -223,6 +242,15 @@ class AgentSource:
                               f"fails its check ({got} bytes); not using it")
         self.agent_chunks += 1
         return memoryview(buf)
+
+
+def _pieces(manifest: Manifest, chunks: Iterable[int], offset: int,
+            length: int) -> Iterator[tuple[int, int, int]]:
+    """(chunk, lo, hi): the part [lo, hi) of each chunk that bytes [offset, +length) cover."""
+    for index in chunks:
+        start = manifest.chunk_offset(index)
+        yield (index, max(offset - start, 0),
+               min(offset + length - start, manifest.chunk_length(index)))
 
 
 class RangeFile(io.RawIOBase):

@@ -38,6 +38,7 @@ from collections.abc import AsyncIterator, Coroutine
 from pathlib import Path
 from typing import Any, assert_never
 
+from p2p import wire
 from p2p.announcer import Announcer
 from p2p.config import AgentConfig
 from p2p.connections import Connections
@@ -68,11 +69,13 @@ from p2p.swarm.events import (
     PeerLost,
     PeerPending,
     PeersFound,
+    PeerWithdrew,
     PrefetchGiven,
     ReaderWants,
     Report,
     Request,
     WantedAll,
+    Withdraw,
 )
 from p2p.tracker_client import AnnounceReply, TrackerClient, TrackerError, TrackerUnavailable
 from p2p.wire import Have, Join, Pending, Piece, RemoteProtocolError, pack_bits, unpack_bits
@@ -307,6 +310,8 @@ class Agent:
                     self._spawn(self._conns.report(content, peer, reason))
                 case Advertise(chunk, pending):
                     self._advertise(session, chunk, pending)
+                case Withdraw(chunk):
+                    self._tell_joined(session, wire.Withdraw(content=content, chunk=chunk))
                 case Complete():
                     self._completed(session)
                 case Abort(reason):
@@ -425,14 +430,16 @@ class Agent:
             link.close(reason, hostile=True)
 
     def _advertise(self, session: Session, chunk: int, pending: bool) -> None:
-        msg = (Pending(content=session.content, chunk=chunk) if pending
-               else Have(content=session.content, chunk=chunk))
+        self._tell_joined(session, Pending(content=session.content, chunk=chunk) if pending
+                          else Have(content=session.content, chunk=chunk))
+        if not pending:
+            session.wake([chunk])
+
+    def _tell_joined(self, session: Session, msg: wire.Message) -> None:
         # Every link we sent our Join on, even before the peer's Join came back:
         # otherwise a chunk finished in that window would never be announced.
         for link in self._links_joined(session.content):
             link.send_soon(msg)
-        if not pending:
-            session.wake([chunk])
 
     def _links_joined(self, content: ContentId) -> list[Link]:
         links = {id(link): link for link in self._conns.links.values()}
@@ -514,17 +521,19 @@ class Agent:
         if not link.closed:
             self._send_join(session, link)
 
-    def on_have(self, link: Link, msg: Have | Pending) -> None:
+    def on_have(self, link: Link, msg: Have | Pending | wire.Withdraw) -> None:
         session = self.sessions.get(ContentId(msg.content))
         if session is None or link.peer not in session.links:
             return
-        event = PeerHas if isinstance(msg, Have) else PeerPending
+        event = PeerHas if isinstance(msg, Have) else \
+            PeerPending if isinstance(msg, Pending) else PeerWithdrew
         self._feed(session, event(link.peer, msg.chunk))
 
     async def on_piece(self, link: Link, msg: Piece, asked: tuple[ContentId, int] | None) -> None:
         session = self.sessions.get(ContentId(msg.content))
         if asked is None or session is None or session.swarm.held(msg.chunk):
             await link.conn.discard_payload(msg.len)
+            self.metrics.wasted_bytes.inc(msg.len)
             return
         expected = session.manifest.chunk_length(msg.chunk)
         if msg.len != expected:
@@ -546,6 +555,9 @@ class Agent:
 
     def on_served(self, nbytes: int) -> None:
         self.metrics.served_bytes.inc(nbytes)
+
+    def on_cancelled(self) -> None:
+        self.metrics.requests_cancelled.inc()
 
     def chunk_count(self, content: ContentId) -> int | None:
         session = self.sessions.get(content)

@@ -30,6 +30,7 @@ from p2p.cli import UserError
 from p2p.content import CHUNK_SIZE, DEFAULT_DIGEST, DIGESTS, MiB
 from p2p.demo import distribute, parse_size, positive_int
 from p2p.localcluster import AgentHandle, LocalCluster, write_random_file
+from p2p.testbed.netns import Testbed
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -47,6 +48,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     s.add_argument("--no-baseline", action="store_true", help="skip the origin-only round")
     s.add_argument("--agent-option", action="append", default=[], metavar="KEY=VALUE",
                    help="override an agent setting, e.g. upload_slots=2 or swarm.max_inflight=8")
+    s.add_argument("--testbed", metavar="NAME",
+                   help="run on `bootseer testbed` NAME: the tracker and origin in its origin "
+                        "namespace, agent i in node i; the caps are the testbed's, so "
+                        "--node-cap/--origin-cap and --racks are taken from it")
     s.add_argument("--json", action="store_true", help="print only the JSON line")
     s.add_argument("--workdir", type=Path, help="keep logs and stores here")
     s.set_defaults(run=_run)
@@ -69,8 +74,9 @@ def _run(args: argparse.Namespace) -> int:
 
 
 async def _bench(args: argparse.Namespace) -> dict[str, Any]:
+    bed = _testbed(args) if args.testbed else None
     with tempfile.TemporaryDirectory(prefix="bootseer-bench-") as tmp:
-        cluster = LocalCluster(args.workdir or Path(tmp))
+        cluster = LocalCluster(args.workdir or Path(tmp), testbed=bed)
         try:
             return await _rounds(cluster, args)
         finally:
@@ -81,15 +87,18 @@ async def _rounds(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, 
     source = cluster.workdir / "origin" / "content.bin"
     await asyncio.to_thread(write_random_file, source, args.size)
     await cluster.start_tracker()
-    await cluster.start_origin(source.parent, args.origin_cap)
+    on_testbed = cluster.testbed is not None
+    await cluster.start_origin(source.parent, None if on_testbed else args.origin_cap)
     manifest = await cluster.publish(source, args.chunk_size_mb * MiB, digest=args.digest)
-    caps = {"upload_mbps": args.node_cap, "download_mbps": args.node_cap}
+    caps = {} if on_testbed else {"upload_mbps": args.node_cap, "download_mbps": args.node_cap}
 
     swarm_agents = await _agents(cluster, args, "swarm",
                                  _agent_options(args.agent_option, caps))
     swarm = await distribute(cluster, swarm_agents, source, manifest.content_id, args.size,
                              progress=not args.json and sys.stderr.isatty())
     rss = max(a.child.peak_rss_mb() for a in swarm_agents)
+    wasted, cancelled = await _counters(swarm_agents, "bootseer_wasted_bytes_total",
+                                        "bootseer_requests_cancelled_total")
     await asyncio.gather(*(a.child.stop() for a in swarm_agents))
 
     baseline_seconds = None
@@ -103,7 +112,7 @@ async def _rounds(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, 
 
     bound = bound_seconds(args.nodes, args.size, args.node_cap, args.origin_cap)
     return {
-        "bench": "swarm", "nodes": args.nodes, "bytes": args.size,
+        "bench": "swarm", "nodes": args.nodes, "bytes": args.size, "testbed": args.testbed,
         "chunk_bytes": args.chunk_size_mb * MiB, "digest": args.digest,
         "node_cap_mbps": args.node_cap, "origin_cap_mbps": args.origin_cap,
         "seconds": round(swarm.seconds, 3),
@@ -113,12 +122,43 @@ async def _rounds(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, 
         "seconds_over_bound": round(swarm.seconds / bound, 3) if bound else None,
         "origin_egress_ratio": round(swarm.origin_bytes / args.size, 4),
         "max_agent_rss_mb": round(rss, 1),
+        "wasted_bytes": int(wasted), "requests_cancelled": int(cancelled),
         "aggregate_mbps": round(args.nodes * args.size / swarm.seconds / 1e6, 1),
         "node_seconds": sorted(round(float(r.get("seconds", -1)), 2)
                                for r in swarm.per_node.values()),
         "verified": swarm.verified,
         "failures": swarm.failures,
     }
+
+
+def _testbed(args: argparse.Namespace) -> Testbed:
+    """The testbed named by --testbed, with the caps and racks in `args` set from it."""
+    from p2p.testbed.netns import TestbedError, find
+
+    try:
+        bed = find(args.testbed)
+    except TestbedError as exc:
+        raise UserError(str(exc)) from None
+    if args.nodes > len(bed.nodes):
+        raise UserError(f"--nodes {args.nodes}: testbed {args.testbed} has {len(bed.nodes)}")
+    spec = bed.plan.spec
+    args.node_cap, args.origin_cap, args.racks = spec.node_mbps, spec.origin_mbps, spec.racks
+    return bed
+
+
+async def _counters(agents: list[AgentHandle], *names: str) -> list[float]:
+    """Each named counter, summed over `agents` (from their /metrics text)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    totals = dict.fromkeys(names, 0.0)
+    for agent in agents:
+        async with agent.client(10.0) as client:
+            text = await client.metrics()
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name in totals:
+                    totals[sample.name] += sample.value
+    return [totals[name] for name in names]
 
 
 def _agent_options(pairs: list[str], base: dict[str, Any]) -> dict[str, Any]:

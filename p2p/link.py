@@ -7,13 +7,16 @@ A node-wide semaphore bounds how many pieces go out at once across all links:
 a new chunk then reaches its first downloaders at the full upload rate, and
 they can relay it sooner than if every requester got a thin share.
 Requests we send are numbered per link, so a piece is matched to exactly the
-request that asked for it; a piece nobody asked for (a cancelled end-game
-duplicate) is read and dropped.
+request that asked for it. A request we no longer need (an end-game duplicate
+another peer answered first) is withdrawn: not sent if it is still waiting for
+download budget, else followed by a Cancel, which the peer honours if the
+request is still in its queue; a piece that comes anyway is read and dropped
+(counted as wasted).
 
-A request is answered with a Piece or a Reject, never with silence: an
-index outside the content, a chunk not held, or any store error while
-opening it is a Reject with the reason (store errors are logged too), and the
-uploader goes on with the next request.
+A request is answered with a Piece or a Reject, never with silence unless
+the peer cancelled it first: an index outside the content, a chunk not held,
+or any store error while opening it is a Reject with the reason (store errors
+are logged too), and the uploader goes on with the next request.
 
 Every failure of the peer (bad frame, slow drip, closed socket) ends the
 link; the owner hears about it once, first through `link_ending` (while the
@@ -36,6 +39,7 @@ from p2p.peer import ConnectionClosed, PeerConnection, RateLimiter
 from p2p.store import ChunkStore, DamagedChunk, MissingChunk
 from p2p.wire import (
     Bye,
+    Cancel,
     Have,
     Join,
     LocalProtocolError,
@@ -45,6 +49,7 @@ from p2p.wire import (
     Reject,
     RemoteProtocolError,
     Request,
+    Withdraw,
 )
 
 log = logging.getLogger(__name__)
@@ -53,11 +58,12 @@ MAX_QUEUED_UPLOADS = 64  # requests a peer may have waiting at our side
 
 class LinkOwner(Protocol):
     def on_join(self, link: Link, msg: Join) -> None: ...
-    def on_have(self, link: Link, msg: Have | Pending) -> None: ...
+    def on_have(self, link: Link, msg: Have | Pending | Withdraw) -> None: ...
     async def on_piece(self, link: Link, msg: Piece,
                        asked: tuple[ContentId, int] | None) -> None: ...
     def on_reject(self, link: Link, content: ContentId, chunk: int, reason: str) -> None: ...
     def on_served(self, nbytes: int) -> None: ...
+    def on_cancelled(self) -> None: ...
     def chunk_count(self, content: ContentId) -> int | None: ...
     def link_ending(self, link: Link, reason: str, hostile: bool) -> None: ...
     def link_closed(self, link: Link, reason: str, hostile: bool) -> None: ...
@@ -76,7 +82,10 @@ class Link:
         self._next_req = 1
         self._asked: dict[int, tuple[ContentId, int]] = {}
         self._by_chunk: dict[tuple[ContentId, int], int] = {}
+        self._sent: set[int] = set()  # our requests on the wire, not answered yet
         self._uploads: asyncio.Queue[Request] = asyncio.Queue()
+        self._queued: set[int] = set()  # the peer's requests in _uploads, by its ids
+        self._withdrawn: set[int] = set()  # ... of which it cancelled these
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
 
@@ -130,13 +139,19 @@ class Link:
     async def _paced_request(self, msg: Request, nbytes: int, download: RateLimiter) -> None:
         await download.acquire(nbytes)
         if msg.req in self._asked:  # not cancelled while waiting
+            self._sent.add(msg.req)
             await self._send(msg)
 
     def cancel(self, content: ContentId, chunk: int) -> None:
-        """Forget a request: its piece, if it still comes, is dropped unread."""
+        """Forget a request; if it went out, ask the peer to skip it. Its piece, if it
+        still comes, is dropped unread."""
         req = self._by_chunk.pop((content, chunk), None)
-        if req is not None:
-            self._asked.pop(req, None)
+        if req is None:
+            return
+        self._asked.pop(req, None)
+        if req in self._sent:
+            self._sent.discard(req)
+            self.send_soon(Cancel(content=content, chunk=chunk, req=req))
 
     # ---- loops ----------------------------------------------------------------
 
@@ -159,13 +174,18 @@ class Link:
         match msg:
             case Join():
                 self._owner.on_join(self, msg)
-            case Have() | Pending():
+            case Have() | Pending() | Withdraw():
                 self._owner.on_have(self, msg)
             case Request():
                 if self._uploads.qsize() >= MAX_QUEUED_UPLOADS:
                     raise RemoteProtocolError(f"more than {MAX_QUEUED_UPLOADS} queued requests")
                 self._uploads.put_nowait(msg)
+                self._queued.add(msg.req)
+            case Cancel():
+                if msg.req in self._queued:  # else it is being sent, or was: too late
+                    self._withdrawn.add(msg.req)
             case Piece():
+                self._sent.discard(msg.req)
                 asked = self._asked.pop(msg.req, None)
                 if asked is not None:
                     self._by_chunk.pop(asked, None)
@@ -174,6 +194,7 @@ class Link:
                                                   f"{msg.content}/{msg.chunk}, not {asked}")
                 await self._owner.on_piece(self, msg, asked)
             case Reject():
+                self._sent.discard(msg.req)
                 self._asked.pop(msg.req, None)
                 self._by_chunk.pop((ContentId(msg.content), msg.chunk), None)
                 self._owner.on_reject(self, ContentId(msg.content), msg.chunk, msg.reason)
@@ -185,13 +206,28 @@ class Link:
     async def _upload_loop(self) -> None:
         while not self._closed:
             req = await self._uploads.get()
+            if self._withdrawn_now(req, final=False):
+                continue
             content = ContentId(req.content)
             opened = await self._open(content, req.chunk)
             if isinstance(opened, str):
+                self._queued.discard(req.req)
                 await self._send(Reject(content=content, chunk=req.chunk, req=req.req,
                                         reason=opened))
             else:
                 await self._send_chunk(req, *opened)
+
+    def _withdrawn_now(self, req: Request, final: bool) -> bool:
+        """Whether the peer cancelled `req` (then it is skipped, and counted). After the
+        `final` ask, just before its piece goes out, a Cancel for it comes too late."""
+        if req.req in self._withdrawn:
+            self._withdrawn.discard(req.req)
+            self._queued.discard(req.req)
+            self._owner.on_cancelled()
+            return True
+        if final:
+            self._queued.discard(req.req)
+        return False
 
     async def _open(self, content: ContentId, chunk: int) -> tuple[int, int] | str:
         """(fd, length) of the chunk to send, checked against its manifest unless its file
@@ -220,6 +256,8 @@ class Link:
         content = ContentId(req.content)
         try:
             async with self._upload_slots:
+                if self._withdrawn_now(req, final=True):
+                    return  # (the fd is closed below)
                 await self.conn.send_piece(content, req.chunk, req.req, fd, 0, length,
                                            self._upload)
             self._owner.on_served(length)

@@ -38,18 +38,20 @@ import os
 import socket
 import stat
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import aiohttp
 from aiohttp import web
 
-from p2p.agent import Agent
 from p2p.auth import AuthError
 from p2p.content import ContentId, ManifestError, check_content_id
 from p2p.session import ContentFailed
 from p2p.store import MissingChunk, StoreError
 from p2p.tracker_client import TrackerError, TrackerUnavailable
+
+if TYPE_CHECKING:  # clients (every mount) need not load the agent
+    from p2p.agent import Agent
 
 log = logging.getLogger(__name__)
 MAX_READ_BYTES = 256 * 1024 * 1024

@@ -2,6 +2,9 @@
 
 Used by `bootseer demo`, `bootseer bench swarm` and the end-to-end tests, so
 all three exercise the real command-line entry points and the real processes.
+On a testbed (`p2p.testbed`), the tracker and the origin run in its origin
+namespace and agent `i` in node `i`'s, each bound to its namespace's address,
+with the node's rack; the links' caps are then the testbed's.
 Every child prints one JSON line when it is ready; we read it with a bounded
 wait, and a child that dies first is reported with the tail of its stderr.
 """
@@ -23,6 +26,7 @@ from typing import Any
 from p2p.cli import UserError
 from p2p.content import CHUNK_SIZE, DEFAULT_DIGEST, ContentId, Manifest, ManifestBuilder
 from p2p.localapi import AgentClient
+from p2p.testbed.netns import Testbed
 from p2p.tracker_client import TrackerClient
 
 READY_TIMEOUT_S = 30.0
@@ -88,18 +92,23 @@ class LocalCluster:
     children: list[Child] = field(default_factory=list)
     tracker_url: str = ""
     origin_url: str = ""
+    testbed: Testbed | None = None
 
     @property
     def env(self) -> dict[str, str]:
         return {**os.environ, "BOOTSEER_SECRET": self.secret.decode()}
 
     async def spawn(self, name: str, args: Sequence[str],
-                    env: dict[str, str] | None = None) -> Child:
+                    env: dict[str, str] | None = None, netns: str | None = None) -> Child:
+        """Start `bootseer ARGS` (in namespace `netns` if given) and wait for its ready line."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         stderr_path = self.workdir / f"{name}.log"
+        argv = [*bootseer_command(), *args]
+        if netns is not None:
+            argv = ["ip", "netns", "exec", netns, *argv]
         with open(stderr_path, "ab") as err:
             proc = await asyncio.create_subprocess_exec(
-                *bootseer_command(), *args, stdout=asyncio.subprocess.PIPE, stderr=err,
+                *argv, stdout=asyncio.subprocess.PIPE, stderr=err,
                 env=env or self.env, start_new_session=True)
         assert proc.stdout is not None
         try:
@@ -116,18 +125,26 @@ class LocalCluster:
         self.children.append(child)
         return child
 
+    def _origin_side(self) -> tuple[list[str], str | None]:
+        """(--host flags, namespace) for a server of the origin side."""
+        if self.testbed is None:
+            return [], None
+        return ["--host", self.testbed.origin.ip], self.testbed.origin.netns
+
     async def start_tracker(self, *extra: str) -> Child:
+        host, netns = self._origin_side()
         child = await self.spawn("tracker", ["tracker", "--port", "0",
                                              "--state-dir", str(self.workdir / "tracker"),
-                                             *extra])
+                                             *host, *extra], netns=netns)
         self.tracker_url = child.ready["url"]
         return child
 
     async def start_origin(self, root: Path, rate_mbps: float | None = None) -> Child:
-        args = ["origin", str(root), "--port", "0"]
+        host, netns = self._origin_side()
+        args = ["origin", str(root), "--port", "0", *host]
         if rate_mbps:
             args += ["--rate-mbps", str(rate_mbps)]
-        child = await self.spawn("origin", args)
+        child = await self.spawn("origin", args, netns=netns)
         self.origin_url = child.ready["url"]
         return child
 
@@ -138,10 +155,14 @@ class LocalCluster:
         sock = str(self.workdir / name / "api.sock")
         (self.workdir / name).mkdir(parents=True, exist_ok=True)
         cfg = self.workdir / name / "agent.toml"
-        cfg.write_text(to_toml({"tracker": self.tracker_url, "host": "127.0.0.1", "port": 0,
+        host, netns = "127.0.0.1", None
+        if self.testbed is not None:  # its node `index`, in that node's rack
+            node = self.testbed.nodes[index]
+            host, netns, rack = node.ip, node.netns, f"rack{node.rack}"
+        cfg.write_text(to_toml({"tracker": self.tracker_url, "host": host, "port": 0,
                                 "rack": rack, "peer_id": name, "store_dir": str(store),
                                 "api_socket": sock, **(config or {})}))
-        child = await self.spawn(name, ["agent", "--config", str(cfg)])
+        child = await self.spawn(name, ["agent", "--config", str(cfg)], netns=netns)
         return AgentHandle(index, child, sock, store, cfg)
 
     async def publish(self, path: Path, chunk_size: int = CHUNK_SIZE,

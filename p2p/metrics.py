@@ -13,6 +13,10 @@ class AgentMetrics:
                                     registry=r)
         self.peer_bytes = Counter("bootseer_peer_bytes", "Bytes fetched from peers", registry=r)
         self.served_bytes = Counter("bootseer_served_bytes", "Bytes served to peers", registry=r)
+        self.wasted_bytes = Counter("bootseer_wasted_bytes", "Piece bytes received after the "
+                                    "request was withdrawn (end-game duplicates)", registry=r)
+        self.requests_cancelled = Counter("bootseer_requests_cancelled", "Peers' requests "
+                                          "skipped because they cancelled them", registry=r)
         self.chunks_verified = Counter("bootseer_chunks_verified",
                                        "Chunks that matched the manifest", registry=r)
         self.chunks_rejected = Counter("bootseer_chunks_rejected",

@@ -20,7 +20,9 @@ A connection opens with a handshake, always in this order:
 
 (see p2p.auth.handshake_mac for what each MAC covers). Either side that sees a
 bad MAC sends `Bye("auth failed")` and hangs up. After that, both sides speak
-freely: Join, Have, Pending, Request, Piece, Reject, Bye.
+freely: Join, Have, Pending, Withdraw, Request, Piece, Reject, Cancel, Bye. A Request is
+answered with a Piece or a Reject, unless a Cancel for it arrives while it is
+still queued: then with nothing (the asker has forgotten it).
 
 This module is the trust boundary for bytes from peers. `parse_length` and
 `parse_header` bound every size and turn every decode failure, whatever its
@@ -39,7 +41,7 @@ import msgpack
 
 from p2p.content import MAX_CHUNK_SIZE, KiB, ManifestError, check_content_id
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: Cancel, Withdraw
 PREFIX_SIZE = 4
 MAX_HEADER = 64 * KiB
 NONCE_SIZE = 16
@@ -241,6 +243,18 @@ class Pending(_Codec):
 
 
 @dataclass(frozen=True, slots=True)
+class Withdraw(_Codec):
+    """I no longer fetch `chunk` of `content` from the origin (I sent Pending for it)."""
+
+    TYPE: ClassVar[str] = "withdraw"
+    content: str
+    chunk: int
+
+    def __post_init__(self) -> None:
+        _check_ref(self.content, self.chunk)
+
+
+@dataclass(frozen=True, slots=True)
 class Request(_Codec):
     """Send me chunk `chunk` of `content`; `req` is my id for this request."""
 
@@ -284,6 +298,19 @@ class Reject(_Codec):
 
 
 @dataclass(frozen=True, slots=True)
+class Cancel(_Codec):
+    """Never mind Request `req` (for chunk `chunk` of `content`): skip it if not started."""
+
+    TYPE: ClassVar[str] = "cancel"
+    content: str
+    chunk: int
+    req: int
+
+    def __post_init__(self) -> None:
+        _check_ref(self.content, self.chunk, self.req)
+
+
+@dataclass(frozen=True, slots=True)
 class Bye(_Codec):
     """I am hanging up, and why."""
 
@@ -294,10 +321,11 @@ class Bye(_Codec):
         _check_str("reason", self.reason, MAX_REASON)
 
 
-Message = Hello | Challenge | Auth | Join | Have | Pending | Request | Piece | Reject | Bye
+Message = (Hello | Challenge | Auth | Join | Have | Pending | Withdraw | Request | Piece | Reject
+           | Cancel | Bye)
 MESSAGE_TYPES: dict[str, type[Message]] = {
-    cls.TYPE: cls for cls in (Hello, Challenge, Auth, Join, Have, Pending, Request, Piece, Reject,
-                              Bye)
+    cls.TYPE: cls for cls in (Hello, Challenge, Auth, Join, Have, Pending, Withdraw, Request,
+                              Piece, Reject, Cancel, Bye)
 }
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {
     cls: tuple(f.name for f in fields(cls)) for cls in MESSAGE_TYPES.values()

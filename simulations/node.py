@@ -20,9 +20,9 @@ semaphore lets at most `upload_slots` pieces go out at once; a link whose
 next piece waits for a slot queues behind the links that waited first. So a
 new chunk reaches its first few requesters at a large share of the sender's
 upload, and they can relay it sooner than if every requester got a thin
-share at once. A request the receiver has cancelled is still sent (the wire
-has no cancel message; the receiver drops the piece), which the simulation
-counts as wasted bytes.
+share at once. A request the receiver has cancelled is skipped if the cancel
+reaches the sender before the piece starts going out (p2p.link); a piece
+sent anyway is dropped by the receiver and counted as wasted bytes.
 """
 
 from __future__ import annotations
@@ -58,9 +58,9 @@ class AgentSpec:
     upload_cap_Bps: float | None = None
     download_cap_Bps: float | None = None
     burst_bytes: int = BURST_BYTES
-    # Not the agent's behaviour today, a proposal to measure: a cancel travels to
-    # the sender, which drops the request if queued and stops the piece if sending.
-    cancel_on_wire: bool = False
+    # A cancel travels to the sender, which skips the request unless its piece is
+    # going out (wire protocol 2). False: protocol 1, where the sender sent it anyway.
+    cancel_on_wire: bool = True
 
 
 class Transfer:

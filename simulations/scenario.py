@@ -17,7 +17,7 @@ Layout (see simulations/scenarios/*.toml for complete examples):
     [tracker]  handout_limit, announce_interval, peer_ttl, origin_fetchers
     [agent]    upload_slots, upload_cap, download_cap, burst: the agent's
                settings of those names (caps are bandwidths; absent = no cap);
-               cancel_on_wire = true models a proposed change (see AgentSpec)
+               cancel_on_wire = false models wire protocol 1 (see AgentSpec)
     [swarm]    overrides of p2p.swarm.SwarmConfig fields; "_s" fields drop
                the suffix and take a duration (request_timeout = "15s"):
                origin_patience, appointed_patience and settle among them
@@ -289,7 +289,7 @@ def _agent(top: _Table) -> AgentSpec:
         upload_cap_Bps=None if up == none else up,
         download_cap_Bps=None if down == none else down,
         burst_bytes=int(t.get("burst", parse_size, float(BURST_BYTES), minimum=0)),
-        cancel_on_wire=t.get("cancel_on_wire", _bool, False))
+        cancel_on_wire=t.get("cancel_on_wire", _bool, True))
     t.done()
     return spec
 

@@ -18,8 +18,10 @@ actions the swarm returns as scheduled callbacks and network flows:
 |                     | origin's queue, then a flow; ChunkArrived(c, None), or    |
 |                     | ChunkFailed if the origin is down                         |
 | Advertise(c)        | PeerHas (PeerPending) to every connected peer, one batch  |
-| Cancel(p, c)        | not sent if still paced; else p still sends the piece     |
-|                     | (the wire has no cancel) and its bytes count as wasted    |
+| Withdraw(c)         | PeerWithdrew to every connected peer, one batch           |
+| Cancel(p, c)        | not sent if still paced; else a cancel travels to p,      |
+|                     | which skips the request if it has not started sending it; |
+|                     | a piece sent anyway counts as wasted bytes                |
 | Disconnect(p)       | PeerLost to the other side; their transfers stop          |
 | Report / Complete / Abort | counted / completion time / failure recorded        |
 
@@ -57,9 +59,11 @@ from p2p.swarm.events import (
     PeerJoined,
     PeerLost,
     PeerPending,
+    PeerWithdrew,
     PrefetchGiven,
     Report,
     Request,
+    Withdraw,
 )
 from simulations.engine import Loop
 from simulations.network import Flows, Origin, Topology
@@ -301,6 +305,9 @@ class Simulation:
             case Abort():
                 node.counters.aborts += 1
                 self._finish(node, c)
+            case Withdraw(chunk):  # an origin fetch failed: take the pending mark back
+                event = PeerWithdrew(node.peer, chunk)
+                self.loop.after(self._control_latency, self._fan_out, (n, c, event, -1))
             case _:
                 raise AssertionError(f"unexpected action {action!r}")
 
@@ -345,7 +352,7 @@ class Simulation:
         self.loop.after(self._control_latency, self._fan_out, (n, c, event, skip))
 
     def _fan_out(self, arg: tuple[int, int, Event, int]) -> None:
-        """One have (or pending) to every connected peer: `_deliver`, inlined for speed.
+        """One have (pending, withdrawal) to every connected peer: `_deliver`, inlined.
 
         Most swarm calls of a big run come through here, so two kinds of
         receiver are not called. A swarm that has finished ignores every event
@@ -499,8 +506,9 @@ class Simulation:
             self._send(src.uploads.finished(transfer) if sending else src.uploads.drop(transfer))
 
     def _cancel_arrived(self, transfer: Transfer) -> None:
-        """A proposed agent change: the sender drops a cancelled request (see AgentSpec)."""
-        if not transfer.cancelled and transfer in self.nodes[transfer.dst].transfers:
+        """The sender skips a cancelled request unless its piece is going out (p2p.link)."""
+        if not transfer.cancelled and transfer.stage != SENDING \
+                and transfer in self.nodes[transfer.dst].transfers:
             self._abort(transfer)
 
     def _waste(self, transfer: Transfer, nbytes: float) -> None:

@@ -15,7 +15,8 @@ proved:
 - a failing or interrupted command publishes nothing and returns its status;
 - two runs of one key at once end with one published snapshot;
 - a full disk during restore leaves no partial tree and says why; a key
-  nobody published is a one-line error.
+  nobody published is a one-line error; a restore killed mid-fetch leaves
+  nothing at the prefix, and the next restore there removes what it left.
 """
 
 from __future__ import annotations
@@ -68,21 +69,24 @@ async def swarm(tmp_path: Path, agents: int, origin: Path | None = None
             origin.mkdir()
         await cluster.start_tracker()
         await cluster.start_origin(origin)
-        nodes = []
-        for i in range(agents):
-            agent = await cluster.start_agent(i, "r1")
-            env = {**cluster.env, "BOOTSEER_TRACKER": cluster.tracker_url,
-                   "BOOTSEER_API_SOCKET": agent.api_socket,
-                   "BOOTSEER_STORE_DIR": str(agent.store_dir),
-                   "BOOTSEER_LOG_DIR": str(tmp_path),  # where `depsnap mount` logs
-                   "BOOTSEER_DEPSNAP_ORIGIN_DIR": str(origin),
-                   "BOOTSEER_DEPSNAP_ORIGIN_URL": cluster.origin_url,
-                   "BOOTSEER_DEPSNAP_CACHE": str(tmp_path / f"cache{i}")}
-            env = {k: v for k, v in env.items() if not k.startswith("PIP_")}
-            nodes.append(Node(agent, env))
+        nodes = [await add_node(cluster, tmp_path, origin, i) for i in range(agents)]
         yield cluster, nodes
     finally:
         await cluster.stop()
+
+
+async def add_node(cluster: LocalCluster, tmp_path: Path, origin: Path, index: int,
+                   config: dict[str, Any] | None = None) -> Node:
+    """Agent `index` (with `config`), and the environment `bootseer depsnap` needs there."""
+    agent = await cluster.start_agent(index, "r1", config)
+    env = {**cluster.env, "BOOTSEER_TRACKER": cluster.tracker_url,
+           "BOOTSEER_API_SOCKET": agent.api_socket,
+           "BOOTSEER_STORE_DIR": str(agent.store_dir),
+           "BOOTSEER_LOG_DIR": str(tmp_path),  # where `depsnap mount` logs
+           "BOOTSEER_DEPSNAP_ORIGIN_DIR": str(origin),
+           "BOOTSEER_DEPSNAP_ORIGIN_URL": cluster.origin_url,
+           "BOOTSEER_DEPSNAP_CACHE": str(tmp_path / f"cache{index}")}
+    return Node(agent, {k: v for k, v in env.items() if not k.startswith("PIP_")})
 
 
 async def depsnap(node: Node, *args: str, cwd: Path, private: Path | None = None
@@ -332,6 +336,41 @@ async def test_restore_refuses_bad_snapshots_and_leaves_nothing_behind(
             assert list(small.iterdir()) == []
         finally:
             subprocess.run(["umount", str(small)], check=True)
+
+
+async def test_a_killed_restore_leaves_no_tree_at_the_prefix_and_the_next_one_clears_it(
+        tmp_path: Path, wheels: Path) -> None:
+    origin = tmp_path / "snapshots"
+    async with swarm(tmp_path, 1) as (cluster, (a,)):
+        status, created, err = await depsnap(
+            a, *install_args(tmp_path / "venv", wheels, "numpy"), cwd=tmp_path)
+        assert status == 0, err
+        # B downloads at 10 MB/s: its restore of numpy (about 40 MB) is still fetching
+        # when it is killed.
+        b = await add_node(cluster, tmp_path, origin, 1, {"download_mbps": 10})
+        prefix = tmp_path / "restored"
+        proc = await asyncio.create_subprocess_exec(
+            *bootseer_command(), "depsnap", "restore", created["key"], "--prefix",
+            str(prefix), env=b.env, stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL)
+
+        def partial() -> list[Path]:
+            return [p for p in tmp_path.iterdir() if p.name.startswith(".restored.depsnap-")]
+
+        async def building() -> bool:
+            return bool(partial())
+
+        await until(building, "the restore starts building its tree")
+        proc.kill()
+        assert await proc.wait() == -9
+        assert not prefix.exists() and partial()
+
+        status, _, err = await depsnap(b, "restore", "--json", created["key"], "--prefix",
+                                       str(prefix), cwd=tmp_path)
+        assert status == 0, err
+        assert "left by a restore that did not finish" in err, err
+        assert not [p for p in tmp_path.iterdir() if ".depsnap-" in p.name]
+        assert tree_of(prefix) == tree_of(tmp_path / "venv")
 
 
 async def test_a_snapshot_pushed_to_a_registry_restores_from_its_blobs(

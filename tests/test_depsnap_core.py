@@ -6,6 +6,14 @@ from dataclasses import replace
 
 import pytest
 
+from depsnap.frames import (
+    FrameDecoder,
+    FrameError,
+    FrameWriter,
+    decode_frame,
+    frame_span,
+    stored_offsets,
+)
 from depsnap.key import (
     Interpreter,
     KeyInputError,
@@ -202,3 +210,54 @@ def test_a_key_record_must_name_its_key_and_its_last_manifest_and_certify_every_
     raw["manifests"][0]["size"] += 1
     with pytest.raises(RecordError, match="not a key record"):
         parse_record(json.dumps(raw).encode(), key, "r")
+
+
+# ---- compressed packs ------------------------------------------------------------------
+
+
+def framed(raw: bytes, frame_bytes: int) -> tuple[Pack, bytes]:
+    """A pack of `raw` as one member, stored as frames of `frame_bytes`."""
+    writer = FrameWriter(frame_bytes)
+    stored = b"".join([*writer.feed(raw[:5]), *writer.feed(raw[5:]), *writer.finish()])
+    pack = Pack("p", "c1-" + "0" * 64, len(raw), (Member(D, 0, len(raw)),), frame_bytes,
+                tuple(writer.frames))
+    return pack, stored
+
+
+def test_a_framed_pack_decodes_from_any_cut_of_its_stored_bytes() -> None:
+    raw = bytes(range(256)) * 40 + b"tail"
+    pack, stored = framed(raw, 1000)
+    assert len(pack.frames) == 11 and pack.stored_size == len(stored) < len(raw)
+    decoder = FrameDecoder(pack)
+    out = b"".join(b"".join(decoder.feed(stored[i:i + 333]))
+                   for i in range(0, len(stored), 333))
+    decoder.check_done()
+    assert out == raw
+
+
+def test_a_raw_range_maps_to_the_whole_frames_under_it() -> None:
+    raw = bytes(range(256)) * 40
+    pack, stored = framed(raw, 1000)
+    offsets = stored_offsets(pack)
+    span = frame_span(pack, offsets, 1500, 1600)
+    assert (span.first, span.last) == (1, 3)
+    frames = [decode_frame(pack, i, stored[offsets[i]:offsets[i + 1]]) for i in (1, 2, 3)]
+    assert b"".join(frames)[500:2100] == raw[1500:3100]
+    assert frame_span(pack, offsets, len(raw) - 1, 1).last == len(pack.frames) - 1
+
+
+def test_frames_that_lie_about_their_length_are_refused() -> None:
+    raw = b"x" * 2500
+    pack, stored = framed(raw, 1000)
+    with pytest.raises(FrameError, match="declares 1000 bytes, the tree says 500"):
+        decode_frame(pack, 2, stored[:pack.frames[0]])
+    with pytest.raises(FrameError, match="does not decode"):
+        decode_frame(pack, 0, stored[:pack.frames[0] - 3])
+    decoder = FrameDecoder(pack)
+    decoder.feed(stored[:-1])
+    with pytest.raises(FrameError, match="end inside frame 2"):
+        decoder.check_done()
+    with pytest.raises(SnapshotError, match="frames do not hold"):
+        tree(f("ok"), packs=(replace(pack, frames=pack.frames[:2]),))
+    with pytest.raises(SnapshotError, match="frame size"):
+        tree(f("ok"), packs=(replace(pack, frame_bytes=0),))

@@ -39,7 +39,7 @@ from p2p.localcluster import (
     write_random_file,
 )
 from p2p.peer import PeerInfo, Timeouts, connect
-from p2p.wire import Bye, Hello, Request
+from p2p.wire import PROTOCOL_VERSION, Bye, Hello, Request
 
 SIZE = 64 * MiB
 CHUNK = 1 * MiB
@@ -451,7 +451,7 @@ async def test_malformed_frames_and_slow_drips_are_cut_off_while_the_agent_serve
             return await RawClient.authenticated(addr, secret, f"raw{os.urandom(4).hex()}")
 
         long_bye = Bye("x" * 200).encode()  # a frame that would take minutes to drip
-        hello = Hello(1, "dripper", "", "rack0", os.urandom(16)).encode()
+        hello = Hello(PROTOCOL_VERSION, "dripper", "", "rack0", os.urandom(16)).encode()
         junk = os.urandom(4096)
         garbage_header = (32).to_bytes(4, "big") + os.urandom(32)
         oversized = b"\xff\xff\xff\xff" + Request(content, 0, 1).encode()

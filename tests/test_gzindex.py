@@ -229,6 +229,37 @@ def test_cache_bounded(cli_layer: tuple[Path, Path], cli_index: LayerIndex) -> N
         assert r.decoded_spans == 2 * len(cli_index.spans)  # a span or two fit, not all
 
 
+def test_kept_spans_stay_until_shrunk(cli_layer: tuple[Path, Path],
+                                      cli_index: LayerIndex) -> None:
+    spans = range(len(cli_index.spans))
+    with reader(cli_index, cli_layer[0], cache_bytes=1) as r:
+        kept = sum(r.keep(span) for span in spans)
+        assert kept == cli_index.tar_bytes and r.decoded_spans == len(spans)
+        assert r.keep(0) == 0  # already there: nothing decoded twice
+        for span in spans:
+            r.read(cli_index.spans[span].tar_offset, 1)
+        assert r.decoded_spans == len(spans)  # every read found its span decoded
+        r.shrink(1)
+        r.read(cli_index.spans[0].tar_offset, 1)
+        assert r.decoded_spans == len(spans) + 1  # the cache is back to one span
+
+
+def test_spans_reading_are_those_whose_chunks_were_all_read(cli_index: LayerIndex) -> None:
+    chunk = 64 * 1024
+    ranges = [cli_index.span_blob_range(s) for s in range(len(cli_index.spans))]
+    needs = [range(a // chunk, (b - 1) // chunk + 1) for a, b in ranges]
+    assert len(cli_index.spans) >= 4
+    want = [3, 1]  # a launch read span 3, then span 1
+    rank = {c: i for i, span in enumerate(want) for c in reversed(needs[span])}
+    got = cli_index.spans_reading(chunk, rank)
+    assert got == sorted(got)
+    ranks = {span: r for r, span in got}
+    assert ranks[3] < ranks[1]  # in the launch's order
+    for _, span in got:  # nothing listed whose decode reads a chunk the launch did not
+        assert all(c in rank for c in needs[span])
+    assert cli_index.spans_reading(chunk, {}) == []
+
+
 def test_threads_read_the_same_bytes(cli_layer: tuple[Path, Path],
                                      cli_index: LayerIndex) -> None:
     tar = cli_layer[1].read_bytes()

@@ -325,7 +325,8 @@ async def test_requests_for_chunks_outside_the_content_are_rejected_and_later_on
         bad.close()
     again = await RawClient.open(addr, BYSTANDER)
     try:
-        await again.send(wire.Hello(1, "negative2", "", "rack0", os.urandom(16)).encode())
+        await again.send(wire.Hello(wire.PROTOCOL_VERSION, "negative2", "", "rack0",
+                                    os.urandom(16)).encode())
         async with asyncio.timeout(WAIT_S):
             assert await again.first_bytes() == b""
     finally:

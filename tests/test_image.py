@@ -39,6 +39,7 @@ import io
 import json
 import os
 import random
+import re
 import stat
 import tarfile
 from collections.abc import AsyncIterator, Iterator
@@ -326,6 +327,12 @@ async def test_a_recorded_launch_is_prefetched_on_another_agent_from_peers(
             assert info.get("have") == hot_chunks, info
             assert info["origin_bytes"] == 0 and info["peer_bytes"] > 0
             assert blob_gets(registry, data_digest) == before, "the hot set came from the registry"
+            for _ in range(300):  # bounded: 30 s; the mount decodes the hot spans ahead
+                warmed = re.search(r"decoded (\d+) spans", mount.log_path.read_text())
+                if warmed:
+                    break
+                await asyncio.sleep(0.1)
+            assert warmed and int(warmed[1]) > 0, mount.log_path.read_text()[-2000:]
             hot = await asyncio.to_thread((mount.mountpoint / "data/hot.bin").read_bytes)
             assert hot == random.Random(11).randbytes(HOT_BYTES)
             after = (await contents_of(agents[1]))[data_content]

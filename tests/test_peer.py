@@ -111,7 +111,7 @@ async def raw_client(port: int, secret: bytes = SECRET) -> socket.socket:
     sock.setblocking(False)
     await loop.sock_connect(sock, ("127.0.0.1", port))
     nonce = os.urandom(16)
-    await loop.sock_sendall(sock, Hello(1, "raw", "", "", nonce).encode())
+    await loop.sock_sendall(sock, Hello(wire.PROTOCOL_VERSION, "raw", "", "", nonce).encode())
     chal = await recv_frame(sock)
     assert isinstance(chal, wire.Challenge)
     mac = handshake_mac(secret, "client", nonce, chal.nonce, "raw", chal.peer)
@@ -180,8 +180,9 @@ def test_unsupported_version_is_refused(run: Run) -> None:
         with listen_socket("127.0.0.1", 0) as listener, socket.socket() as sock:
             sock.setblocking(False)
             await loop.sock_connect(sock, listener.getsockname())
-            await loop.sock_sendall(sock, Hello(2, "raw", "", "", bytes(16)).encode())
-            with pytest.raises(RemoteProtocolError, match="version 2"):
+            other = wire.PROTOCOL_VERSION + 1
+            await loop.sock_sendall(sock, Hello(other, "raw", "", "", bytes(16)).encode())
+            with pytest.raises(RemoteProtocolError, match=f"version {other}"):
                 await serve_one(listener)
             reply = await recv_frame(sock)
             assert isinstance(reply, Bye) and "version" in reply.reason

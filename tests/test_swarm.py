@@ -25,10 +25,12 @@ from p2p.swarm.events import (
     PeerLost,
     PeerPending,
     PeersFound,
+    PeerWithdrew,
     PrefetchGiven,
     ReaderWants,
     Report,
     Request,
+    Withdraw,
 )
 
 A, B, C = PeerId("a"), PeerId("b"), PeerId("c")
@@ -174,6 +176,26 @@ def test_pending_peer_keeps_origin_owner_away() -> None:
     assert origin_fetches(acts) == [1]
 
 
+def test_a_fetcher_whose_origin_fetch_fails_withdraws_and_its_peers_stop_waiting() -> None:
+    fetcher, first = alone("0", backoff_base_s=2.0)
+    assert Advertise(0, pending=True) in first
+    # Failing, timing out and serving bad bytes each take the pending mark back.
+    assert Withdraw(0) in fetcher.handle(ChunkFailed(0, None, "503"), 0.5)
+    timed, _ = alone("0", origin_timeout_s=5.0)
+    assert Withdraw(0) in timed.handle_timer(5.0)
+    corrupt, _ = alone("0")
+    assert Withdraw(0) in corrupt.handle(ChunkArrived(0, None, ok=False), 1.0)
+    # A peer that waited on the fetcher goes to the origin itself once starved,
+    # instead of waiting out the pending mark (pending_ttl_s).
+    s = Swarm(PeerId("me"), "r1", 1, have("0"), 100,
+              SwarmConfig(origin_patience_s=3.0, pending_ttl_s=30.0), random.Random(1), 0.0)
+    s.handle(PeerJoined(A, "r1", have("0"), pending=(0,)), 0.0)
+    s.handle(PeersFound((PeerHint(A, "r1"),), origin_slot=None, origin_slots=1), 0.0)
+    assert origin_fetches(s.handle_timer(4.0)) == []  # starved, but A is fetching it
+    s.handle(PeerWithdrew(A, 0), 4.5)
+    assert origin_fetches(s.handle_timer(max(4.5, s.next_timer() or 4.5))) == [0]
+
+
 def test_corrupt_peer_is_banned_and_chunk_refetched() -> None:
     s = swarm("0", max_inflight=2, per_peer_inflight=1, endgame_duplicates=0)
     assert requests(join(s, A, "1")) == [(A, 0)]
@@ -202,7 +224,7 @@ def test_origin_serving_bad_bytes_aborts() -> None:
 def test_origin_failure_backs_off_then_retries() -> None:
     s, first = alone("0", backoff_base_s=2.0)
     assert origin_fetches(first) == [0]
-    assert s.handle(ChunkFailed(0, None, "503"), 0.5) == []
+    assert s.handle(ChunkFailed(0, None, "503"), 0.5) == [Withdraw(0)]  # the pending mark
     t = s.next_timer()
     assert t is not None and 0.5 < t <= 2.5
     assert origin_fetches(s.handle_timer(t)) == [0]

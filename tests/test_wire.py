@@ -16,6 +16,7 @@ from p2p.wire import (
     MAX_HEADER,
     Auth,
     Bye,
+    Cancel,
     Challenge,
     Have,
     Hello,
@@ -26,6 +27,7 @@ from p2p.wire import (
     Reject,
     RemoteProtocolError,
     Request,
+    Withdraw,
     decode,
     pack_bits,
     parse_header,
@@ -47,9 +49,11 @@ MESSAGES = [
     Join(C, b"", ()),
     Have(C, 0),
     Pending(C, 2**32 - 1),
+    Withdraw(C, 5),
     Request(C, 3, 99),
     Piece(C, 3, 99, MAX_CHUNK_SIZE),
     Reject(C, 3, 99, "not held"),
+    Cancel(C, 3, 99),
     Bye("shutting down"),
 ]
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,6 +105,23 @@ class LayerIndex:
             else 8 * self.blob_bytes
         return (self.spans[first].blob_bit // 8,
                 min(next_bit // 8 + 1 + READ_AHEAD_BYTES, self.blob_bytes))
+
+    def span_blob_range(self, span: int) -> tuple[int, int]:
+        """Blob bytes [start, end) that decoding `span` reads."""
+        start = self.spans[span].tar_offset
+        return self.compressed_range(start, self.span_end(span) - start)
+
+    def spans_reading(self, chunk_bytes: int, rank: Mapping[int, int]) -> list[tuple[int, int]]:
+        """(rank, span) for every span whose decode reads only blob chunks in `rank`
+        (chunk index -> position in a launch's record), ranked by its earliest chunk and
+        sorted: the spans a recorded launch decoded, in about the order it did."""
+        out = []
+        for span in range(len(self.spans)):
+            first, end = self.span_blob_range(span)
+            chunks = range(first // chunk_bytes, (end - 1) // chunk_bytes + 1)
+            if end > first and all(c in rank for c in chunks):
+                out.append((min(rank[c] for c in chunks), span))
+        return sorted(out)
 
     def to_bytes(self) -> bytes:
         doc = {"version": FORMAT_VERSION, "layer": self.layer_digest,

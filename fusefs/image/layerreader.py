@@ -97,6 +97,23 @@ class LayerReader:
                 tar_offset, span = take, span + 1
         return b"".join(pieces)
 
+    def keep(self, span: int) -> int:
+        """Decode `span` now, if it is not cached, and make room for it: the cache grows by
+        its size, so spans kept ahead of a launch do not push each other out. Bytes added."""
+        with self._lock:
+            if self._closed or span in self._cache:
+                return 0
+            size = self.index.span_end(span) - self.index.spans[span].tar_offset
+            self._cache_bytes += size
+            self._span(span)
+            return size
+
+    def shrink(self, cache_bytes: int) -> None:
+        """Bound the cache to `cache_bytes` again, dropping the least recently used spans."""
+        with self._lock:
+            self._cache_bytes = cache_bytes
+            self._evict()
+
     def _span(self, span: int) -> bytes:
         data = self._cache.get(span)
         if data is not None:
@@ -105,9 +122,12 @@ class LayerReader:
         data = self._decode(span)
         self._cache[span] = data
         self._cached_bytes += len(data)
+        self._evict()
+        return data
+
+    def _evict(self) -> None:
         while self._cached_bytes > self._cache_bytes and len(self._cache) > 1:
             self._cached_bytes -= len(self._cache.popitem(last=False)[1])
-        return data
 
     def _decode(self, span: int) -> bytes:
         start, end = self.index.spans[span].tar_offset, self.index.span_end(span)

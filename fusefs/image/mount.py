@@ -32,8 +32,9 @@ from fusefs.image.catalog import Image, load_record, open_image, save_record
 from fusefs.image.forked import ForkedMount
 from fusefs.image.record import WINDOW_S, Recorder
 from fusefs.image.source import ImageSource
+from fusefs.image.toc import LayerError
 from fusefs.mount import READ_AHEAD_KB, is_mounted, serve
-from fusefs.source import READ_TIMEOUT_S, AgentSource
+from fusefs.source import READ_TIMEOUT_S, AgentSource, SourceError
 from fusefs.tree import Layer, Tree, build_tree
 from p2p.localapi import AgentClient
 from p2p.origin.oci import RegistryClient
@@ -63,7 +64,8 @@ class MountOptions:
         args = [sys.executable, "-m", "fusefs.image", "serve", self.ref, str(self.mountpoint),
                 "--tracker", self.tracker, "--api-socket", self.api_socket,
                 "--store-dir", str(self.store_dir), "--read-timeout", str(self.read_timeout_s),
-                "--read-ahead-kb", str(self.read_ahead_kb), "--window", str(self.window_s)]
+                "--read-ahead-kb", str(self.read_ahead_kb), "--window", str(self.window_s),
+                "--log-level", "INFO"]  # its stderr is the mount's log file
         flags = {"--plain-http": self.plain_http, "--record": self.record,
                  "--no-prefetch": not self.prefetch, "--allow-other": self.allow_other}
         return args + [flag for flag, on in flags.items() if on]
@@ -85,15 +87,17 @@ async def serve_image(opts: MountOptions, secret: bytes, ref: ImageRef,
     try:
         image = await open_image(registry, tracker, agent, ref)
         clock("open_image_s")
-        queued = await _prefetch(registry, agent, image) if opts.prefetch else 0
-        clock("prefetch_queued_s")
-        tree = await asyncio.to_thread(image_tree, image)
-        clock("tree_s")
         recorder = Recorder(image.digest, time.monotonic(), opts.window_s) \
             if opts.record else None
         source = ImageSource(AgentSource(opts.store_dir, agent, opts.read_timeout_s), recorder)
         for layer in image.layers:
             source.add_layer(layer.content_id, layer.digest, layer.index)
+        hot = await _prefetch(registry, agent, image) if opts.prefetch else []
+        queued = len(hot)
+        warming = asyncio.create_task(_warm(source, hot))
+        clock("prefetch_queued_s")
+        tree = await asyncio.to_thread(image_tree, image)
+        clock("tree_s")
 
         def ready(info: dict[str, Any]) -> None:
             clock("mount_s")
@@ -105,7 +109,11 @@ async def serve_image(opts: MountOptions, secret: bytes, ref: ImageRef,
                      image.ref, len(image.layers), len(tree), info["mountpoint"], queued,
                      phases)
 
-        await serve(tree, source, opts.mountpoint, opts.read_ahead_kb, opts.allow_other, ready)
+        try:
+            await serve(tree, source, opts.mountpoint, opts.read_ahead_kb, opts.allow_other,
+                        ready)
+        finally:
+            warming.cancel()
         summary: dict[str, Any] = {"image": image.digest, "prefetch_chunks": queued}
         if recorder is not None and len(recorder):
             merged = await save_record(registry, image, recorder.record())
@@ -118,18 +126,29 @@ async def serve_image(opts: MountOptions, secret: bytes, ref: ImageRef,
         await asyncio.gather(registry.close(), tracker.close(), agent.close())
 
 
-async def _prefetch(registry: RegistryClient, agent: AgentClient, image: Image) -> int:
+async def _prefetch(registry: RegistryClient, agent: AgentClient,
+                    image: Image) -> list[tuple[str, int]]:
+    """Ask the agent for the recorded hot chunks; the record's (layer digest, chunk) list."""
     record = await load_record(registry, image)
     if record is None:
         log.info("no hot-block record for %s yet: everything loads on demand", image.ref)
-        return 0
+        return []
     contents = {layer.digest: layer.content_id for layer in image.layers}
-    queued = 0
     for digest, chunks in record.by_layer().items():
         if digest in contents:
             await agent.prefetch(contents[digest], chunks)
-            queued += len(chunks)
-    return queued
+    return [(digest, chunk) for digest, chunk in record.order() if digest in contents]
+
+
+async def _warm(source: ImageSource, hot: list[tuple[str, int]]) -> None:
+    """Decode the hot spans ahead of the launch; a failure here is only a lost head start
+    (the launch's own read of that span reports it)."""
+    if not hot:
+        return
+    try:
+        await source.warm(hot)
+    except (SourceError, LayerError, TimeoutError) as exc:
+        log.warning("stopped decoding ahead of the launch: %s", exc)
 
 
 def launch(opts: MountOptions, secret: bytes, ref: ImageRef, argv: list[str] | None,

@@ -67,6 +67,14 @@ class PeerPending:
 
 
 @dataclass(frozen=True, slots=True)
+class PeerWithdrew:
+    """`peer` stopped fetching `chunk` from the origin (the fetch failed there)."""
+
+    peer: PeerId
+    chunk: int
+
+
+@dataclass(frozen=True, slots=True)
 class PeerLost:
     """The connection to `peer` closed, or could not be opened.
 
@@ -127,8 +135,8 @@ class WantedAll:
 
 
 Event = (
-    PeersFound | PeerJoined | PeerHas | PeerPending | PeerLost | ChunkArrived | ChunkFailed
-    | ChunkLost | ReaderWants | PrefetchGiven | WantedAll
+    PeersFound | PeerJoined | PeerHas | PeerPending | PeerWithdrew | PeerLost | ChunkArrived
+    | ChunkFailed | ChunkLost | ReaderWants | PrefetchGiven | WantedAll
 )
 
 
@@ -185,6 +193,13 @@ class Advertise:
 
 
 @dataclass(frozen=True, slots=True)
+class Withdraw:
+    """Tell connected peers we no longer fetch `chunk` from the origin (we had said we did)."""
+
+    chunk: int
+
+
+@dataclass(frozen=True, slots=True)
 class Complete:
     """Every chunk is held and verified."""
 
@@ -197,6 +212,6 @@ class Abort:
 
 
 Action = (
-    Connect | Request | FetchFromOrigin | Cancel | Disconnect | Report | Advertise | Complete
-    | Abort
+    Connect | Request | FetchFromOrigin | Cancel | Disconnect | Report | Advertise | Withdraw
+    | Complete | Abort
 )

@@ -63,6 +63,10 @@ class PeerTable:
         state.pending[chunk] = until
         self.pending_mask |= 1 << chunk
 
+    def withdrawn(self, state: PeerState, chunk: int) -> None:
+        if state.pending.pop(chunk, None) is not None:
+            self.refresh_pending()
+
     def asked(self, peer: PeerId, chunk: int, now: float, deadline: float) -> None:
         self.peers[peer].inflight[chunk] = (now, deadline)
         self.inflight_total += 1

@@ -86,11 +86,13 @@ from p2p.swarm.events import (
     PeerLost,
     PeerPending,
     PeersFound,
+    PeerWithdrew,
     PrefetchGiven,
     ReaderWants,
     Report,
     Request,
     WantedAll,
+    Withdraw,
 )
 from p2p.swarm.origin import origin_order, owned_chunks, region_start
 from p2p.swarm.peers import PeerState, PeerTable
@@ -214,6 +216,8 @@ class Swarm:
                 actions += self._on_peer_joined(event, now)
             case PeerHas(peer, chunk):
                 actions += self._on_peer_has(peer, chunk)
+            case PeerWithdrew(peer, chunk):
+                actions += self._on_peer_withdrew(peer, chunk)
             case PeerLost(peer, reason, hostile):
                 self._drop_peer(peer, now)
                 if hostile:
@@ -316,6 +320,15 @@ class Swarm:
         self._table.pending(state, chunk, now + self.config.pending_ttl_s)
         return []
 
+    def _on_peer_withdrew(self, peer: PeerId, chunk: int) -> list[Action]:
+        state = self._peers.get(peer)
+        if state is None:
+            return []
+        if not 0 <= chunk < self.chunks:
+            return [Disconnect(peer, f"withdrawn chunk {chunk} out of range", hostile=True)]
+        self._table.withdrawn(state, chunk)
+        return []
+
     def _on_chunk_arrived(self, event: ChunkArrived, now: float) -> list[Action]:
         chunk, source = event.chunk, event.source
         if not 0 <= chunk < self.chunks:
@@ -348,15 +361,14 @@ class Swarm:
     def _on_corrupt(self, chunk: int, source: PeerId | None, now: float) -> list[Action]:
         self.stats["corrupt"] += 1
         if source is None:
-            self._origin.pop(chunk, None)
             self._origin_corrupt += 1
-            self._stall.origin_failed(f"chunk {chunk} did not match the manifest")
+            gave_up = self._origin_failed(chunk, f"chunk {chunk} did not match the manifest",
+                                          now)
             if self._origin_corrupt >= self.config.max_origin_corrupt:
                 self._finished = self._aborted = True
                 return [Abort(f"the origin served {self._origin_corrupt} chunks that do not "
                               "match the manifest")]
-            self._origin_backoff(now)
-            return []
+            return gave_up
         self._table.clear_request(chunk, source)
         self._banned.add(source)
         self._drop_peer(source, now)
@@ -365,10 +377,9 @@ class Swarm:
 
     def _on_chunk_failed(self, event: ChunkFailed, now: float) -> list[Action]:
         if event.source is None:
-            if self._origin.pop(event.chunk, None) is not None:
-                self._stall.origin_failed(event.reason)
-                self._origin_backoff(now)
-            return []
+            if event.chunk not in self._origin:
+                return []
+            return self._origin_failed(event.chunk, event.reason, now)
         if self._table.clear_request(event.chunk, event.source) is None:
             return []
         return self._peer_failed(event.source, now)
@@ -414,10 +425,8 @@ class Swarm:
             if late and peer in self._peers:
                 actions += self._peer_failed(peer, now)
         for chunk in [c for c, deadline in self._origin.items() if deadline <= now]:
-            del self._origin[chunk]
-            self._stall.origin_failed(f"chunk {chunk} timed out after "
-                                      f"{self.config.origin_timeout_s:g} s")
-            self._origin_backoff(now)
+            actions += self._origin_failed(
+                chunk, f"chunk {chunk} timed out after {self.config.origin_timeout_s:g} s", now)
         self._table.expire_pending(now)
         return actions + self._schedule(now)
 
@@ -436,6 +445,14 @@ class Swarm:
             return self._misbehaved(peer, f"{state.failures} failed requests in a row", now)
         state.backoff_until = now + self._backoff(state.failures)
         return []
+
+    def _origin_failed(self, chunk: int, why: str, now: float) -> list[Action]:
+        """Our origin fetch of `chunk` failed: back off, and take back its pending mark so
+        that peers waiting on us for it look elsewhere at once."""
+        self._origin.pop(chunk, None)
+        self._stall.origin_failed(why)
+        self._origin_backoff(now)
+        return [Withdraw(chunk)] if self.config.use_peers else []
 
     def _origin_backoff(self, now: float) -> None:
         self._origin_failures += 1

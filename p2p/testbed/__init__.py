@@ -1,0 +1,1 @@
+"""An emulated cluster on one machine: network namespaces, bridges and tc caps."""
