@@ -7,11 +7,11 @@ from typing import Any
 
 import aiohttp
 import pytest
+import test_tracker_service as service
+from test_tracker_service import C, Tracker, signed
 
 from p2p.content import ContentId, PeerId
 from p2p.tracker_client import ContentState, TrackerClient
-from tests import test_tracker_service as service
-from tests.test_tracker_service import C, Tracker, signed
 
 tracker, client, http = service.tracker, service.client, service.http  # the fixtures
 

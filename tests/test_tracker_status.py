@@ -17,10 +17,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from test_tracker_service import SECRET, Tracker, manifest, start_tracker
 
 from p2p.content import PeerId
 from p2p.tracker_client import ContentState, TrackerClient
-from tests.test_tracker_service import SECRET, Tracker, manifest, start_tracker
 
 BROWSER_TIMEOUT_SECONDS = 90
 WINDOW = (1200, 800)
