@@ -270,7 +270,8 @@ def _swarm(top: _Table) -> dict[str, Any]:
             if key in t.data:
                 overrides[f.name] = t.get(key, parse_duration, minimum=0)
         elif f.name in t.data:
-            overrides[f.name] = t.get(f.name, _int, minimum=0)
+            kind = _number if isinstance(f.default, float) else _int
+            overrides[f.name] = t.get(f.name, kind, minimum=0)
     t.done()
     try:
         dataclasses.replace(SwarmConfig(), **overrides)

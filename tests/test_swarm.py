@@ -196,6 +196,18 @@ def test_a_fetcher_whose_origin_fetch_fails_withdraws_and_its_peers_stop_waiting
     assert origin_fetches(s.handle_timer(max(4.5, s.next_timer() or 4.5))) == [0]
 
 
+@pytest.mark.parametrize("share, cross", [(0.0, 0), (0.5, 2), (1.0, 4)])
+def test_a_share_of_connections_goes_to_other_racks(share: float, cross: int) -> None:
+    s = Swarm(PeerId("me"), "r1", 1, have("0"), 100,
+              SwarmConfig(max_peers=4, cross_rack_share=share), random.Random(1), 0.0)
+    hints = [PeerHint(PeerId(f"near{i}"), "r1") for i in range(10)]
+    hints += [PeerHint(PeerId(f"far{i}"), f"r{i + 2}") for i in range(10)]
+    acts = s.handle(PeersFound(tuple(hints), origin_slot=None, origin_slots=1), 0.0)
+    dialled = [a.peer for a in acts if isinstance(a, Connect)]
+    assert len(dialled) == 4
+    assert sum(p.startswith("far") for p in dialled) == cross
+
+
 def test_corrupt_peer_is_banned_and_chunk_refetched() -> None:
     s = swarm("0", max_inflight=2, per_peer_inflight=1, endgame_duplicates=0)
     assert requests(join(s, A, "1")) == [(A, 0)]

@@ -12,6 +12,10 @@ class SwarmConfig:
     """Knobs of one swarm; every duration is in seconds."""
 
     max_peers: int = 30  # connections we open ourselves
+    # Of those, at least this share go to other racks while any are known: with
+    # same-rack peers only, each rack is a cluster that chunks leave through a few
+    # inbound links (Kraken's run, 2,600 hosts, 5 peers each: see RESULTS.md).
+    cross_rack_share: float = 0.0
     # One request per peer at a time: the next is placed when a piece lands,
     # with fresh knowledge, so busy peers get less. Deeper pipelines queue
     # requests at whichever peer was picked first; measured with 50 MB/s caps on
@@ -48,5 +52,7 @@ class SwarmConfig:
         if min(self.max_peers, self.per_peer_inflight, self.max_inflight,
                self.max_origin_inflight) < 1:
             raise ValueError("peer and in-flight limits must be at least 1")
+        if not 0.0 <= self.cross_rack_share <= 1.0:
+            raise ValueError("cross_rack_share must be between 0 and 1")
         if self.no_source_deadline_s <= 0:
             raise ValueError("no_source_deadline_s must be positive")

@@ -61,6 +61,7 @@ agent and the simulator run it unchanged.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Sequence
 from itertools import chain
@@ -481,7 +482,14 @@ class Swarm:
         candidates = [p for p in sorted(self._known)
                       if p not in busy and self._retry_at.get(p, 0.0) <= now]
         candidates.sort(key=lambda p: (self._known[p] != self.rack, self._rng.random()))
-        chosen = candidates[:room]
+        # Same rack first, but keep `cross_rack_share` of our connections for other racks.
+        others = [p for p in candidates if self._known[p] != self.rack]
+        linked = sum(1 for p in self._peers if self._peers[p].rack != self.rack) + \
+            sum(1 for p in self._connecting if self._known.get(p) != self.rack)
+        owed = math.ceil(self.config.max_peers * self.config.cross_rack_share) - linked
+        first = others[:max(0, min(owed, room))]
+        taken = set(first)
+        chosen = first + [p for p in candidates if p not in taken][:room - len(first)]
         self._connecting.update(chosen)
         for peer in chosen:
             self._retry_at.pop(peer, None)
