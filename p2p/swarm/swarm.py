@@ -63,7 +63,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import chain
 
 from p2p.content import PeerId
@@ -304,30 +304,26 @@ class Swarm:
                      or bits.count(self._missing()) <= self.config.endgame_tail))
 
     def _on_peer_has(self, peer: PeerId, chunk: int) -> list[Action]:
-        state = self._peers.get(peer)
-        if state is None:
-            return []
-        if not 0 <= chunk < self.chunks:
-            return [Disconnect(peer, f"announced chunk {chunk} out of range", hostile=True)]
-        self._table.has(state, chunk)
-        return []
+        return self._peer_mark(peer, chunk, "announced", lambda s: self._table.has(s, chunk))
 
     def _on_peer_pending(self, peer: PeerId, chunk: int, now: float) -> list[Action]:
-        state = self._peers.get(peer)
-        if state is None:
-            return []
-        if not 0 <= chunk < self.chunks:
-            return [Disconnect(peer, f"pending chunk {chunk} out of range", hostile=True)]
-        self._table.pending(state, chunk, now + self.config.pending_ttl_s)
-        return []
+        until = now + self.config.pending_ttl_s
+        return self._peer_mark(peer, chunk, "pending",
+                               lambda s: self._table.pending(s, chunk, until))
 
     def _on_peer_withdrew(self, peer: PeerId, chunk: int) -> list[Action]:
+        return self._peer_mark(peer, chunk, "withdrawn",
+                               lambda s: self._table.withdrawn(s, chunk))
+
+    def _peer_mark(self, peer: PeerId, chunk: int, what: str,
+                   mark: Callable[[PeerState], None]) -> list[Action]:
+        """What a connected peer says of one chunk; an index out of range is hostile."""
         state = self._peers.get(peer)
         if state is None:
             return []
         if not 0 <= chunk < self.chunks:
-            return [Disconnect(peer, f"withdrawn chunk {chunk} out of range", hostile=True)]
-        self._table.withdrawn(state, chunk)
+            return [Disconnect(peer, f"{what} chunk {chunk} out of range", hostile=True)]
+        mark(state)
         return []
 
     def _on_chunk_arrived(self, event: ChunkArrived, now: float) -> list[Action]:
