@@ -6,7 +6,7 @@ reads are capped at `--dn-cap` MB/s each (`dfs.datanode.data.read.bandwidthPerSe
 disk-bound DataNodes). The default cap is 20 MB/s, not a real disk's 80: the caps
 must stay the bottleneck, and on the 2-core development machine the whole WebHDFS
 path (DataNode JVMs and the Python reader) tops out at 150-180 MB/s uncapped, below
-3 x 80. The DataNodes' throttle lets a single stream run about 20 % over its cap.
+3 x 80. One stream runs 3-10 % over a DataNode's cap (1 GiB at 20 MB/s: 20.6-22.0 MB/s).
 After a warm-up pass (a just-started JVM serves 2-3x slower), in order:
 
 - `single_stream_seconds`: one sequential WebHDFS stream of the whole file,
