@@ -8,7 +8,8 @@
 2. the tracker's name for that version (`naming.content_name`) gives the id if
    any node indexed this version before: nothing is read from HDFS;
 3. otherwise this node is the first reader. It reads the file from HDFS in
-   stripes, `parallel` at a time, each from the DataNode the plan picks, and
+   stripes, `parallel` at a time spread evenly over the DataNodes holding the
+   file, each DataNode working through its own queue (`stripe.Schedule`), and
    digests every stripe as it arrives (a chunk digest needs only its own bytes,
    so stripes may complete in any order). The stripes go into a staging
    directory inside the local agent's store, so the bytes read to index are
@@ -54,6 +55,7 @@ from pathlib import Path
 
 from hdfs_stripe.naming import KIND, HdfsUri, Version, check_same, content_name, origin_url
 from hdfs_stripe.reader import StripeReader
+from hdfs_stripe.stripe import Schedule
 from p2p.chunkfile import CHUNK_SUFFIX
 from p2p.content import (
     DEFAULT_DIGEST,
@@ -150,20 +152,24 @@ async def index(reader: StripeReader, uri: HdfsUri, version: Version, store_dir:
     staging = _staging(store_dir)
     try:
         digests: list[bytes] = [b""] * len(plan.stripes)
-        queue = iter(range(len(plan.stripes)))
+        schedule = Schedule(plan, range(len(plan.stripes)), reader.down_nodes())
 
-        async def worker() -> None:
-            for i in queue:
+        async def worker(node: str) -> None:
+            while (i := schedule.next_for(node)) is not None:
                 stripe = plan.stripes[i]
                 buf = bytearray(stripe.length)
-                await reader.read(uri, version, stripe.offset, memoryview(buf), check=False)
+                await reader.read(uri, version, stripe.offset, memoryview(buf), check=False,
+                                  prefer=node)
                 digests[i] = chunk_digest(buf, digest)
                 if staging is not None:
                     await asyncio.to_thread((staging / f"{i}{CHUNK_SUFFIX}").write_bytes, buf)
 
+        nodes = schedule.nodes()
+        per_node = -(-parallel // max(len(nodes), 1))
         async with asyncio.TaskGroup() as tasks:
-            for _ in range(min(parallel, len(plan.stripes)) or 1):
-                tasks.create_task(worker())
+            for node in nodes:
+                for _ in range(per_node):
+                    tasks.create_task(worker(node))
         check_same(uri, version, await reader.current(uri))
         ids = tuple(digests)
         cid = derive_content_id(version.length, plan.stripe_size, digest, ids)

@@ -6,12 +6,15 @@ the local Maven cache (~/.m2) and writes their classpath to
 `minicluster/target/classpath.txt` (`prepare` does the same on first use). The
 launcher is compiled with `javac` next to it when its source is newer than the class.
 
-`MiniHdfs.start` runs the launcher as a child process (one JVM: a NameNode and N
-DataNodes on 127.0.0.1, WebHDFS on, ports chosen by the kernel) and waits for its
-one JSON "ready" line: the NameNode's RPC and HTTP ports and, per DataNode, its
-data-transfer port (what GETFILEBLOCKLOCATIONS names) and HTTP port (what WebHDFS
-reads go to). `read_cap_bps` caps every DataNode's reads
-(`dfs.datanode.data.read.bandwidthPerSec`), as a disk-bound DataNode would be.
+`MiniHdfs.start` runs the launcher as a child process (one JVM: a NameNode on
+127.0.0.1 and N DataNodes, each on a loopback address of its own, 127.0.1.1,
+127.0.1.2, ..., WebHDFS on, ports chosen by the kernel) and waits for its one
+JSON "ready" line: the NameNode's RPC and HTTP ports and, per DataNode, its
+address, data-transfer port (what GETFILEBLOCKLOCATIONS names) and HTTP port
+(what WebHDFS reads go to). An address per DataNode is what makes a read sent
+to a DataNode come from that DataNode's own replica (Launcher.java says why).
+`read_cap_bps` caps every DataNode's reads (`dfs.datanode.data.read.bandwidthPerSec`),
+as a disk-bound DataNode would be.
 `stop_datanode` stops one DataNode (by data-transfer port) while the rest serve;
 `stop` ends the JVM (closing its stdin is its signal to shut down).
 
@@ -126,6 +129,7 @@ def _loopback_hosts(path: Path) -> Path:
 
 @dataclass(frozen=True, slots=True)
 class DataNode:
+    host: str  # a loopback address of its own (see Launcher.java)
     xfer_port: int  # data transfer: how the NameNode names it in block locations
     http_port: int  # WebHDFS reads
 
@@ -139,7 +143,8 @@ class MiniHdfs:
         self.log_path = log_path
         self.rpc_port = int(ready["namenode_rpc"])
         self.http_port = int(ready["namenode_http"])
-        self.datanodes = [DataNode(int(d["xfer"]), int(d["http"])) for d in ready["datanodes"]]
+        self.datanodes = [DataNode(d["host"], int(d["xfer"]), int(d["http"]))
+                          for d in ready["datanodes"]]
 
     @property
     def http_url(self) -> str:
@@ -208,9 +213,9 @@ async def write_spread(client: Any, path: str, data: bytes, replication: int,
                        block_size: int) -> None:
     """Write `data` as `path` with its blocks spread over the DataNodes.
 
-    Every DataNode of a mini cluster is at 127.0.0.1, the writer's address, so HDFS
-    puts the first replica of every block on the DataNode that took the write: one
-    node would hold the whole file. Writing each block as a file of its own (each
+    A WebHDFS CREATE is written by the DFSClient inside the DataNode the NameNode
+    redirects it to, and HDFS puts the first replica of every block on the writer's
+    own DataNode: one node would hold the whole file. Writing each block as a file of its own (each
     CREATE lands on some DataNode) and concatenating them (CONCAT moves blocks, it
     copies nothing) places blocks as writers on other hosts would see them placed."""
     parts = []

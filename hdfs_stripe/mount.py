@@ -38,6 +38,7 @@ from hdfs_stripe.origin import webhdfs_for
 from hdfs_stripe.reader import StripeReader
 from hdfs_stripe.stripe import ReadAhead
 from hdfs_stripe.webhdfs import FileStatus
+from p2p.chunkfile import CHUNK_SUFFIX
 from p2p.content import ContentId
 from p2p.localapi import AgentClient, AgentError
 from p2p.tracker_client import TrackerClient
@@ -119,14 +120,19 @@ class StripeSource:
         if ahead is None:
             ahead = self._ahead[content] = ReadAhead(manifest.chunks,
                                                      max_stripes=self.max_stripes)
-        # Each stripe is handed over once (ReadAhead remembers); held ones cost the agent
-        # nothing, so they are not filtered out here.
-        wanted = ahead.on_read(offset, length, manifest.chunk_size)
+        # Each stripe is handed over once (ReadAhead remembers), and only if its file is not
+        # in the store yet: otherwise a reader of stripes the agent holds made a local-API
+        # call per stripe (128 per GiB), work for two processes on the reader's cores.
+        wanted = [i for i in ahead.on_read(offset, length, manifest.chunk_size)
+                  if not self._held(content, i)]
         if wanted:
             task = asyncio.create_task(self._prefetch(content, wanted))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         return await self.inner.read(content, offset, length)
+
+    def _held(self, content: str, index: int) -> bool:
+        return (self.inner.store_dir / content / f"{index}{CHUNK_SUFFIX}").exists()
 
     async def _prefetch(self, content: str, chunks: list[int]) -> None:
         try:

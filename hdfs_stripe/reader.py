@@ -79,20 +79,25 @@ class StripeReader:
         return self._layouts[key]
 
     async def read(self, uri: HdfsUri, version: Version, offset: int, view: memoryview,
-                   check: bool = True) -> None:
-        """Fill `view` with bytes [offset, offset + len(view)) of this version of the file."""
+                   check: bool = True, prefer: str | None = None) -> None:
+        """Fill `view` with bytes [offset, offset + len(view)) of this version of the file,
+        from DataNode `prefer` where it holds the bytes and is up."""
         layout = await self.layout(uri, version)
         if check:
             check_same(uri, version, await self.current(uri))
         for piece in layout.plan.pieces(offset, len(view)):
             lo = piece.offset - offset
-            await self._read_piece(uri, layout.plan, piece, view[lo:lo + piece.length])
+            await self._read_piece(uri, layout.plan, piece, view[lo:lo + piece.length], prefer)
 
     async def _read_piece(self, uri: HdfsUri, plan: StripePlan, piece: Piece,
-                          view: memoryview) -> None:
+                          view: memoryview, prefer: str | None) -> None:
         failed: set[str] = set()
         at = piece.offset
-        node = plan.choose(piece, self._inflight, self.down_nodes())
+        down = self.down_nodes()
+        if prefer in piece.nodes and prefer not in down:
+            node = prefer
+        else:
+            node = plan.choose(piece, self._inflight, down)
         while True:
             asked = len(view)
             self._inflight[node] = self._inflight.get(node, 0) + asked

@@ -26,6 +26,15 @@ them) and answers:
   lowers the maximum (greedy in file order alone leaves one node with more);
 - `fallback(piece, failed)`: the next replica to try once some have failed.
 
+`Schedule` turns one `assign` of a whole file into a queue per DataNode, for
+a reader that reads many stripes (the first reader, indexing). Reading in file
+order with a window of stripes in flight keeps only the replicas of the block
+under the window busy (64 MiB blocks, 8 MiB stripes, 8 in flight: two
+DataNodes of three); a queue per DataNode, each with its own readers, keeps
+every DataNode holding the file busy from start to end. A DataNode whose
+queue runs dry takes the last stripe it holds every piece of from the longest
+queue that has one, so a slow DataNode's tail moves to an idle one.
+
 `ReadAhead` decides how far to read ahead of a sequential reader: the window
 doubles while reads follow each other (up to `max_stripes`) and collapses to
 nothing on a seek, so a random reader does not pay for bytes it will not use.
@@ -36,6 +45,7 @@ This module does no I/O, reads no clock and uses no randomness: the shells
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -191,6 +201,41 @@ def _check_blocks(size: int, blocks: Sequence[Block]) -> None:
         at += block.length
     if at != size:
         raise PlanError(f"blocks cover {at} bytes of a {size}-byte file")
+
+
+class Schedule:
+    """Which stripe each DataNode's readers take next (see the module docstring)."""
+
+    def __init__(self, plan: StripePlan, indices: Sequence[int],
+                 avoid: frozenset[str] = frozenset()) -> None:
+        self.plan = plan
+        owner: dict[int, tuple[int, str]] = {}  # stripe -> (its largest piece, node)
+        for read in plan.assign(indices, avoid=avoid):
+            if read.piece.length > owner.get(read.stripe, (0, ""))[0]:
+                owner[read.stripe] = (read.piece.length, read.node)
+        self._queues: dict[str, deque[int]] = {}
+        for index in indices:
+            self._queues.setdefault(owner[index][1], deque()).append(index)
+
+    def nodes(self) -> list[str]:
+        """The DataNodes that have stripes to read, in name order."""
+        return sorted(self._queues)
+
+    def next_for(self, node: str) -> int | None:
+        """The stripe `node`'s next reader takes (its own, else one it can steal), or None."""
+        own = self._queues.get(node)
+        if own:
+            return own.popleft()
+        for queue in sorted(self._queues.values(), key=len, reverse=True):
+            for k in range(len(queue) - 1, -1, -1):
+                if self._holds(node, queue[k]):
+                    index = queue[k]
+                    del queue[k]
+                    return index
+        return None
+
+    def _holds(self, node: str, index: int) -> bool:
+        return all(node in piece.nodes for piece in self.plan.stripes[index].pieces)
 
 
 class ReadAhead:

@@ -5,7 +5,7 @@ cluster; agents load it through `bootseer ckpt prefetch`, the FUSE mount and
 `hdfs_stripe.open`, and every tensor is compared with the original. HDFS
 egress is what the agents' sessions report as origin bytes plus what the
 first reader read to index. Faults: a changed file, an unreachable NameNode,
-a permission denied, a DataNode stopped mid-read.
+a permission denied, a DataNode stopped mid-read, a peer serving bad stripes.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hostile import HostilePeer
+from promtext import metric
 from waiting import until
 
 import hdfs_stripe
@@ -31,6 +33,7 @@ from hdfs_stripe.naming import parse_uri
 from hdfs_stripe.origin import webhdfs_for
 from hdfs_stripe.reader import StripeReader
 from hdfs_stripe.webhdfs import WebHdfs
+from p2p.content import PeerId
 from p2p.localapi import AgentError
 from p2p.localcluster import AgentHandle, LocalCluster, bootseer_command
 from p2p.tracker_client import TrackerClient
@@ -296,3 +299,40 @@ async def test_a_datanode_stopped_mid_read_the_reader_finishes_on_a_replica(
             assert busy in reader.down_nodes()
         finally:
             await reader.close()
+
+
+async def test_a_peer_serving_bad_stripes_is_dropped_and_the_stripes_refetched(
+        tmp_path: Path) -> None:
+    async with hdfs(tmp_path) as dfs, swarm(tmp_path, 1) as (cluster, (agent,)):
+        data = safetensors_bytes(tensors_of(9, 12))
+        async with WebHdfs(dfs.http_url) as client:
+            await client.create("/ckpt/shard", data, replication=2, block_size=BLOCK)
+        uri = parse_uri(dfs.uri("/ckpt/shard"))
+        reader = StripeReader(webhdfs_for(uri), stripe_size=MiB)
+        async with TrackerClient(cluster.tracker_url, cluster.secret) as tracker:
+            resolved = await resolve(reader, tracker, uri, store_dir=None)  # publish only
+            manifest = await tracker.get_manifest(resolved.content_id)
+        await reader.close()
+        # A node with the cluster secret that claims every stripe and sends garbage.
+        hostile = HostilePeer(manifest, cluster.secret, cluster.tracker_url, cluster.secret)
+        await hostile.start()
+        try:
+            async with agent.client(300) as api:
+                status = await api.ensure(resolved.content_id)
+            assert status["complete"], status
+            fooled = PeerId(agent.peer)
+            assert hostile.log.garbage_sent[fooled] >= 1, hostile.log
+
+            async def hung_up() -> bool:
+                return fooled in hostile.log.closed_by_peer
+
+            await until(hung_up, what=f"the agent drops the hostile peer: {hostile.log}")
+            async with agent.client(30) as api:
+                text = await api.metrics()
+            assert metric(text, "bootseer_chunks_rejected_total", source="peer") >= 1
+            assert metric(text, "bootseer_peers_dropped_total") >= 1
+            assert int(status["origin_bytes"]) >= len(data)  # every stripe came from HDFS
+            with await asyncio.to_thread(open_api, cluster, agent, str(uri)) as f:
+                assert await asyncio.to_thread(f.read) == data
+        finally:
+            await hostile.stop()

@@ -14,7 +14,7 @@ from hdfs_stripe.naming import (
     parse_origin_url,
     parse_uri,
 )
-from hdfs_stripe.stripe import Block, Piece, PlanError, ReadAhead, StripePlan
+from hdfs_stripe.stripe import Block, Piece, PlanError, ReadAhead, Schedule, StripePlan
 
 MiB = 1 << 20
 
@@ -60,6 +60,46 @@ def test_assign_counts_load_in_flight_and_avoids_dead_nodes() -> None:
     only = plan.stripes[0].pieces[0]
     assert StripePlan.fallback(only, frozenset({"a"})) == "b"
     assert StripePlan.fallback(only, frozenset({"a", "b"})) is None
+
+
+def drain(schedule: Schedule, order: str) -> dict[str, list[int]]:
+    """Let the nodes take stripes in the given order of turns ("abcab..."), each turn
+    one stripe; what each node took."""
+    taken: dict[str, list[int]] = {node: [] for node in sorted(set(order))}
+    for node in order:
+        index = schedule.next_for(node)
+        if index is not None:
+            taken[node].append(index)
+    return taken
+
+
+def test_schedule_keeps_every_datanode_busy_from_the_first_stripe() -> None:
+    # 64 MiB blocks of 8 MiB stripes: reading in file order would keep only the two
+    # replicas of block 0 busy; the schedule gives each node a queue from the start.
+    plan = StripePlan(192 * MiB, 8 * MiB, blocks([64, 64, 64], ["a", "b", "c"]))
+    schedule = Schedule(plan, range(len(plan.stripes)))
+    assert schedule.nodes() == ["a", "b", "c"]
+    taken = drain(schedule, "abc" * 8)
+    assert [len(v) for v in taken.values()] == [8, 8, 8]
+    for node, indices in taken.items():
+        assert all(node in plan.stripes[i].pieces[0].nodes for i in indices)
+    assert sorted(i for v in taken.values() for i in v) == list(range(24))
+    assert schedule.next_for("a") is None
+
+
+def test_a_node_whose_queue_is_empty_steals_the_tail_it_holds() -> None:
+    plan = StripePlan(128 * MiB, 8 * MiB, [Block(0, 64 * MiB, ("a", "b")),
+                                           Block(64 * MiB, 64 * MiB, ("b", "c"))])
+    schedule = Schedule(plan, range(len(plan.stripes)))
+    taken = drain(schedule, "a" * 16)  # b and c never come: a takes what it holds
+    assert sorted(taken["a"]) == list(range(8))  # block 0 only: it has no replica of block 1
+    assert schedule.next_for("b") is not None
+
+
+def test_schedule_leaves_down_nodes_out() -> None:
+    plan = StripePlan(64 * MiB, 8 * MiB, [Block(0, 64 * MiB, ("a", "b"))])
+    schedule = Schedule(plan, range(len(plan.stripes)), avoid=frozenset({"a"}))
+    assert schedule.nodes() == ["b"]
 
 
 @pytest.mark.parametrize("bad", [

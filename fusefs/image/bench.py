@@ -209,13 +209,13 @@ async def _fuse_read(args: argparse.Namespace, cluster: Any, ref: str, big: Any,
     fuse, direct, cpu = [], [], []
     await asyncio.to_thread(os.sync)  # the layer was just written: its writeback is not a read
     for _ in range(FUSE_ROUNDS):  # a fresh mount each: every round is a first read
-        direct.append(size / await asyncio.to_thread(_read_all, files) / 1e9)
+        direct.append(size / await asyncio.to_thread(read_all_seconds, files) / 1e9)
         mount = await Mount.spawn(opts.argv(), mountpoint, work / "mnt-big.log",
                                   env=cluster.env)
         try:
-            before = _cpu_seconds(mount.proc.pid)
-            fuse.append(file_bytes / await _dd(mountpoint / BIG_FILE_PATH.lstrip("/")) / 1e9)
-            cpu.append((_cpu_seconds(mount.proc.pid) - before) * (1 << 30) / file_bytes)
+            before = cpu_seconds(mount.proc.pid)
+            fuse.append(file_bytes / await dd_seconds(mountpoint / BIG_FILE_PATH.lstrip("/")) / 1e9)
+            cpu.append((cpu_seconds(mount.proc.pid) - before) * (1 << 30) / file_bytes)
         finally:
             await mount.stop()
     return {"big_file_bytes": file_bytes, "big_layer_bytes": size,
@@ -225,13 +225,13 @@ async def _fuse_read(args: argparse.Namespace, cluster: Any, ref: str, big: Any,
             "direct_read_gbps": round(statistics.median(direct), 3)}
 
 
-def _cpu_seconds(pid: int) -> float:
+def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of a live process, from /proc."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _read_all(paths: list[Path]) -> float:
+def read_all_seconds(paths: list[Path]) -> float:
     """Seconds to read every file once into one reused 4 MiB buffer (as dd bs=4M does)."""
     buf = bytearray(4 * MiB)
     started = time.monotonic()
@@ -242,7 +242,7 @@ def _read_all(paths: list[Path]) -> float:
     return time.monotonic() - started
 
 
-async def _dd(path: Path) -> float:
+async def dd_seconds(path: Path) -> float:
     """Seconds `dd bs=4M` takes to read `path` once."""
     started = time.monotonic()
     proc = await asyncio.create_subprocess_exec(

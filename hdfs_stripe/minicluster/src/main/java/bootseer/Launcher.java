@@ -2,20 +2,36 @@ package bootseer;
 
 import java.io.BufferedReader;
 import java.io.File;
+import java.io.IOException;
 import java.io.InputStreamReader;
+import java.net.InetSocketAddress;
+import java.net.Socket;
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
 import java.util.List;
 
+import org.apache.hadoop.conf.Configurable;
 import org.apache.hadoop.conf.Configuration;
 import org.apache.hadoop.hdfs.MiniDFSCluster;
 import org.apache.hadoop.hdfs.server.datanode.DataNode;
+import org.apache.hadoop.net.StandardSocketFactory;
 
 /**
- * A MiniDFSCluster for tests and benchmarks: one NameNode and N DataNodes on 127.0.0.1,
- * WebHDFS on. Prints one JSON line once it serves:
+ * A MiniDFSCluster for tests and benchmarks: a NameNode on 127.0.0.1 and N DataNodes,
+ * DataNode i on loopback address 127.0.1.(i+1), WebHDFS on. Prints one JSON line once
+ * it serves:
  * {"event": "ready", "namenode_rpc": P, "namenode_http": P,
- *  "datanodes": [{"xfer": P, "http": P}, ...]}.
+ *  "datanodes": [{"host": IP, "xfer": P, "http": P}, ...]}.
+ *
+ * Why an address per DataNode: the NameNode knows a DataNode, and a client, by the
+ * source address of its RPC connection. With every DataNode at 127.0.0.1, the DFSClient
+ * inside a DataNode that serves a WebHDFS OPEN looks to the NameNode like any of them,
+ * so the replica it reads is a random one, not its own: a reader cannot choose which
+ * DataNode's disk serves a stripe. Here each DataNode listens on its own address and
+ * every socket it opens (its NameNode RPC, its WebHDFS DFSClient, its block transfers)
+ * is bound to that address by {@link BoundSocketFactory}, so the NameNode sorts the
+ * DataNode's own replica first, as on a real cluster. Linux routes all of 127/8 to lo.
+ *
  * Then reads commands on stdin, one per line: "stop-datanode XFER" stops the DataNode
  * whose data-transfer port is XFER and answers {"event": "stopped", "xfer": XFER}.
  * Stdin closed or SIGTERM: shut down.
@@ -36,6 +52,19 @@ public final class Launcher {
         conf.setBoolean("dfs.webhdfs.enabled", true);
         conf.set("dfs.namenode.http-address", "127.0.0.1:0");
         conf.set("dfs.namenode.rpc-bind-host", "127.0.0.1");
+        conf.setBoolean("dfs.namenode.datanode.registration.ip-hostname-check", false);
+        // Set here, not in the per-DataNode overlays: MiniDFSCluster sets these keys on this
+        // configuration, and a key set on it hides any overlay's. The variable is each
+        // overlay's own address (see addressPerDataNode).
+        // Its default, for the NameNode, is a resource: an overlay's resource overrides it.
+        Configuration defaults = new Configuration(false);
+        defaults.set(BoundSocketFactory.BIND_KEY, "127.0.0.1");
+        conf.addResource(defaults);
+        String own = "${" + BoundSocketFactory.BIND_KEY + "}";
+        conf.set("dfs.datanode.hostname", own);
+        conf.set("dfs.datanode.address", own + ":0");
+        conf.set("dfs.datanode.http.address", own + ":0");
+        conf.set("dfs.datanode.ipc.address", own + ":0");
         conf.setBoolean("dfs.permissions.enabled", true);
         // Small files in tests still spread over several blocks and DataNodes.
         conf.setLong("dfs.namenode.fs-limits.min-block-size", 1024L * 1024L);
@@ -53,7 +82,9 @@ public final class Launcher {
                 .numDataNodes(datanodes)
                 .nameNodePort(0)
                 .nameNodeHttpPort(0)
-                .checkDataNodeAddrConfig(false)
+                .checkDataNodeAddrConfig(true)
+                .checkDataNodeHostConfig(true)
+                .dataNodeConfOverlays(addressPerDataNode(datanodes))
                 .build();
         cluster.waitActive();
         Runtime.getRuntime().addShutdownHook(new Thread(cluster::shutdown));
@@ -66,7 +97,8 @@ public final class Launcher {
         for (int i = 0; i < nodes.size(); i++) {
             DataNode dn = nodes.get(i);
             json.append(i == 0 ? "" : ", ")
-                .append("{\"xfer\": ").append(dn.getXferAddress().getPort())
+                .append("{\"host\": \"").append(dn.getXferAddress().getAddress().getHostAddress())
+                .append("\", \"xfer\": ").append(dn.getXferAddress().getPort())
                 .append(", \"http\": ").append(dn.getInfoPort()).append("}");
         }
         json.append("]}");
@@ -80,12 +112,72 @@ public final class Launcher {
             String[] words = line.trim().split("\\s+");
             if (words.length == 2 && words[0].equals("stop-datanode")) {
                 int xfer = Integer.parseInt(words[1]);
-                boolean stopped = cluster.stopDataNode("127.0.0.1:" + xfer) != null;
+                boolean stopped = false;
+                List<DataNode> running = cluster.getDataNodes();
+                for (int i = 0; i < running.size() && !stopped; i++) {
+                    if (running.get(i).getXferAddress().getPort() == xfer) {
+                        stopped = cluster.stopDataNode(i) != null;
+                    }
+                }
                 System.out.println("{\"event\": \"stopped\", \"xfer\": " + xfer
                         + ", \"found\": " + stopped + "}");
                 System.out.flush();
             }
         }
         System.exit(0);
+    }
+
+    /** One configuration per DataNode: its own loopback address for every port it
+     *  listens on and every socket it opens. */
+    private static Configuration[] addressPerDataNode(int datanodes) {
+        Configuration[] overlays = new Configuration[datanodes];
+        for (int i = 0; i < datanodes; i++) {
+            String host = "127.0.1." + (i + 1);
+            Configuration c = new Configuration(false);
+            c.set("hadoop.rpc.socket.factory.class.default", BoundSocketFactory.class.getName());
+            c.set("hadoop.rpc.socket.factory.class.ClientProtocol",
+                  BoundSocketFactory.class.getName());
+            c.set(BoundSocketFactory.BIND_KEY, host);
+            overlays[i] = c;
+        }
+        return overlays;
+    }
+
+    /** Sockets bound to the address in `bootseer.bind.address` before they connect.
+     *  Hadoop caches one IPC client per equal factory, so equality includes the address. */
+    public static final class BoundSocketFactory extends StandardSocketFactory
+            implements Configurable {
+        static final String BIND_KEY = "bootseer.bind.address";
+        private Configuration conf;
+        private String host = "127.0.0.1";
+
+        @Override
+        public void setConf(Configuration c) {
+            conf = c;
+            host = c.get(BIND_KEY, host);
+        }
+
+        @Override
+        public Configuration getConf() {
+            return conf;
+        }
+
+        @Override
+        public Socket createSocket() throws IOException {
+            Socket socket = super.createSocket();
+            socket.bind(new InetSocketAddress(host, 0));
+            return socket;
+        }
+
+        @Override
+        public boolean equals(Object other) {
+            return other instanceof BoundSocketFactory
+                    && ((BoundSocketFactory) other).host.equals(host);
+        }
+
+        @Override
+        public int hashCode() {
+            return host.hashCode();
+        }
     }
 }
