@@ -253,7 +253,7 @@ class Agent:
         self.sessions[manifest.content_id] = session
         self.metrics.contents.set(len(self.sessions))
         self._execute(session, swarm.start(self._loop.time()))
-        self._announcer.soon(session)  # the node's one announce loop covers it now
+        self._announcer.soon(new_content=True)  # the node's one loop covers it now
         return session
 
     def _new_done(self) -> asyncio.Future[None]:
@@ -502,7 +502,7 @@ class Agent:
         session.links[link.peer] = link
         self._send_join(session, link)
         if not self._conns.known_by_tracker(link.peer):
-            self._announcer.soon(session)  # the swarm grew: learn our origin slot now
+            self._announcer.soon()  # the swarm grew: learn our origin slot now
         self._feed(session, PeerJoined(link.peer, link.conn.remote.rack, tuple(have),
                                        tuple(msg.pending)))
 
