@@ -527,6 +527,8 @@ class Agent:
             return
         event = PeerHas if isinstance(msg, Have) else \
             PeerPending if isinstance(msg, Pending) else PeerWithdrew
+        if event is PeerWithdrew:
+            self.metrics.withdrawals_heard.inc()
         self._feed(session, event(link.peer, msg.chunk))
 
     async def on_piece(self, link: Link, msg: Piece, asked: tuple[ContentId, int] | None) -> None:

@@ -17,6 +17,9 @@ class AgentMetrics:
                                     "request was withdrawn (end-game duplicates)", registry=r)
         self.requests_cancelled = Counter("bootseer_requests_cancelled", "Peers' requests "
                                           "skipped because they cancelled them", registry=r)
+        self.withdrawals_heard = Counter("bootseer_withdrawals_heard", "Peers' origin fetches "
+                                         "they said had failed (pending marks taken back)",
+                                         registry=r)
         self.chunks_verified = Counter("bootseer_chunks_verified",
                                        "Chunks that matched the manifest", registry=r)
         self.chunks_rejected = Counter("bootseer_chunks_rejected",
