@@ -42,13 +42,13 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from depsnap.snapshot import Entry, Snapshot
+from depsnap.snapshot import RESTORE_LOCK_NAME, Entry, Snapshot
 from depsnap.unpack import UnpackError, unpack
 from p2p.localapi import AgentClient
 
 log = logging.getLogger(__name__)
 ROOT_MODE = 0o755  # the prefix itself is not an entry of the tree: it gets the usual mode
-LOCK_NAME = ".depsnap-restoring"  # in a tree being built; gone before it is renamed
+LOCK_NAME = RESTORE_LOCK_NAME  # in a tree being built; gone before it is renamed
 
 
 class RestoreError(Exception):

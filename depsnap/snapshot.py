@@ -67,6 +67,7 @@ MAX_ENTRIES = 2_000_000
 PERMISSION_BITS = 0o7777
 KINDS = ("dir", "file", "symlink")
 _DIGEST = re.compile(r"[0-9a-f]{64}")
+RESTORE_LOCK_NAME = ".depsnap-restoring"  # a restore's lock, at the top of the tree it builds
 
 
 class SnapshotError(ValueError):
@@ -186,13 +187,17 @@ class Snapshot:
 
 
 def check_path(path: str) -> list[str]:
-    """The components of a relative path; SnapshotError if it could leave the prefix."""
+    """The components of a relative path; SnapshotError if it could leave the prefix, or
+    if it is the name a restore keeps its lock under (`RESTORE_LOCK_NAME`)."""
     if not path or path.startswith("/"):
         raise SnapshotError(f"{path!r}: paths must be relative to the prefix")
     parts = path.split("/")
     for part in parts:
         if part in ("", ".", "..") or "\0" in part:
             raise SnapshotError(f"{path!r}: no empty, '.', '..' or NUL components allowed")
+    if path == RESTORE_LOCK_NAME:
+        raise SnapshotError(f"{path!r}: a restore keeps its lock under that name at the "
+                            "top of the prefix; rename or remove the file")
     return parts
 
 

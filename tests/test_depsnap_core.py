@@ -129,6 +129,7 @@ def test_a_tree_round_trips_through_json() -> None:
     ((d("a"), link("a/evil", "../..")), "escapes"),
     ((link("abs", "/etc/shadow"),), "absolute path"),
     ((f("x", size=4),), "no pack holds"),
+    ((f(".depsnap-restoring"),), "keeps its lock"),  # the name a restore locks under
 ])
 def test_unsafe_or_inconsistent_trees_are_refused(entries: tuple[Entry, ...], why: str) -> None:
     good = tree(f("ok"))
