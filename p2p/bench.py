@@ -22,7 +22,7 @@ import sys
 import tempfile
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvloop
 
@@ -30,7 +30,9 @@ from p2p.cli import UserError
 from p2p.content import CHUNK_SIZE, DEFAULT_DIGEST, DIGESTS, MiB
 from p2p.demo import distribute, parse_size, positive_int
 from p2p.localcluster import AgentHandle, LocalCluster, write_random_file
-from p2p.testbed.netns import Testbed
+
+if TYPE_CHECKING:  # a testbed is optional: load its shell only when one is used
+    from p2p.testbed.netns import Testbed
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

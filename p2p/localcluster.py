@@ -21,13 +21,15 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from p2p.cli import UserError
 from p2p.content import CHUNK_SIZE, DEFAULT_DIGEST, ContentId, Manifest, ManifestBuilder
 from p2p.localapi import AgentClient
-from p2p.testbed.netns import Testbed
 from p2p.tracker_client import TrackerClient
+
+if TYPE_CHECKING:  # a testbed is optional: load its shell only when one is used
+    from p2p.testbed.netns import Testbed
 
 READY_TIMEOUT_S = 30.0
 

@@ -63,7 +63,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from itertools import chain
 
 from p2p.content import PeerId
@@ -304,27 +304,31 @@ class Swarm:
                      or bits.count(self._missing()) <= self.config.endgame_tail))
 
     def _on_peer_has(self, peer: PeerId, chunk: int) -> list[Action]:
-        return self._peer_mark(peer, chunk, "announced", lambda s: self._table.has(s, chunk))
+        state, refused = self._peer_chunk(peer, chunk, "announced")
+        if state is not None:
+            self._table.has(state, chunk)
+        return refused
 
     def _on_peer_pending(self, peer: PeerId, chunk: int, now: float) -> list[Action]:
-        until = now + self.config.pending_ttl_s
-        return self._peer_mark(peer, chunk, "pending",
-                               lambda s: self._table.pending(s, chunk, until))
+        state, refused = self._peer_chunk(peer, chunk, "pending")
+        if state is not None:
+            self._table.pending(state, chunk, now + self.config.pending_ttl_s)
+        return refused
 
     def _on_peer_withdrew(self, peer: PeerId, chunk: int) -> list[Action]:
-        return self._peer_mark(peer, chunk, "withdrawn",
-                               lambda s: self._table.withdrawn(s, chunk))
+        state, refused = self._peer_chunk(peer, chunk, "withdrawn")
+        if state is not None:
+            self._table.withdrawn(state, chunk)
+        return refused
 
-    def _peer_mark(self, peer: PeerId, chunk: int, what: str,
-                   mark: Callable[[PeerState], None]) -> list[Action]:
-        """What a connected peer says of one chunk; an index out of range is hostile."""
+    def _peer_chunk(self, peer: PeerId, chunk: int,
+                    what: str) -> tuple[PeerState | None, list[Action]]:
+        """The state of a connected peer that said something of `chunk` (None if we do not
+        know it), and the actions if the index is out of range: that is hostile."""
         state = self._peers.get(peer)
-        if state is None:
-            return []
-        if not 0 <= chunk < self.chunks:
-            return [Disconnect(peer, f"{what} chunk {chunk} out of range", hostile=True)]
-        mark(state)
-        return []
+        if state is None or 0 <= chunk < self.chunks:
+            return state, []
+        return None, [Disconnect(peer, f"{what} chunk {chunk} out of range", hostile=True)]
 
     def _on_chunk_arrived(self, event: ChunkArrived, now: float) -> list[Action]:
         chunk, source = event.chunk, event.source
