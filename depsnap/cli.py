@@ -39,26 +39,20 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 
     r = ds.add_parser("run", help="restore the key's snapshot, or install and publish it")
     _key_flags(r)
-    _node_flags(r)
-    r.add_argument("--origin-dir", type=Path,
-                   default=_env_path("BOOTSEER_DEPSNAP_ORIGIN_DIR"),
-                   help="directory new snapshots are written to (shared, or served with "
-                        "`bootseer origin DIR`)")
-    r.add_argument("--origin-registry", default=os.environ.get("BOOTSEER_DEPSNAP_REGISTRY"),
-                   metavar="REPOSITORY", help="push new snapshots to this registry repository "
-                   "(e.g. registry:5000/depsnap) instead of --origin-dir")
+    node_flags(r)
+    publish_flags(r)
     r.set_defaults(run=_run_run)
 
     s = ds.add_parser("restore", help="restore a published snapshot at --prefix")
     s.add_argument("key", metavar="KEY")
     s.add_argument("--prefix", type=Path, required=True)
     s.add_argument("--json", action="store_true", help="one JSON line")
-    _node_flags(s)
+    node_flags(s)
     s.set_defaults(run=_run_restore)
 
     from depsnap.mount import add_mount_commands
 
-    add_mount_commands(ds, _node_flags)
+    add_mount_commands(ds, node_flags)
 
 
 def _env_path(name: str) -> Path | None:
@@ -78,7 +72,19 @@ def _key_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("install_command", nargs=argparse.REMAINDER, metavar="-- CMD ...")
 
 
-def _node_flags(p: argparse.ArgumentParser) -> None:
+def publish_flags(p: argparse.ArgumentParser) -> None:
+    """Where a snapshot made here is published."""
+    p.add_argument("--origin-dir", type=Path,
+                   default=_env_path("BOOTSEER_DEPSNAP_ORIGIN_DIR"),
+                   help="directory new snapshots are written to (shared, or served with "
+                        "`bootseer origin DIR`)")
+    p.add_argument("--origin-registry", default=os.environ.get("BOOTSEER_DEPSNAP_REGISTRY"),
+                   metavar="REPOSITORY", help="push new snapshots to this registry repository "
+                   "(e.g. registry:5000/depsnap) instead of --origin-dir")
+
+
+def node_flags(p: argparse.ArgumentParser) -> None:
+    """Where this node's tracker, agent, store, cache and snapshot origin are."""
     p.add_argument("--tracker", default=os.environ.get("BOOTSEER_TRACKER",
                                                        "http://127.0.0.1:7070"))
     p.add_argument("--api-socket", default=os.environ.get("BOOTSEER_API_SOCKET",
@@ -127,8 +133,8 @@ def places(args: argparse.Namespace, origin_dir: Path | None = None) -> Any:
                   args.store_dir.absolute(), getattr(args, "origin_registry", None))
 
 
-def expected(call: Any) -> Any:
-    """Call `call()`; every expected failure becomes a UserError."""
+def expected_errors() -> tuple[type[Exception], ...]:
+    """Every failure a user can cause or fix: shown as one line, never a traceback."""
     from depsnap.capture import CaptureError
     from depsnap.key import KeyInputError
     from depsnap.publish import SnapshotNotFound
@@ -141,11 +147,16 @@ def expected(call: Any) -> Any:
     from p2p.origin.base import OriginError
     from p2p.tracker_client import TrackerError, TrackerUnavailable
 
+    return (CaptureError, KeyInputError, SnapshotNotFound, RestoreError, SnapshotError,
+            AuthError, ManifestError, AgentError, TrackerError, TrackerUnavailable,
+            OriginError, RecordError, ValueError)
+
+
+def expected(call: Any) -> Any:
+    """Call `call()`; every expected failure becomes a UserError."""
     try:
         return call()
-    except (CaptureError, KeyInputError, SnapshotNotFound, RestoreError, SnapshotError,
-            AuthError, ManifestError, AgentError, TrackerError, TrackerUnavailable,
-            OriginError, RecordError, ValueError) as exc:
+    except expected_errors() as exc:
         raise UserError(str(exc)) from None
     except OSError as exc:
         raise UserError(f"{exc.filename or ''}: {exc.strerror}") from None

@@ -103,7 +103,8 @@ async def serve_snapshot(opts: MountOptions, secret: bytes,
                             snapshot)  # closing it closes the agent client
 
     def ready(info: dict[str, Any]) -> None:
-        on_ready({**info, "key": opts.key, "tree": tree_id, "files": len(tree),
+        on_ready({**info, "key": opts.key, "tree": tree_id, "prefix": snapshot.prefix,
+                  "files": len(tree),
                   "packs": [p.content for p in snapshot.packs]})
 
     await serve(tree, source, opts.mountpoint, opts.read_ahead_kb, opts.allow_other, ready)

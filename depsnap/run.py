@@ -58,10 +58,12 @@ async def restore_key(places: Places, key: str, prefix: Path) -> dict[str, Any]:
         tree, snapshot = await load_snapshot(tracker, agent, key, places.origin_url)
         stats = await restore(agent, snapshot, prefix, places.cache_dir, places.store_dir)
     return {"action": "restored", "key": key, "tree": tree, "prefix": str(prefix),
+            "snapshot_prefix": snapshot.prefix, "packs": [p.content for p in snapshot.packs],
             **asdict(stats), "seconds": round(time.monotonic() - started, 3)}
 
 
-async def _exists(places: Places, key: str) -> bool:
+async def snapshot_exists(places: Places, key: str) -> bool:
+    """Whether anyone published a snapshot of `key`."""
     async with TrackerClient(places.tracker, places.secret) as tracker:
         return await find_snapshot(tracker, key, places.origin_url) is not None
 
@@ -70,7 +72,7 @@ def run(places: Places, inputs: KeyInputs, argv: Sequence[str], prefix: Path,
         environ: Mapping[str, str]) -> tuple[int, dict[str, Any]]:
     """Restore or install-and-publish; (exit status, summary)."""
     key = inputs.key()
-    if asyncio.run(_exists(places, key)):
+    if asyncio.run(snapshot_exists(places, key)):
         return 0, asyncio.run(restore_key(places, key, prefix))
     if places.origin_dir is None and places.origin_registry is None:
         raise ValueError(f"no snapshot for key {key} yet, and no --origin-dir or "

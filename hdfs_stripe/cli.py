@@ -78,8 +78,8 @@ def _setup(args: argparse.Namespace) -> bytes:
     return cluster_secret()
 
 
-def expected(run: Any) -> Any:
-    """Run a coroutine; every expected failure becomes a UserError."""
+def expected_errors() -> tuple[type[Exception], ...]:
+    """Every failure a user can cause or fix: shown as one line, never a traceback."""
     from fusefs.mount import MountError
     from fusefs.tree import TreeError
     from hdfs_stripe.naming import FileChanged, UriError
@@ -88,10 +88,15 @@ def expected(run: Any) -> Any:
     from p2p.localapi import AgentError
     from p2p.tracker_client import TrackerError, TrackerUnavailable
 
+    return (HdfsError, FileChanged, UriError, PlanError, MountError, TreeError, AgentError,
+            TrackerError, TrackerUnavailable)
+
+
+def expected(run: Any) -> Any:
+    """Run a coroutine; every expected failure becomes a UserError."""
     try:
         return asyncio.run(run)
-    except (HdfsError, FileChanged, UriError, PlanError, MountError, TreeError, AgentError,
-            TrackerError, TrackerUnavailable) as exc:
+    except expected_errors() as exc:
         raise UserError(str(exc)) from None
 
 

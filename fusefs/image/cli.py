@@ -93,6 +93,8 @@ def _common(p: argparse.ArgumentParser) -> None:
 def _mount_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--record", action="store_true",
                    help="record the blocks this launch touches for the next launches")
+    p.add_argument("--record-missing", action="store_true",
+                   help="record this launch if the image has no hot-block record yet")
     p.add_argument("--window", dest="window_s", type=float, default=60.0, metavar="SECONDS",
                    help="record only the first SECONDS of the launch (default 60)")
     p.add_argument("--no-prefetch", dest="prefetch", action="store_false",
@@ -122,7 +124,7 @@ def _options(args: argparse.Namespace, mountpoint: Path | None = None) -> Any:
     return MountOptions(args.ref, (mountpoint or args.mountpoint).absolute(), args.tracker,
                         args.api_socket, args.store_dir.absolute(), args.plain_http,
                         args.record, args.window_s, args.prefetch, args.read_timeout_s,
-                        args.read_ahead_kb, args.allow_other)
+                        args.read_ahead_kb, args.allow_other, args.record_missing)
 
 
 def expected_errors() -> tuple[type[Exception], ...]:

@@ -58,6 +58,7 @@ class MountOptions:
     read_timeout_s: float = READ_TIMEOUT_S
     read_ahead_kb: int = READ_AHEAD_KB
     allow_other: bool = False
+    record_missing: bool = False  # record this launch if the image has no record yet
 
     def argv(self) -> list[str]:
         """The `bootseer image serve` command line for these options."""
@@ -67,7 +68,8 @@ class MountOptions:
                 "--read-ahead-kb", str(self.read_ahead_kb), "--window", str(self.window_s),
                 "--log-level", "INFO"]  # its stderr is the mount's log file
         flags = {"--plain-http": self.plain_http, "--record": self.record,
-                 "--no-prefetch": not self.prefetch, "--allow-other": self.allow_other}
+                 "--no-prefetch": not self.prefetch, "--allow-other": self.allow_other,
+                 "--record-missing": self.record_missing}
         return args + [flag for flag, on in flags.items() if on]
 
 
@@ -87,12 +89,15 @@ async def serve_image(opts: MountOptions, secret: bytes, ref: ImageRef,
     try:
         image = await open_image(registry, tracker, agent, ref)
         clock("open_image_s")
+        hot = await _prefetch(registry, agent, image) if opts.prefetch else None
+        missing = opts.record_missing and (
+            not hot if hot is not None else await load_record(registry, image) is None)
         recorder = Recorder(image.digest, time.monotonic(), opts.window_s) \
-            if opts.record else None
+            if opts.record or missing else None
         source = ImageSource(AgentSource(opts.store_dir, agent, opts.read_timeout_s), recorder)
         for layer in image.layers:
             source.add_layer(layer.content_id, layer.digest, layer.index)
-        hot = await _prefetch(registry, agent, image) if opts.prefetch else []
+        hot = hot or []
         queued = len(hot)
         warming = asyncio.create_task(_warm(source, hot))
         clock("prefetch_queued_s")

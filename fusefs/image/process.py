@@ -39,6 +39,15 @@ class ContainerError(ToolError):
 
 
 @dataclass(frozen=True, slots=True)
+class Bind:
+    """A host directory made visible at `target` inside the container."""
+
+    source: Path  # on the host
+    target: str  # absolute, inside the container
+    read_only: bool = True
+
+
+@dataclass(frozen=True, slots=True)
 class Process:
     argv: tuple[str, ...]
     env: tuple[str, ...]  # "NAME=value"

@@ -18,9 +18,10 @@ departs from them where they do not:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
-from fusefs.image.process import Process
+from fusefs.image.process import Bind, Process
 
 OCI_VERSION = "1.0.2"
 CAPABILITIES = ["CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD",
@@ -49,10 +50,15 @@ MOUNTS = [
 ]
 
 
-def runc_spec(process: Process, root: Path, host_files: list[str]) -> dict[str, object]:
-    """The spec for `process` with `root` (the overlay) as its root filesystem."""
+def runc_spec(process: Process, root: Path, host_files: list[str],
+              binds: Sequence[Bind] = ()) -> dict[str, object]:
+    """The spec for `process` with `root` (the overlay) as its root filesystem, and
+    `binds` (the launch's environment and checkpoint) mounted into it."""
     caps = list(CAPABILITIES) if process.uid == 0 else []
-    binds = [_mount(path, "bind", path, "rbind", "ro", "nosuid", "nodev") for path in host_files]
+    extra = [*(_mount(path, "bind", path, "rbind", "ro", "nosuid", "nodev")
+               for path in host_files),
+             *(_mount(b.target, "bind", str(b.source), "rbind", "ro" if b.read_only else "rw",
+                      "nosuid", "nodev") for b in binds)]
     return {
         "ociVersion": OCI_VERSION,
         "process": {
@@ -66,7 +72,7 @@ def runc_spec(process: Process, root: Path, host_files: list[str]) -> dict[str, 
             "noNewPrivileges": False,
         },
         "root": {"path": str(root), "readonly": False},
-        "mounts": [*MOUNTS, *binds],
+        "mounts": [*MOUNTS, *extra],
         "linux": {
             "namespaces": [{"type": kind} for kind in NAMESPACES],
             "maskedPaths": list(MASKED_PATHS),

@@ -49,12 +49,12 @@ import signal
 import tempfile
 import threading
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from fusefs.image import mounts
-from fusefs.image.process import ContainerError, Process, resolve_in_root
+from fusefs.image.process import Bind, ContainerError, Process, resolve_in_root
 from fusefs.image.runc_spec import runc_spec
 from fusefs.image.tool import require, tail
 
@@ -74,8 +74,9 @@ class Scratch:
 
 
 async def run_in_rootfs(rootfs: Path, process: Process, *, runtime: str = "runc",
-                        scratch_dir: Path | None = None) -> int:
-    """Run `process` with `rootfs` as a writable-in-memory root; its exit status.
+                        scratch_dir: Path | None = None, binds: Sequence[Bind] = ()) -> int:
+    """Run `process` with `rootfs` as a writable-in-memory root, with `binds` mounted into
+    it; its exit status.
 
     `scratch_dir` is where the private scratch directory is made (default: the
     system temp dir). Raises ContainerError for anything that stops the run
@@ -89,10 +90,10 @@ async def run_in_rootfs(rootfs: Path, process: Process, *, runtime: str = "runc"
     async with _scratch(rootfs, scratch_dir) as scratch:
         # bwrap maps a non-root uid onto the invoking root: a root-owned dir is "theirs".
         owner = (process.uid, process.gid) if runtime == "runc" else (0, 0)
-        _prepare(scratch.merged, process, owner)
+        _prepare(scratch.merged, process, owner, binds)
         if runtime == "runc":
-            return await _run_runc(binary, scratch, process)
-        return await _run_bwrap(binary, scratch, process)
+            return await _run_runc(binary, scratch, process, binds)
+        return await _run_bwrap(binary, scratch, process, binds)
 
 
 @contextlib.asynccontextmanager
@@ -107,31 +108,48 @@ async def _scratch(rootfs: Path, parent: Path | None) -> AsyncIterator[Scratch]:
         root.rmdir()
 
 
-def _prepare(merged: Path, process: Process, owner: tuple[int, int]) -> None:
-    """Check the command exists in the image; create the working directory if missing."""
+def _prepare(merged: Path, process: Process, owner: tuple[int, int],
+             binds: Sequence[Bind] = ()) -> None:
+    """Check the command exists in the image (or in a bound directory); create the bind
+    targets, and the working directory, if missing."""
+    for bind in binds:
+        _make_dir(merged, bind.target, (0, 0), "bind target")
     env = dict(item.partition("=")[::2] for item in process.env)
-    if find_command(merged, process.argv[0], env.get("PATH", ""), process.cwd) is None:
+    if find_command(merged, process.argv[0], env.get("PATH", ""), process.cwd,
+                    binds) is None:
         raise ContainerError(f"command {process.argv[0]!r} not found in the image "
                              f"(PATH={env.get('PATH', '')}); it would exit with 127")
-    cwd = resolve_in_root(merged, process.cwd)
-    if not cwd.is_dir():
+    _make_dir(merged, process.cwd, owner, "working directory")
+
+
+def _make_dir(merged: Path, path: str, owner: tuple[int, int], what: str) -> None:
+    where = resolve_in_root(merged, path)
+    if not where.is_dir():
         try:
-            cwd.mkdir(parents=True)
+            where.mkdir(parents=True)
         except OSError as e:
-            raise ContainerError(f"cannot create working directory {process.cwd} in the "
-                                 f"image: {e.strerror}") from e
-        os.chown(cwd, *owner)
+            raise ContainerError(f"cannot create {what} {path} in the image: "
+                                 f"{e.strerror}") from e
+        os.chown(where, *owner)
 
 
-def find_command(root: Path, command: str, path: str, cwd: str = "/") -> Path | None:
+def find_command(root: Path, command: str, path: str, cwd: str = "/",
+                 binds: Sequence[Bind] = ()) -> Path | None:
     """Where `command` resolves in `root` (a path, or a name searched on PATH), if anywhere.
 
-    Relative paths (a command with a slash, or a relative PATH entry) start at `cwd`.
+    Relative paths (a command with a slash, or a relative PATH entry) start at `cwd`. A
+    path under a bind's target is looked up in the bind's source (a venv's `bin/python`
+    is a symlink into the image: that it exists is all this checks there).
     """
     candidates = [command] if "/" in command else [f"{d}/{command}" for d in path.split(":") if d]
     for candidate in candidates:
-        found = resolve_in_root(root, candidate if candidate.startswith("/")
-                                else f"{cwd}/{candidate}")
+        absolute = os.path.normpath(candidate if candidate.startswith("/")
+                                    else f"{cwd}/{candidate}")
+        for bind in binds:
+            inside = os.path.relpath(absolute, bind.target)
+            if not inside.startswith("..") and os.path.lexists(bind.source / inside):
+                return bind.source / inside
+        found = resolve_in_root(root, absolute)
         if found.is_file() and os.access(found, os.X_OK):
             return found
     return None
@@ -139,8 +157,10 @@ def find_command(root: Path, command: str, path: str, cwd: str = "/") -> Path | 
 
 # -- runc ------------------------------------------------------------------------------------
 
-async def _run_runc(runc: str, scratch: Scratch, process: Process) -> int:
-    spec = runc_spec(process, scratch.merged, [f for f in HOST_FILES if Path(f).is_file()])
+async def _run_runc(runc: str, scratch: Scratch, process: Process,
+                    binds: Sequence[Bind]) -> int:
+    spec = runc_spec(process, scratch.merged, [f for f in HOST_FILES if Path(f).is_file()],
+                     binds)
     (scratch.bundle / "config.json").write_text(json.dumps(spec, indent=1))
     container = f"bootseer-{uuid.uuid4().hex[:16]}"
 
@@ -175,13 +195,16 @@ async def _quiet(*args: str) -> bytes:
 
 # -- bwrap -----------------------------------------------------------------------------------
 
-def bwrap_args(merged: Path, process: Process, host_files: list[str]) -> list[str]:
+def bwrap_args(merged: Path, process: Process, host_files: list[str],
+               binds: Sequence[Bind] = ()) -> list[str]:
     """bwrap's arguments (after the binary) for `process` with `merged` as its root."""
     args = ["--bind", str(merged), "/", "--proc", "/proc", "--dev", "/dev",
             "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--as-pid-1",
             "--die-with-parent", "--chdir", process.cwd, "--clearenv"]
     for path in host_files:
         args += ["--ro-bind", path, path]
+    for bind in binds:
+        args += ["--ro-bind" if bind.read_only else "--bind", str(bind.source), bind.target]
     for item in process.env:
         name, _, value = item.partition("=")
         args += ["--setenv", name, value]
@@ -190,12 +213,14 @@ def bwrap_args(merged: Path, process: Process, host_files: list[str]) -> list[st
     return [*args, "--", *process.argv]
 
 
-async def _run_bwrap(bwrap: str, scratch: Scratch, process: Process) -> int:
+async def _run_bwrap(bwrap: str, scratch: Scratch, process: Process,
+                     binds: Sequence[Bind]) -> int:
     host_files = [f for f in HOST_FILES if Path(f).is_file()]
     info_read, info_write = os.pipe()
     try:
         child = await asyncio.create_subprocess_exec(
-            bwrap, "--info-fd", str(info_write), *bwrap_args(scratch.merged, process, host_files),
+            bwrap, "--info-fd", str(info_write), *bwrap_args(scratch.merged, process, host_files,
+                                                     binds),
             pass_fds=(info_write,))
     except BaseException:
         os.close(info_read)
