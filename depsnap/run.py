@@ -18,6 +18,7 @@ import asyncio
 import os
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
@@ -142,9 +143,10 @@ def _install(python: str, argv: Sequence[str], prefix: Path, environ: Mapping[st
 
 
 def _call(argv: list[str], env: Mapping[str, str]) -> int:
-    """Run `argv`; its exit status, 128 + N if a signal N ended it (or interrupted us)."""
+    """Run `argv`, its output on our stderr (our stdout carries only results); its exit
+    status, 128 + N if a signal N ended it (or interrupted us)."""
     try:
-        proc = subprocess.Popen(argv, env=dict(env))
+        proc = subprocess.Popen(argv, env=dict(env), stdout=sys.stderr.fileno())
     except OSError as exc:
         raise ValueError(f"cannot run {argv[0]}: {exc.strerror}") from None
     try:

@@ -25,7 +25,8 @@ CORE_FILES = [ROOT / f for f in ("tracker/handout.py", "tracker/registry.py", "t
                                   "p2p/guard.py", "fusefs/tree.py", "fusefs/image/toc.py",
                                   "fusefs/image/layerindex.py", "fusefs/image/record.py",
                                   "hdfs_stripe/stripe.py", "hdfs_stripe/naming.py",
-                                  "depsnap/key.py", "depsnap/snapshot.py", "p2p/testbed/plan.py", "p2p/launch/plan.py",
+                                  "depsnap/key.py", "depsnap/snapshot.py", "p2p/testbed/plan.py",
+                                  "p2p/launch/plan.py",
                                   "simulations/floor.py")]
 CORE_MODULES = sorted(
     [*(ROOT / "p2p" / "swarm").rglob("*.py"), *(f for f in CORE_FILES if f.is_file())]

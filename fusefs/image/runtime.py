@@ -8,7 +8,9 @@ Theory of operation. `run_in_rootfs(rootfs, process, runtime=...)`:
    and vanish with it, and the rootfs (the FUSE mount) is never written;
 2. checks, in the merged tree, that the command exists (a clear error rather
    than the runtime's 127) and creates the working directory if missing (as
-   Docker does for a WorkingDir);
+   Docker does for a WorkingDir), and the targets of the binds (host
+   directories made visible in the container: `bootseer launch` binds the
+   environment and the checkpoint this way);
 3. runs the process with stdin, stdout and stderr passed through and returns
    its exit status (128+N when it died of signal N):
    - runc: a generated OCI runtime spec (`fusefs.image.runc_spec`) in a

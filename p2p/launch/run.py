@@ -182,29 +182,38 @@ async def _env(job: Launch) -> None:
         return
     if job.env_mount is not None:
         ready = await job.env_mount.wait_ready(READY_TIMEOUT_S)
-        source, target, action = job.env_mount.mountpoint, str(ready["prefix"]), "mounted"
-        summary: dict[str, Any] = {"key": ready["key"], "packs": ready["packs"]}
+        up = _Env(job.env_mount.mountpoint, str(ready["prefix"]), "mounted", ready["key"],
+                  ready["packs"])
     elif env.key is not None:
-        source, summary = job.scratch / "env", await _restore(job, env.key)
-        target, action = summary["snapshot_prefix"], "restored"
+        up = await _restore(job, env.key)
     else:
-        source, target, action, summary = await _requirements(job)
-    job.binds.append(Bind(source, target, read_only=action == "mounted"))
-    job.environ.update(VIRTUAL_ENV=target, PATH=f"{target}/bin")
-    job.contents["env"] = list(summary.get("packs", []))
-    job.timeline["env"] = {"ready_s": job.since(), "action": action, "key": summary.get("key"),
-                           "path": target}
-    log.info("environment %s %s at %s in %.3f s", summary.get("key"), action, target,
-             job.since())
+        up = await _requirements(job)
+    job.binds.append(Bind(up.source, up.target, read_only=up.action == "mounted"))
+    job.environ.update(VIRTUAL_ENV=up.target, PATH=f"{up.target}/bin")
+    job.contents["env"] = up.packs
+    job.timeline["env"] = {"ready_s": job.since(), "action": up.action, "key": up.key,
+                           "path": up.target}
+    log.info("environment %s %s at %s in %.3f s", up.key, up.action, up.target, job.since())
 
 
-async def _restore(job: Launch, key: str) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class _Env:
+    source: Path  # on the host
+    target: str  # in the container: the prefix the venv was made for
+    action: str  # restored, mounted, created
+    key: str
+    packs: list[str]  # the contents this node fetched it from
+
+
+async def _restore(job: Launch, key: str, target: str | None = None) -> _Env:
     from depsnap.run import restore_key
 
-    return await restore_key(job.places, key, job.scratch / "env")
+    summary = await restore_key(job.places, key, job.scratch / "env")
+    return _Env(job.scratch / "env", target or summary["snapshot_prefix"], "restored", key,
+                summary["packs"])
 
 
-async def _requirements(job: Launch) -> tuple[Path, str, str, dict[str, Any]]:
+async def _requirements(job: Launch) -> _Env:
     """Restore the requirements' snapshot if published, else install it here and publish."""
     from depsnap.inputs import gather
     from depsnap.run import run, snapshot_exists
@@ -216,14 +225,14 @@ async def _requirements(job: Launch) -> tuple[Path, str, str, dict[str, Any]]:
                                      Path.cwd())
     key = inputs.key()
     if await snapshot_exists(job.places, key):
-        return job.scratch / "env", env.path, "restored", await _restore(job, key)
+        return await _restore(job, key, env.path)
     log.info("no snapshot for key %s yet: installing into %s", key, env.path)
     status, summary = await asyncio.to_thread(run, job.places, inputs, argv, Path(env.path),
                                               os.environ)
     if status != 0:
         raise LaunchError(f"installing the environment failed ({' '.join(argv)} exited "
                           f"{status}); nothing was published")
-    return Path(env.path), env.path, summary["action"], summary
+    return _Env(Path(env.path), env.path, summary["action"], key, [])
 
 
 async def _ckpt(job: Launch) -> None:
@@ -244,6 +253,7 @@ async def _ckpt(job: Launch) -> None:
             await asyncio.gather(*(agent.ensure(c) for c in job.contents["ckpt"]))
     job.timeline["ckpt"] = {"ready_s": job.since(), "files": len(files),
                             "bytes": sum(f["size"] for f in files),
+                            "indexed_here": sum(bool(f["indexed"]) for f in files),
                             "prefetched": job.plan.ckpt.prefetch}
     log.info("checkpoint up in %.3f s: %d files", job.since(), len(files))
 

@@ -1,0 +1,188 @@
+"""`bootseer launch` end to end: a real registry, real HDFS, real pip, real FUSE, real runc.
+
+The image is Debian bookworm with python3 (`fusefs.image.sample.python3_image`,
+built once with debootstrap and cached), pushed to a `docker-registry` and
+indexed; the environment is a requirements file of real wheels (installed with
+pip from the local wheelhouse); the checkpoint is two files in Hadoop's mini
+cluster. A tracker, a snapshot origin and two agents run on 127.0.0.1. What is
+proved, with one launch.toml:
+
+- on the first node the launch installs the environment and publishes it, runs
+  the job in the image with the venv's Python (imports from the venv work) and
+  the checkpoint readable at /ckpt byte for byte, and, the image having no
+  hot-block record, records one;
+- on the second node the same launch restores the environment instead, has
+  the recorded blocks prefetched, gets image and checkpoint bytes from the
+  first node, sees the same files, and returns the job's exit status;
+- a launch whose checkpoint does not exist fails with one line naming it,
+  never runs the command, and leaves no mount behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import random
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from registry import RunningRegistry, running_registry
+
+from depsnap.wheelhouse import PYTHON, wheelhouse
+from fusefs.image.sample import push_sample, python3_image
+from hdfs_stripe.minicluster import MiniClusterError, MiniHdfs
+from hdfs_stripe.webhdfs import WebHdfs
+from p2p.localcluster import AgentHandle, LocalCluster, bootseer_command
+from p2p.origin.oci import RegistryClient
+
+TEST_BOUND_S = 600.0
+MiB = 1 << 20
+CKPT = {"model.bin": 5 * MiB + 4321, "optim.bin": 2 * MiB}
+JOB = """
+import hashlib, os, sys
+import tabulate, six
+assert sys.prefix == os.environ["VIRTUAL_ENV"], (sys.prefix, os.environ["VIRTUAL_ENV"])
+print("venv", sys.prefix, tabulate.__file__.startswith(sys.prefix), six.__version__)
+ckpt = os.environ["BOOTSEER_CKPT"]
+for name in sorted(os.listdir(ckpt)):
+    print("ckpt", name, hashlib.sha256(open(os.path.join(ckpt, name), "rb").read()).hexdigest())
+print(open("/app/hello.py").read().strip())
+sys.exit(int(sys.argv[1]))
+"""
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningRegistry]:
+    with running_registry(tmp_path_factory.mktemp("registry")) as started:
+        yield started
+
+
+@pytest.fixture(scope="module")
+def wheels() -> Path:
+    if not os.path.exists(PYTHON):
+        pytest.fail(f"{PYTHON} is missing: install the Debian packages python3 and python3-venv")
+    return wheelhouse()
+
+
+@asynccontextmanager
+async def hdfs_with_checkpoint(tmp_path: Path) -> AsyncIterator[tuple[MiniHdfs, dict[str, str]]]:
+    """The mini cluster holding /ckpt/step-1/{CKPT}; the files' sha256 by name."""
+    try:
+        cluster = await MiniHdfs.start(tmp_path / "hdfs")
+    except MiniClusterError as exc:
+        pytest.fail(f"the HDFS mini cluster is needed and did not start: {exc}")
+    rng, digests = random.Random(5), {}
+    try:
+        async with WebHdfs(cluster.http_url) as client:
+            await client.mkdirs("/ckpt/step-1")
+            for name, size in CKPT.items():
+                data = rng.randbytes(size)
+                await client.create(f"/ckpt/step-1/{name}", data, replication=2,
+                                    block_size=2 * MiB)
+                digests[name] = hashlib.sha256(data).hexdigest()
+        yield cluster, digests
+    finally:
+        await cluster.stop()
+
+
+async def launch(cluster: LocalCluster, agent: AgentHandle, work: Path, *args: str,
+                 private: Path | None = None) -> tuple[int, list[str], dict[str, Any], str]:
+    """`bootseer launch` on `agent`'s node from `work`: (status, job output lines, timeline,
+    stderr). With `private`, in a mount namespace of its own with an empty tmpfs at
+    `private`: another node, where the first node's venv directory does not exist."""
+    wrap = [] if private is None else [
+        "unshare", "--mount", "--propagation", "private", "sh", "-c",
+        'mount -t tmpfs tmpfs "$0" && exec "$@"', str(private)]
+    flags = ["--tracker", cluster.tracker_url, "--api-socket", agent.api_socket,
+             "--store-dir", str(agent.store_dir), "--origin-dir", str(work.parent / "snapshots"),
+             "--origin-url", cluster.origin_url, "--cache-dir", str(work / f"cache-{agent.index}")]
+    proc = await asyncio.create_subprocess_exec(
+        *wrap, *bootseer_command(), "launch", "--json", *flags, *args, cwd=work,
+        env={k: v for k, v in cluster.env.items() if not k.startswith("PIP_")},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await proc.communicate()
+    assert proc.returncode is not None
+    lines = out.decode().splitlines()
+    timeline = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else {}
+    return proc.returncode, lines[:-1] if timeline else lines, timeline, err.decode()
+
+
+def launch_toml(ref: str, venv: Path, ckpt_uri: str) -> str:
+    return (f'image = "{ref}"\n'
+            f'command = ["python3", "-c", {json.dumps(JOB)}, "0"]\n'
+            f'[env]\nrequirements = "requirements.txt"\npath = "{venv}"\npython = "{PYTHON}"\n'
+            f'[ckpt]\nuris = ["{ckpt_uri}"]\npath = "/ckpt"\n')
+
+
+def launch_mounts() -> list[str]:
+    with open("/proc/self/mountinfo") as f:
+        return [line.split()[4] for line in f if "bootseer-launch-" in line.split()[4]]
+
+
+async def test_launch_brings_up_image_env_and_ckpt_and_the_second_node_gets_them_from_peers(
+        fuse_ready: None, registry: RunningRegistry, wheels: Path, tmp_path: Path) -> None:
+    image = await python3_image()
+    ref = registry.ref("test/launch")
+    async with RegistryClient() as client:
+        await push_sample(client, ref, image)
+    work = tmp_path / "job"
+    work.mkdir()
+    (tmp_path / "snapshots").mkdir()
+    venv = tmp_path / "venv"
+    (work / "requirements.txt").write_text(
+        f"--no-index\n--find-links {wheels}\ntabulate==0.9.0\nsix==1.17.0\n")
+    cluster = LocalCluster(tmp_path / "cluster")
+    async with asyncio.timeout(TEST_BOUND_S), hdfs_with_checkpoint(tmp_path) as (hdfs, digests):
+        try:
+            await cluster.start_tracker()
+            await cluster.start_origin(tmp_path / "snapshots")
+            agents = [await cluster.start_agent(i, "rack0") for i in range(2)]
+            index = await asyncio.create_subprocess_exec(
+                *bootseer_command(), "image", "index", str(ref),
+                "--tracker", cluster.tracker_url, env=cluster.env,
+                stdout=asyncio.subprocess.DEVNULL)
+            assert await index.wait() == 0
+            (work / "launch.toml").write_text(launch_toml(str(ref), venv,
+                                                          hdfs.uri("/ckpt/step-1")))
+
+            status, out, first, err = await launch(cluster, agents[0], work, "-f", "launch.toml")
+            assert status == 0, err[-3000:]
+            assert first["env"]["action"] == "created" and first["env"]["path"] == str(venv)
+            assert first["image"]["prefetch_chunks"] == 0  # no record yet: this launch makes one
+            expected = [f"venv {venv} True 1.17.0",
+                        *(f"ckpt {name} {digests[name]}" for name in sorted(CKPT)),
+                        'print("hello from the bootseer sample")']
+            assert out == expected, err[-3000:]
+            assert first["ckpt"]["files"] == first["ckpt"]["indexed_here"] == len(CKPT)
+            assert 0 < first["image"]["ready_s"] <= first["command_started_s"]
+
+            # The second node: same file, its own exit status; everything from the first node.
+            status, out, second, err = await launch(
+                cluster, agents[1], work, "-f", "launch.toml", "--", "python3", "-c", JOB, "3",
+                private=venv)
+            assert status == 3, err[-3000:]
+            assert out == expected, err[-3000:]
+            assert second["exit_status"] == 3
+            assert second["env"]["action"] == "restored"
+            assert second["image"]["prefetch_chunks"] > 0, "the first launch recorded nothing"
+            for part in ("image", "ckpt"):
+                assert second[part]["peer_bytes"] > 0, (part, second[part])
+            assert second["ckpt"]["indexed_here"] == 0 and second["ckpt"]["origin_bytes"] == 0
+            # The first node published the snapshot to the origin without holding its packs
+            # in its agent, so the second node reads them there (a third would find peers).
+            assert second["env"]["origin_bytes"] + second["env"]["peer_bytes"] > 0
+
+            # A checkpoint that is not there: one line, no command, nothing left mounted.
+            status, out, _, err = await launch(
+                cluster, agents[1], work, "-f", "launch.toml", "--ckpt",
+                hdfs.uri("/ckpt/missing"), "--", "python3", "-c", "print('ran')", private=venv)
+            assert status == 2 and "ran" not in out
+            assert "/ckpt/missing" in err and "Traceback" not in err, err[-3000:]
+            assert launch_mounts() == []
+        finally:
+            await cluster.stop()
