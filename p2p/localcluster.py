@@ -107,7 +107,9 @@ class LocalCluster:
         stderr_path = self.workdir / f"{name}.log"
         argv = [*bootseer_command(), *args]
         if netns is not None:
-            argv = ["ip", "netns", "exec", netns, *argv]
+            from p2p.testbed.plan import in_namespace
+
+            argv = in_namespace(netns, argv)
         with open(stderr_path, "ab") as err:
             proc = await asyncio.create_subprocess_exec(
                 *argv, stdout=asyncio.subprocess.PIPE, stderr=err,

@@ -120,7 +120,9 @@ def _wait_ready(process: subprocess.Popen[bytes], port: int, log_path: Path) -> 
 class CappedProxy:
     """TCP relay to `upstream` with one egress cap for all connections (see module doc)."""
 
-    def __init__(self, upstream: str, rate_mbps: float | None) -> None:
+    def __init__(self, upstream: str, rate_mbps: float | None, listen: str = "127.0.0.1"
+                 ) -> None:
+        self._listen = listen
         host, port = upstream.rsplit(":", 1)
         self._upstream = (host, int(port))
         self._bucket = TokenBucket(rate_mbps * 1e6 if rate_mbps else None, BURST_BYTES)
@@ -131,8 +133,8 @@ class CappedProxy:
         self.address = ""
 
     async def __aenter__(self) -> CappedProxy:
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
-        self.address = f"127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+        self._server = await asyncio.start_server(self._accept, self._listen, 0)
+        self.address = f"{self._listen}:{self._server.sockets[0].getsockname()[1]}"
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -149,7 +149,7 @@ async def _run(job: Launch) -> tuple[int, dict[str, Any]]:
         config = ready.result().get("config", {}).get("config") or {}
         process = await asyncio.to_thread(image_process, job.image.mountpoint, config,
                                           list(job.plan.command) if job.plan.command else None)
-        process = replace(process, env=_with_environ(process.env, job.environ))
+        process = replace(process, env=with_environ(process.env, job.environ))
         job.timeline["command_started_s"] = job.since()
         log.info("all parts up in %.3f s; running %s", job.since(), " ".join(process.argv))
         status = await run_in_rootfs(job.image.mountpoint, process, runtime=job.plan.runtime,
@@ -274,7 +274,7 @@ def _first(group: BaseExceptionGroup[Exception]) -> Exception:
     return error
 
 
-def _with_environ(env: tuple[str, ...], extra: dict[str, str]) -> tuple[str, ...]:
+def with_environ(env: tuple[str, ...], extra: dict[str, str]) -> tuple[str, ...]:
     """The image's environment with the launch's: PATH gets ours in front of the image's."""
     current = dict(item.partition("=")[::2] for item in env)
     for name, value in extra.items():

@@ -24,7 +24,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from p2p.testbed.plan import Batch, Host, Plan, Spec, commands, plan
+from p2p.testbed.plan import Batch, Host, Plan, Spec, commands, in_namespace, plan
 
 STATE_DIR = Path("/run/bootseer")
 COMMAND_TIMEOUT_S = 60.0
@@ -52,8 +52,8 @@ class Testbed:
 
     @staticmethod
     def command(host: Host, argv: Sequence[str]) -> list[str]:
-        """`argv` run inside `host`'s namespace."""
-        return ["ip", "netns", "exec", host.netns, *argv]
+        """`argv` run inside `host`'s network namespace."""
+        return in_namespace(host.netns, argv)
 
     def host(self, name: str) -> Host:
         """A host by namespace name, `origin`, or node index (`n3` or `3`)."""

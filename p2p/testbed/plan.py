@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 MAX_IFNAME = 15  # Linux interface names: IFNAMSIZ - 1
@@ -136,6 +137,15 @@ class Plan:
 
     def rack_size(self, rack: int) -> int:
         return sum(1 for n in self.nodes if n.rack == rack)
+
+
+def in_namespace(netns: str, argv: Sequence[str]) -> list[str]:
+    """`argv` run in network namespace `netns`, and in every other respect on the host.
+
+    `nsenter --net`, not `ip netns exec`: the latter also gives the command a mount
+    namespace of its own with a fresh /sys, which hides the cgroup mount runc needs
+    and keeps the command's FUSE mounts from the host."""
+    return ["nsenter", f"--net=/run/netns/{netns}", "--", *argv]
 
 
 def plan(spec: Spec) -> Plan:
