@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import resource
 import shutil
 import tempfile
 import time
@@ -159,6 +160,7 @@ async def _run(job: Launch) -> tuple[int, dict[str, Any]]:
     finally:
         await _stop(job.mounts())
     job.timeline["seconds"] = job.since()
+    job.timeline["cpu_s"] = _cpu()
     return status, {"exit_status": status, **job.timeline}
 
 
@@ -294,6 +296,15 @@ async def _bytes(job: Launch) -> None:
         held = totals(status, contents)
         job.timeline[part] |= {"peer_bytes": held["peer_bytes"],
                                "origin_bytes": held["origin_bytes"]}
+
+
+def _cpu() -> dict[str, float]:
+    """CPU seconds of this process, and of its children (the mounts, the runtime, the job,
+    the environment's extractors)."""
+    own, children = (resource.getrusage(who) for who in (resource.RUSAGE_SELF,
+                                                         resource.RUSAGE_CHILDREN))
+    return {"launch": round(own.ru_utime + own.ru_stime, 2),
+            "children": round(children.ru_utime + children.ru_stime, 2)}
 
 
 async def _stop(mounts: list[ForkedMount]) -> None:
