@@ -138,8 +138,9 @@ class MiniHdfs:
     """A running mini cluster (see the module docstring)."""
 
     def __init__(self, proc: asyncio.subprocess.Process, ready: dict[str, Any],
-                 log_path: Path) -> None:
+                 log_path: Path, host: str = "127.0.0.1") -> None:
         self.proc = proc
+        self.host = host  # where WebHDFS answers
         self.log_path = log_path
         self.rpc_port = int(ready["namenode_rpc"])
         self.http_port = int(ready["namenode_http"])
@@ -149,17 +150,19 @@ class MiniHdfs:
     @property
     def http_url(self) -> str:
         """The NameNode's WebHDFS endpoint."""
-        return f"http://127.0.0.1:{self.http_port}"
+        return f"http://{self.host}:{self.http_port}"
 
     def uri(self, path: str) -> str:
         """An hdfs:// URI of `path` on this cluster (the NameNode's HTTP port: the one the
         WebHDFS client talks to)."""
-        return f"hdfs://127.0.0.1:{self.http_port}/{path.lstrip('/')}"
+        return f"hdfs://{self.host}:{self.http_port}/{path.lstrip('/')}"
 
     @classmethod
     async def start(cls, workdir: Path, datanodes: int = 3, read_cap_bps: int = 0,
-                    block_size: int = 0) -> MiniHdfs:
-        """Start a cluster with its data under `workdir`; MiniClusterError if it cannot."""
+                    block_size: int = 0, host: str | None = None) -> MiniHdfs:
+        """Start a cluster with its data under `workdir`; MiniClusterError if it cannot.
+        With `host`, WebHDFS (the NameNode's and every DataNode's) answers on that address
+        instead of loopback: for clients in a testbed's namespaces."""
         java = _tool("java", "openjdk-17-jdk-headless")
         classpath = await asyncio.to_thread(prepare)
         workdir.mkdir(parents=True, exist_ok=True)
@@ -170,6 +173,7 @@ class MiniHdfs:
                 java, *JVM_FLAGS, f"-Djdk.net.hosts.file={hosts}", "-cp", classpath,
                 "bootseer.Launcher", str(workdir / "dfs"),
                 str(datanodes), str(read_cap_bps), str(block_size),
+                *([",".join([host] * (datanodes + 1))] if host else []),
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=err,
                 start_new_session=True)
         try:
@@ -179,7 +183,7 @@ class MiniHdfs:
             tail = log_path.read_text(errors="replace")[-3000:]
             raise MiniClusterError(f"the HDFS mini cluster did not start ({exc or 'timeout'}); "
                                    f"its log ({log_path}):\n{tail}") from None
-        return cls(proc, ready, log_path)
+        return cls(proc, ready, log_path, host or "127.0.0.1")
 
     @staticmethod
     async def _next_event(proc: asyncio.subprocess.Process) -> dict[str, Any]:

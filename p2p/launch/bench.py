@@ -47,6 +47,8 @@ from typing import Any
 from p2p.cli import UserError
 
 REPOSITORY = "bench/launch:1"
+CKPT_FILE = "/ckpt/step-1/model.bin"
+MiB = 1 << 20
 JOB = r'''
 import hashlib, os
 def digest(root, skip):
@@ -67,6 +69,7 @@ print("env", *digest(os.path.join(venv, "lib/python3.11/site-packages"), lambda 
       or rel.split("/")[0].startswith(("pip", "_distutils")) or rel.endswith("RECORD")))
 import numpy
 print("numpy", numpy.__version__, int(numpy.arange(1000).sum()))
+print("ckpt", *digest(os.environ["BOOTSEER_CKPT"], lambda rel: False))
 '''
 
 
@@ -83,6 +86,9 @@ def add_parser(kinds: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                    help="egress of the registry, of the package mirror, and of the origin "
                         "namespace (tracker, snapshot origin), each")
     p.add_argument("--oversubscription", type=float, default=2.0)
+    p.add_argument("--datanode-cap", type=float, default=25.0, metavar="MB/s",
+                   help="each of the 3 DataNodes' disk reads (HDFS's own cap)")
+    p.add_argument("--ckpt-mib", type=int, default=128, help="the checkpoint file's size")
     p.add_argument("--package", dest="packages", action="append", metavar="SPEC",
                    help=f"pinned packages of the environment (default: {' '.join(TEST_WHEELS)})")
     p.add_argument("--runtime", choices=("runc", "bwrap"), default="runc")
@@ -118,7 +124,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
         work = args.workdir or Path(tmp)
         try:
             with testbed(spec) as bed:
-                async with _origins(bed, work, wheels, args.origin_cap) as origins:
+                async with _origins(args, bed, work, wheels) as origins:
                     return await _arms(args, bed, origins, work, image, packages, PYTHON, log)
         except (TestbedError, SpecError) as exc:
             raise UserError(str(exc)) from None
@@ -127,9 +133,20 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
 class Origins:
     """The registry and the mirror on the testbed's host side, each behind a capped relay."""
 
-    def __init__(self, registry: Any, registry_proxy: Any, mirror_proxy: Any) -> None:
+    def __init__(self, registry: Any, registry_proxy: Any, mirror_proxy: Any, hdfs: Any
+                 ) -> None:
         self.registry, self.registry_proxy, self.mirror_proxy = (registry, registry_proxy,
                                                                  mirror_proxy)
+        self.hdfs = hdfs
+
+    @property
+    def ckpt_uri(self) -> str:
+        return str(self.hdfs.uri(CKPT_FILE))
+
+    @property
+    def ckpt_url(self) -> str:
+        """The WebHDFS OPEN of the checkpoint, as a plain HTTP reader fetches it."""
+        return f"{self.hdfs.http_url}/webhdfs/v1{CKPT_FILE}?op=OPEN&user.name=root"
 
     @property
     def ref(self) -> str:
@@ -141,13 +158,37 @@ class Origins:
 
 
 @contextlib.asynccontextmanager
-async def _origins(bed: Any, work: Path, wheels: Path, cap: float) -> AsyncIterator[Origins]:
+async def _origins(args: argparse.Namespace, bed: Any, work: Path, wheels: Path
+                   ) -> AsyncIterator[Origins]:
+    """The registry, the mirror (both capped at --origin-cap) and HDFS (its DataNodes' reads
+    capped at --datanode-cap), reachable from the testbed's nodes at its host address."""
     from fusefs.image.testbed import CappedProxy, free_port, local_registry
+    from hdfs_stripe.minicluster import MiniClusterError, MiniHdfs
 
+    cap, host = args.origin_cap, bed.plan.host_ip
     with local_registry(work / "registry") as registry, _mirror(wheels, free_port()) as mirror:
-        async with CappedProxy(registry.address, cap, bed.plan.host_ip) as reg_proxy, \
-                CappedProxy(mirror, cap, bed.plan.host_ip) as mirror_proxy:
-            yield Origins(registry, reg_proxy, mirror_proxy)
+        try:
+            hdfs = await MiniHdfs.start(work / "hdfs", 3, int(args.datanode_cap * 1e6),
+                                        32 * MiB, host=host)
+        except MiniClusterError as exc:
+            raise UserError(str(exc)) from None
+        try:
+            await _write_checkpoint(hdfs, args.ckpt_mib * MiB)
+            async with CappedProxy(registry.address, cap, host) as reg_proxy, \
+                    CappedProxy(mirror, cap, host) as mirror_proxy:
+                yield Origins(registry, reg_proxy, mirror_proxy, hdfs)
+        finally:
+            await hdfs.stop()
+
+
+async def _write_checkpoint(hdfs: Any, size: int) -> None:
+    """Random bytes, replication 2, blocks spread over the DataNodes."""
+    from hdfs_stripe.minicluster import write_spread
+    from hdfs_stripe.webhdfs import WebHdfs
+
+    async with WebHdfs(hdfs.http_url) as client:
+        await client.mkdirs(CKPT_FILE.rsplit("/", 1)[0])
+        await write_spread(client, CKPT_FILE, os.urandom(size), 2, 32 * MiB)
 
 
 @contextlib.contextmanager
@@ -196,7 +237,9 @@ async def _arms(args: argparse.Namespace, bed: Any, origins: Origins, work: Path
                                "node_cap_mbps": args.node_cap, "origin_cap_mbps": args.origin_cap,
                                "oversubscription": args.oversubscription,
                                "packages": packages,
-                               "image_bytes": sum(la.size for la in image.layers)}
+                               "image_bytes": sum(la.size for la in image.layers),
+                               "ckpt_bytes": args.ckpt_mib * MiB,
+                               "datanode_cap_mbps": args.datanode_cap}
         log(f"baseline: {args.nodes} nodes pull, unpack, pip install and run")
         sent = origins.registry_proxy.sent_bytes, origins.mirror_proxy.sent_bytes
         cpu = _children_cpu()
@@ -245,7 +288,8 @@ async def _prepare(args: argparse.Namespace, cluster: Any, origins: Origins, wor
     key = str(json.loads(summary.splitlines()[-1])["key"])
     await _bootseer_cli(cluster, cluster.testbed.nodes[0], [
         "launch", "--image", origins.ref, "--plain-http", "--env-key", key,
-        "--runtime", args.runtime, "--log-level", "WARNING", *node, "--", "python3", "-c", JOB])
+        "--ckpt", origins.ckpt_uri, "--runtime", args.runtime, "--log-level", "WARNING",
+        *node, "--", "python3", "-c", JOB])
     await prep.child.stop()
     shutil.rmtree(prep.store_dir, ignore_errors=True)
     shutil.rmtree(prefix, ignore_errors=True)
@@ -283,7 +327,7 @@ async def _baseline(args: argparse.Namespace, cluster: Any, origins: Origins, wo
                     ) -> tuple[list[str], dict[str, Any]]:
     argv = [sys.executable, "-m", "p2p.launch.baseline", "--image", origins.ref,
             "--mirror", origins.mirror, "--python", python, "--runtime", args.runtime,
-            "--work", str(work / f"baseline-{i}"),
+            "--work", str(work / f"baseline-{i}"), "--ckpt", origins.ckpt_url,
             *(f"--package={p}" for p in packages), "--", "python3", "-c", JOB]
     out = await _call(cluster.testbed.command(cluster.testbed.nodes[i], argv), cluster.env)
     shutil.rmtree(work / f"baseline-{i}", ignore_errors=True)
@@ -294,8 +338,8 @@ async def _bootseer(args: argparse.Namespace, cluster: Any, origins: Origins, ag
                     key: str, work: Path) -> tuple[list[str], dict[str, Any]]:
     out = await _bootseer_cli(cluster, cluster.testbed.nodes[agent.index], [
         "launch", "--json", "--image", origins.ref, "--plain-http", "--env-key", key,
-        "--runtime", args.runtime, "--log-level", "WARNING", *_node_flags(cluster, agent, work),
-        "--", "python3", "-c", JOB])
+        "--ckpt", origins.ckpt_uri, "--runtime", args.runtime, "--log-level", "WARNING",
+        *_node_flags(cluster, agent, work), "--", "python3", "-c", JOB])
     return _split(out)
 
 
@@ -337,11 +381,15 @@ def _summary(out: dict[str, Any], baseline: list[tuple[list[str], dict[str, Any]
             "index_bytes_ratio": round(out["bootseer_mirror_bytes"] / one_env, 3),
             "snapshot_origin_over_env": round(out["bootseer_snapshot_origin_bytes"] / one_env,
                                               3),
+            "hdfs_bytes_ratio": round(sum(t["ckpt"]["origin_bytes"] for _, t in launched)
+                                      / out["ckpt_bytes"], 3),
             "same_output": len(outputs) == 1,
             "baseline_phases": _medians([t for _, t in baseline],
-                                        ("image_s", "env_s", "command_started_s", "command_s")),
+                                        ("image_s", "env_s", "ckpt_s", "command_started_s",
+                                         "command_s")),
             "bootseer_phases": _medians([_flat(t) for _, t in launched],
-                                        ("image_ready_s", "env_ready_s", "command_started_s",
+                                        ("image_ready_s", "env_ready_s", "ckpt_ready_s",
+                                         "command_started_s",
                                          "command_s", "cpu_launch_s", "cpu_children_s"))}
     return out
 

@@ -46,12 +46,17 @@ public final class Launcher {
         int datanodes = args.length > 1 ? Integer.parseInt(args[1]) : 3;
         long readCap = args.length > 2 ? Long.parseLong(args[2]) : 0L;
         long blockSize = args.length > 3 ? Long.parseLong(args[3]) : 0L;
+        // The address of the NameNode's HTTP (WebHDFS) server, then each DataNode's, for
+        // clients elsewhere (a testbed's nodes); default 127.0.0.1 and 127.0.1.(i+1).
+        String[] hosts = args.length > 4 ? args[4].split(",") : new String[0];
+        String nameNodeHost = hosts.length > 0 ? hosts[0] : "127.0.0.1";
 
         Configuration conf = new Configuration();
         conf.set(MiniDFSCluster.HDFS_MINIDFS_BASEDIR, new File(base).getAbsolutePath());
         conf.setBoolean("dfs.webhdfs.enabled", true);
         conf.set("dfs.namenode.http-address", "127.0.0.1:0");
-        conf.set("dfs.namenode.rpc-bind-host", "127.0.0.1");
+        conf.set("dfs.namenode.http-bind-host", nameNodeHost);  // MiniDFSCluster sets the other
+        conf.set("dfs.namenode.rpc-bind-host", "127.0.0.1");  // its clients: ours, local
         conf.setBoolean("dfs.namenode.datanode.registration.ip-hostname-check", false);
         // Set here, not in the per-DataNode overlays: MiniDFSCluster sets these keys on this
         // configuration, and a key set on it hides any overlay's. The variable is each
@@ -84,7 +89,7 @@ public final class Launcher {
                 .nameNodeHttpPort(0)
                 .checkDataNodeAddrConfig(true)
                 .checkDataNodeHostConfig(true)
-                .dataNodeConfOverlays(addressPerDataNode(datanodes))
+                .dataNodeConfOverlays(addressPerDataNode(datanodes, hosts))
                 .build();
         cluster.waitActive();
         Runtime.getRuntime().addShutdownHook(new Thread(cluster::shutdown));
@@ -129,10 +134,10 @@ public final class Launcher {
 
     /** One configuration per DataNode: its own loopback address for every port it
      *  listens on and every socket it opens. */
-    private static Configuration[] addressPerDataNode(int datanodes) {
+    private static Configuration[] addressPerDataNode(int datanodes, String[] hosts) {
         Configuration[] overlays = new Configuration[datanodes];
         for (int i = 0; i < datanodes; i++) {
-            String host = "127.0.1." + (i + 1);
+            String host = i + 1 < hosts.length ? hosts[i + 1] : "127.0.1." + (i + 1);
             Configuration c = new Configuration(false);
             c.set("hadoop.rpc.socket.factory.class.default", BoundSocketFactory.class.getName());
             c.set("hadoop.rpc.socket.factory.class.ClientProtocol",
