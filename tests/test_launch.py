@@ -186,3 +186,71 @@ async def test_launch_brings_up_image_env_and_ckpt_and_the_second_node_gets_them
             assert launch_mounts() == []
         finally:
             await cluster.stop()
+
+
+def launch_scratches() -> list[Path]:
+    return sorted(Path(os.environ.get("TMPDIR", "/tmp")).glob("bootseer-launch-*"))
+
+
+async def test_a_launch_killed_mid_job_leaves_no_mount_and_the_relaunch_finishes_from_its_store(
+        fuse_ready: None, registry: RunningRegistry, wheels: Path, tmp_path: Path) -> None:
+    image = await python3_image()
+    ref = registry.ref("test/killed")
+    async with RegistryClient() as client:
+        await push_sample(client, ref, image)
+    work, venv = tmp_path / "job", tmp_path / "venv"
+    work.mkdir()
+    (tmp_path / "snapshots").mkdir()
+    (work / "requirements.txt").write_text(f"--no-index\n--find-links {wheels}\nsix==1.17.0\n")
+    job = "import six, time; print('running', six.__version__, flush=True); time.sleep(3)"
+    toml = (f'image = "{ref}"\ncommand = ["python3", "-c", {json.dumps(job)}]\n'
+            f'[env]\nrequirements = "requirements.txt"\npath = "{venv}"\npython = "{PYTHON}"\n')
+    (work / "launch.toml").write_text(toml)
+    cluster = LocalCluster(tmp_path / "cluster")
+    async with asyncio.timeout(TEST_BOUND_S):
+        try:
+            await cluster.start_tracker()
+            await cluster.start_origin(tmp_path / "snapshots")
+            agent = await cluster.start_agent(0, "rack0")
+            index = await asyncio.create_subprocess_exec(
+                *bootseer_command(), "image", "index", str(ref), "--tracker",
+                cluster.tracker_url, env=cluster.env, stdout=asyncio.subprocess.DEVNULL)
+            assert await index.wait() == 0
+            before = set(launch_scratches())
+
+            flags = ["--tracker", cluster.tracker_url, "--api-socket", agent.api_socket,
+                     "--store-dir", str(agent.store_dir), "--origin-dir",
+                     str(tmp_path / "snapshots"), "--origin-url", cluster.origin_url,
+                     "--no-cache"]
+            killed = await asyncio.create_subprocess_exec(
+                *bootseer_command(), "launch", "-f", "launch.toml", *flags, cwd=work,
+                env=cluster.env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            assert killed.stdout is not None
+            line = await killed.stdout.readline()
+            assert line.startswith(b"running"), (line, await killed.stderr.read())
+            left = set(launch_scratches()) - before
+            assert len(left) == 1 and launch_mounts(), "the launch was not up"
+            killed.kill()
+            await killed.wait()
+            image_mount = f"{left.pop()}/image"
+            for _ in range(200):  # bounded: 20 s; the mount servers end with their launch
+                if image_mount not in launch_mounts():
+                    break
+                await asyncio.sleep(0.1)
+            assert image_mount not in launch_mounts(), "the image mount outlived its launch"
+            await asyncio.sleep(3.5)  # the orphaned job (sleep 3) ends
+
+            async with agent.client() as api:
+                held = {c: i["origin_bytes"] for c, i in (await api.status())["contents"].items()}
+            status, out, timeline, err = await launch(cluster, agent, work, "-f", "launch.toml",
+                                                      "--no-cache", private=venv)
+            assert status == 0 and out == ["running 1.17.0"], err[-3000:]
+            assert not Path(image_mount).parent.exists(), "the killed launch's scratch stayed"
+            assert launch_mounts() == []
+            async with agent.client() as api:
+                after = (await api.status())["contents"]
+            assert held and all(after[c]["origin_bytes"] == b for c, b in held.items()), \
+                "the relaunch fetched from the origin what its store held"
+            assert 0 < timeline["image"]["origin_bytes"] <= sum(held.values())
+        finally:
+            await cluster.stop()

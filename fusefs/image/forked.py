@@ -6,16 +6,18 @@ interpreter start and the imports of aiohttp, pyfuse3 and rapidgzip again:
 about half a second here, on every launch. `ForkedMount.start` forks instead,
 before this process has an event loop or a thread: the child moves to a session
 of its own, sends its stderr to a log file, runs `serve_image` on a fresh event
-loop, and writes its one JSON "mounted" line to a pipe; the parent reads that
-line (`wait_ready`, bounded) and later stops the child with SIGTERM, a bounded
-wait, SIGKILL if it must, and a forced unmount if the child left one. The child
-never returns into the parent's code: it ends with `os._exit`.
+loop, and writes its one JSON "mounted" line to a pipe; it ends (unmounting) when
+the parent dies, however it dies. The parent reads that line (`wait_ready`,
+bounded) and later stops the child with SIGTERM, a bounded wait, SIGKILL if it
+must, and a forced unmount if the child left one. The child never returns into
+the parent's code: it ends with `os._exit`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import json
 import logging
 import os
@@ -31,6 +33,7 @@ from fusefs.mount import MountError, force_unmount, is_mounted
 log = logging.getLogger(__name__)
 
 POLL_S = 0.05
+PR_SET_PDEATHSIG = 1  # prctl(2)
 
 Serve = Callable[[Callable[[dict[str, Any]], None]], Coroutine[Any, Any, Any]]
 
@@ -111,7 +114,9 @@ def _child(write_fd: int, log_path: Path, serve: Serve,
             pipe.close()
 
     try:
+        parent = os.getppid()
         os.setsid()
+        _end_with_parent(parent)
         with open(log_path, "ab") as log_file:
             os.dup2(log_file.fileno(), sys.stderr.fileno())
         devnull = os.open(os.devnull, os.O_RDWR)
@@ -124,10 +129,20 @@ def _child(write_fd: int, log_path: Path, serve: Serve,
         say({"event": "failed", "error": str(exc)})
         code = 2
     except BaseException:  # the child's last word, then os._exit: its log says what
-        log.exception("the image mount ended with an error")
+        log.exception("the mount ended with an error")
     finally:
         logging.shutdown()
         os._exit(code)
+
+
+def _end_with_parent(parent: int) -> None:
+    """Have the kernel send us SIGTERM (which unmounts) when the process that forked us
+    dies, even by SIGKILL: a mount nobody will stop must not outlive its launch."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+        log.warning("cannot ask to end with the parent: %s", os.strerror(ctypes.get_errno()))
+    if os.getppid() != parent:  # it died before the request was in place
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _read_line(fd: int) -> bytes:

@@ -47,6 +47,8 @@ from p2p.launch.plan import LaunchPlan
 log = logging.getLogger(__name__)
 
 READY_TIMEOUT_S = 300.0  # a mount that has not served by then has failed
+SCRATCH_PREFIX = "bootseer-launch-"
+OWNER_FILE = "owner"  # the launch process: "pid start-time", to tell an abandoned scratch
 
 
 @dataclass
@@ -79,7 +81,10 @@ def launch(plan: LaunchPlan, places: Places, expected: tuple[type[Exception], ..
     """Run the plan (see the module docstring); (exit status, timeline). Call from a process
     with no event loop and no threads yet: it forks."""
     started = time.monotonic()
-    scratch = Path(tempfile.mkdtemp(prefix="bootseer-launch-", dir=scratch_parent))
+    parent = scratch_parent or Path(tempfile.gettempdir())
+    sweep_abandoned(parent)
+    scratch = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=parent))
+    (scratch / OWNER_FILE).write_text(_process_identity(os.getpid()))
     forked: list[ForkedMount] = []
     job = None
     try:
@@ -158,7 +163,7 @@ async def _run(job: Launch) -> tuple[int, dict[str, Any]]:
         job.timeline["command_started_s"] = job.since()
         log.info("all parts up in %.3f s; running %s", job.since(), " ".join(process.argv))
         status = await run_in_rootfs(job.image.mountpoint, process, runtime=job.plan.runtime,
-                                     binds=job.binds)
+                                     scratch_dir=job.scratch, binds=job.binds)
         job.timeline["command_s"] = round(job.since() - job.timeline["command_started_s"], 3)
         await _bytes(job)
     finally:
@@ -308,6 +313,42 @@ async def _bytes(job: Launch) -> None:
         held = totals(status, contents)
         job.timeline[part] |= {"peer_bytes": held["peer_bytes"],
                                "origin_bytes": held["origin_bytes"]}
+
+
+def sweep_abandoned(parent: Path) -> list[Path]:
+    """Remove the scratch directories of launches that died without cleaning up (SIGKILL,
+    a node that went down): everything still mounted under one is unmounted lazily, then
+    it is deleted. Their mount servers have ended with them (`fusefs.image.forked`). What
+    was removed."""
+    from fusefs.image.mounts import unmount
+
+    removed = []
+    for scratch in sorted(parent.glob(f"{SCRATCH_PREFIX}*")):
+        try:
+            owner = (scratch / OWNER_FILE).read_text().split()
+        except OSError:
+            continue  # being made, or not ours
+        if len(owner) != 2 or _process_identity(int(owner[0])) == " ".join(owner):
+            continue  # its launch is alive
+        with open("/proc/self/mountinfo") as f:
+            points = [line.split()[4] for line in f]
+        for point in sorted((p for p in points if p.startswith(f"{scratch}/")),
+                            key=len, reverse=True):
+            with contextlib.suppress(Exception):
+                unmount(Path(point))
+        shutil.rmtree(scratch, ignore_errors=True)
+        log.info("removed %s, left by a launch that died", scratch)
+        removed.append(scratch)
+    return removed
+
+
+def _process_identity(pid: int) -> str:
+    """"pid start-time" of a live process ("" if there is none): a pid alone may be reused."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return ""
+    return f"{pid} {fields[19]}"
 
 
 def _cpu() -> dict[str, float]:
