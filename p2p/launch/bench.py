@@ -384,6 +384,7 @@ def _summary(out: dict[str, Any], baseline: list[tuple[list[str], dict[str, Any]
             "hdfs_bytes_ratio": round(sum(t["ckpt"]["origin_bytes"] for _, t in launched)
                                       / out["ckpt_bytes"], 3),
             "same_output": len(outputs) == 1,
+            "load_average": round(os.getloadavg()[0], 2),
             "baseline_phases": _medians([t for _, t in baseline],
                                         ("image_s", "env_s", "ckpt_s", "command_started_s",
                                          "command_s")),
