@@ -8,6 +8,7 @@ import pytest
 
 from p2p.launch.plan import CkptPlan, PlanError, merge, plan_from
 
+KEY = "ab" * 32
 FILE = tomllib.loads("""
 image = "registry:5000/train:1"
 command = ["python3", "train.py"]
@@ -58,9 +59,10 @@ def test_no_env_and_no_ckpt_tables_mean_the_image_alone() -> None:
     ({"image": 3}, "image: must be a string"),
     ({"image": "r/i", "runtime": "docker"}, "runtime: 'docker' is not one of runc, bwrap"),
     ({"image": "r/i", "command": "python3 x.py"}, "command: must be a list of strings"),
-    ({"image": "r/i", "env": {"key": "k", "requirements": "r.txt"}}, "exactly one of key"),
+    ({"image": "r/i", "env": {"key": KEY, "requirements": "r.txt"}}, "exactly one of key"),
+    ({"image": "r/i", "env": {"key": "abc"}}, "[env] key: 'abc' is not a snapshot key"),
     ({"image": "r/i", "env": {"mode": "restore"}}, "exactly one of key"),
-    ({"image": "r/i", "env": {"key": "k", "path": "/opt/v"}}, "[env] path: a snapshot"),
+    ({"image": "r/i", "env": {"key": KEY, "path": "/opt/v"}}, "[env] path: a snapshot"),
     ({"image": "r/i", "env": {"requirements": "r.txt", "mode": "mount"}},
      "mode = \"mount\" needs a key"),
     ({"image": "r/i", "env": {"requirements": "r.txt", "path": "opt/venv"}},

@@ -84,6 +84,10 @@ class ForkedMount:
         raise MountError(f"the mount at {self.mountpoint} did not start; its log "
                          f"({self.log_path}):\n{tail}")
 
+    @property
+    def stopped(self) -> bool:
+        return self._status is not None
+
     async def stop(self, timeout_s: float = 30.0) -> int:
         """SIGTERM, a bounded wait, SIGKILL if need be; nothing stays mounted. The child's
         exit status."""

@@ -30,6 +30,8 @@ import posixpath
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from depsnap.key import KeyInputError, check_key
+
 RUNTIMES = ("runc", "bwrap")
 ENV_MODES = ("restore", "mount")
 INSTALLERS = ("pip", "uv")
@@ -121,6 +123,11 @@ def _env(table: Mapping[str, object] | None, base_dir: str) -> EnvPlan | None:
         return None
     _known(table, "env")
     key = _text(table, "key", "env")
+    if key is not None:
+        try:
+            check_key(key)
+        except KeyInputError as exc:
+            raise PlanError(f"[env] key: {exc}") from None
     requirements = _text(table, "requirements", "env")
     if (key is None) == (requirements is None):
         raise PlanError("[env]: give exactly one of key (a published snapshot) or "

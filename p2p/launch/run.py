@@ -31,6 +31,7 @@ import logging
 import os
 import resource
 import shutil
+import signal
 import tempfile
 import time
 from collections.abc import Callable
@@ -361,9 +362,15 @@ def _cpu() -> dict[str, float]:
 
 
 async def _stop(mounts: list[ForkedMount]) -> None:
+    """Stop every mount not stopped yet. One that ended otherwise than by our SIGTERM or
+    its own reported error (exit 2, already the launch's error) has its log's tail logged:
+    the log goes with the scratch directory."""
     for mount in mounts:
+        if mount.stopped:
+            continue
         with contextlib.suppress(Exception):
-            stopped = await mount.stop(timeout_s=30.0)
-            if stopped != 0:
-                log.warning("the mount at %s exited with %d; its log: %s", mount.mountpoint,
-                            stopped, mount.log_path)
+            status = await mount.stop(timeout_s=30.0)
+            if status not in (0, 2, -signal.SIGTERM):
+                tail = mount.log_path.read_text(errors="replace").strip()[-2000:]
+                log.warning("the mount at %s exited with %d; its log ends:\n%s",
+                            mount.mountpoint, status, tail)
