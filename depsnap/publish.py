@@ -76,6 +76,10 @@ async def load_snapshot(tracker: TrackerClient, agent: AgentClient, key: str,
         raise SnapshotNotFound(f"no snapshot is published for key {key}")
     manifest = await tracker.get_manifest(tree)
     try:
+        # ensure, then read: a read of a chunk no peer has yet goes to the origin at once
+        # (the lazy rule), so nodes starting together would each fetch the tree there;
+        # ensure leaves the origin to the tracker's appointed fetchers.
+        await agent.ensure(tree)
         data = await agent.read(tree, 0, manifest.size)
     except AgentError as exc:
         raise SnapshotError(f"cannot read the tree {tree} of key {key}: {exc}") from None
