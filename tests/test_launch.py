@@ -15,7 +15,12 @@ proved, with one launch.toml:
   the recorded blocks prefetched, gets image and checkpoint bytes from the
   first node, sees the same files, and returns the job's exit status;
 - a launch whose checkpoint does not exist fails with one line naming it,
-  never runs the command, and leaves no mount behind.
+  never runs the command, and leaves no mount behind;
+- a launch killed with SIGKILL mid-job leaves no mount (its mount servers end
+  with it), and the next launch on the node sweeps its scratch and finishes
+  without fetching from the origin anything its store held;
+- `bootseer bench launch` at its smallest runs both arms on a testbed it builds
+  and removes, and every node of both sees the same files.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import hashlib
 import json
 import os
 import random
+import subprocess
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -254,3 +260,23 @@ async def test_a_launch_killed_mid_job_leaves_no_mount_and_the_relaunch_finishes
             assert 0 < timeline["image"]["origin_bytes"] <= sum(held.values())
         finally:
             await cluster.stop()
+
+
+def test_bench_launch_runs_both_arms_on_a_testbed_and_every_node_sees_the_same_files(
+        fuse_ready: None, wheels: Path) -> None:
+    """`bootseer bench launch` end to end at its smallest (2 nodes, a 16 MiB checkpoint):
+    what it reports, not how fast (no timing here: this machine is shared)."""
+    done = subprocess.run(
+        [*bootseer_command(), "bench", "launch", "--nodes", "2", "--racks", "1",
+         "--name", "blt", "--subnet", "10.216.0.0/16", "--ckpt-mib", "16", "--json"],
+        capture_output=True, text=True, timeout=TEST_BOUND_S, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["same_output"] and result["nodes"] == 2
+    assert result["baseline_registry_bytes"] >= 2 * result["image_bytes"]
+    assert 0 < result["registry_bytes_ratio"] <= 1.1
+    assert 0 < result["hdfs_bytes_ratio"] <= 1.1
+    assert result["index_bytes_ratio"] == 0 and result["bootseer_mirror_bytes"] == 0
+    assert {"image_ready_s", "env_ready_s", "ckpt_ready_s"} <= set(result["bootseer_phases"])
+    assert subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
+                          check=True).stdout.count("blt-") == 0, "the testbed was left up"

@@ -93,6 +93,8 @@ def add_parser(kinds: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                    help=f"pinned packages of the environment (default: {' '.join(TEST_WHEELS)})")
     p.add_argument("--runtime", choices=("runc", "bwrap"), default="runc")
     p.add_argument("--name", default="bl", help="the testbed's name (built and removed)")
+    p.add_argument("--subnet", default="10.215.0.0/16",
+                   help="the testbed's /16 (default: not `bootseer testbed`'s own)")
     p.add_argument("--json", action="store_true", help="print only the JSON line")
     p.add_argument("--workdir", type=Path, help="keep logs and stores here")
     p.set_defaults(run=_run)
@@ -119,7 +121,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     image = await python3_image()
     wheels = await asyncio.to_thread(wheelhouse, packages)
     spec = Spec(args.nodes, args.racks, args.node_cap, args.origin_cap, args.oversubscription,
-                name=args.name)
+                name=args.name, subnet=args.subnet)
     with tempfile.TemporaryDirectory(prefix="bootseer-bench-launch-") as tmp:
         work = args.workdir or Path(tmp)
         try:
