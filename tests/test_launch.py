@@ -19,6 +19,9 @@ proved, with one launch.toml:
 - a launch killed with SIGKILL mid-job leaves no mount (its mount servers end
   with it), and the next launch on the node sweeps its scratch and finishes
   without fetching from the origin anything its store held;
+- with the registry stopped after the first node ran the job, the second node
+  launches the image pinned by digest from its card, every block from the
+  first node; by tag it cannot, and says so;
 - `bootseer bench launch` at its smallest runs both arms on a testbed it builds
   and removes, and every node of both sees the same files.
 """
@@ -280,3 +283,43 @@ def test_bench_launch_runs_both_arms_on_a_testbed_and_every_node_sees_the_same_f
     assert {"image_ready_s", "env_ready_s", "ckpt_ready_s"} <= set(result["bootseer_phases"])
     assert subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
                           check=True).stdout.count("blt-") == 0, "the testbed was left up"
+
+
+async def test_with_the_registry_gone_after_the_first_node_the_others_launch_from_peers(
+        fuse_ready: None, tmp_path: Path) -> None:
+    """The registry stops once the first node has run the job: a launch pinned by digest
+    opens the image from its card and reads every block the job touches from the first
+    node. A launch by tag cannot, and says why."""
+    image = await python3_image()
+    with running_registry(tmp_path / "registry") as reg:
+        ref = reg.ref("test/gone")
+        async with RegistryClient() as client:
+            await push_sample(client, ref, image)
+        pinned = f"{reg.address}/test/gone@{image.digest}"
+        cluster = LocalCluster(tmp_path / "cluster")
+        async with asyncio.timeout(TEST_BOUND_S):
+            try:
+                await cluster.start_tracker()
+                agents = [await cluster.start_agent(i, "rack0") for i in range(2)]
+                index = await asyncio.create_subprocess_exec(
+                    *bootseer_command(), "image", "index", str(ref), "--tracker",
+                    cluster.tracker_url, env=cluster.env, stdout=asyncio.subprocess.DEVNULL)
+                assert await index.wait() == 0
+                job = ["--", "python3", "-c", "import json, email.parser; print('ok')"]
+                status, out, _, err = await launch(cluster, agents[0], tmp_path,
+                                                   "--image", pinned, *job)
+                assert status == 0 and out == ["ok"], err[-3000:]
+                reg.process.terminate()
+                reg.process.wait(10)
+
+                status, out, second, err = await launch(cluster, agents[1], tmp_path,
+                                                        "--image", pinned, *job)
+                assert status == 0 and out == ["ok"], err[-3000:]
+                assert second["image"]["prefetch_chunks"] == 0  # the record is in the registry
+                assert second["image"]["origin_bytes"] == 0
+                assert second["image"]["peer_bytes"] > 0
+                status, _, _, err = await launch(cluster, agents[1], tmp_path, "--image",
+                                                 str(ref), *job)
+                assert status == 2 and "names a tag" in err and "Traceback" not in err, err
+            finally:
+                await cluster.stop()

@@ -24,7 +24,8 @@ the mount, which reads them lazily.
 
 Hot-block records are artifacts too (`artifact.record_tag(image digest)`):
 read by every mount that prefetches, merged and written back by a mount that
-records.
+records. Indexing also writes the image's card (`card`: manifest and config in
+the swarm), which opens an image pinned by digest while the registry is down.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from fusefs.image.artifact import (
     push_artifact,
     record_tag,
 )
+from fusefs.image.card import CardError, hold_card, load_card, publish_card
 from fusefs.image.gzindex import build_index
 from fusefs.image.layerindex import LayerIndex
 from fusefs.image.record import MAX_RECORD_BYTES, Record
@@ -99,18 +101,28 @@ class Image:
 
 async def resolve(client: RegistryClient, ref: ImageRef) -> tuple[PulledManifest, dict[str, Any]]:
     """The image manifest `ref` names (for this platform) and its config."""
+    pulled, raw = await _resolve_raw(client, ref)
+    return pulled, _config(pulled, raw)
+
+
+async def _resolve_raw(client: RegistryClient, ref: ImageRef) -> tuple[PulledManifest, bytes]:
+    """The image manifest `ref` names, and its config's bytes."""
     pulled = await client.get_manifest(ref)
     raw = await client.get_blob(pulled.ref, pulled.manifest.config.digest,
                                 max_bytes=MAX_CONFIG_BYTES)
+    for layer in pulled.manifest.layers:
+        _check_layer_type(pulled.ref, layer)
+    return pulled, raw
+
+
+def _config(pulled: PulledManifest, raw: bytes) -> dict[str, Any]:
     try:
         config = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ImageError(f"image {pulled.ref}: its config is not JSON ({exc})") from None
     if not isinstance(config, dict):
         raise ImageError(f"image {pulled.ref}: its config is not a JSON object")
-    for layer in pulled.manifest.layers:
-        _check_layer_type(pulled.ref, layer)
-    return pulled, config
+    return config
 
 
 def _check_layer_type(ref: ImageRef, layer: Descriptor) -> None:
@@ -130,8 +142,10 @@ async def index_image(client: RegistryClient, tracker: TrackerClient, ref: Image
                       plain_http: bool = False, digest: str = DEFAULT_DIGEST,
                       workdir: Path | None = None, progress: Progress | None = None
                       ) -> list[dict[str, Any]]:
-    """Index every layer of `ref` not indexed yet; one summary dict per layer."""
-    pulled, _ = await resolve(client, ref)
+    """Index every layer of `ref` not indexed yet, and write the image's card (`card`); one
+    summary dict per layer."""
+    pulled, raw_config = await _resolve_raw(client, ref)
+    _config(pulled, raw_config)
     done = []
     with tempfile.TemporaryDirectory(prefix="bootseer-index-", dir=workdir) as scratch:
         for layer in pulled.manifest.layers:
@@ -140,6 +154,7 @@ async def index_image(client: RegistryClient, tracker: TrackerClient, ref: Image
             if progress is not None:
                 progress(summary)
             done.append(summary)
+    await publish_card(client, tracker, pulled, raw_config, plain_http, digest)
     return done
 
 
@@ -201,10 +216,24 @@ async def _download(client: RegistryClient, ref: ImageRef, layer: Descriptor, pa
 
 async def open_image(client: RegistryClient, tracker: TrackerClient, agent: AgentClient,
                      ref: ImageRef) -> Image:
-    """The image `ref` names, with the index of each layer, read through the local agent."""
-    pulled, config = await resolve(client, ref)
-    layers = await asyncio.gather(*(_open_layer(tracker, agent, pulled.ref, layer)
-                                    for layer in pulled.manifest.layers))
+    """The image `ref` names, with the index of each layer, read through the local agent.
+    With the registry unreachable, a reference pinned by digest is opened from its card."""
+    try:
+        pulled, config = await resolve(client, ref)
+    except RegistryError as exc:
+        if exc.status is not None:  # it answered: its answer stands
+            raise
+        log.warning("%s; opening %s from its card in the swarm", exc, ref)
+        try:
+            pulled, config = await load_card(tracker, agent, ref)
+        except CardError as card_exc:
+            raise ImageError(f"{exc}; and {card_exc}") from None
+    holding = asyncio.ensure_future(hold_card(tracker, agent, pulled.digest))
+    try:
+        layers = await asyncio.gather(*(_open_layer(tracker, agent, pulled.ref, layer)
+                                        for layer in pulled.manifest.layers))
+    finally:
+        await holding
     return Image(pulled.ref, pulled.digest, config, tuple(layers))
 
 
@@ -233,9 +262,16 @@ async def _open_layer(tracker: TrackerClient, agent: AgentClient, ref: ImageRef,
 
 
 async def load_record(client: RegistryClient, image: Image) -> Record | None:
-    """The image's hot-block record, or None if no launch recorded one yet."""
-    data = await pull_artifact(client, image.ref, record_tag(image.digest), RECORD_TYPE,
-                               MAX_RECORD_BYTES)
+    """The image's hot-block record, or None if no launch recorded one yet (or the registry,
+    where records live, cannot be reached: the launch then loads lazily)."""
+    try:
+        data = await pull_artifact(client, image.ref, record_tag(image.digest), RECORD_TYPE,
+                                   MAX_RECORD_BYTES)
+    except RegistryError as exc:
+        if exc.status is not None:
+            raise
+        log.warning("no hot-block record for %s: %s", image.ref, exc)
+        return None
     if data is None:
         return None
     return Record.from_bytes(data, f"hot-block record of {image.ref}").for_image(image.digest)

@@ -129,6 +129,7 @@ def _options(args: argparse.Namespace, mountpoint: Path | None = None) -> Any:
 
 def expected_errors() -> tuple[type[Exception], ...]:
     """Every failure a user can cause or fix: shown as one line, never a traceback."""
+    from fusefs.image.card import CardError
     from fusefs.image.catalog import ImageError
     from fusefs.image.record import RecordError
     from fusefs.image.toc import LayerError
@@ -140,7 +141,7 @@ def expected_errors() -> tuple[type[Exception], ...]:
     from p2p.origin.base import OriginError
     from p2p.tracker_client import TrackerError, TrackerUnavailable
 
-    return (ImageError, LayerError, RecordError, MountError, TreeError, AgentError,
+    return (ImageError, CardError, LayerError, RecordError, MountError, TreeError, AgentError,
             OriginError, TrackerError, TrackerUnavailable, ToolError, SecretError)
 
 

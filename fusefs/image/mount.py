@@ -37,7 +37,7 @@ from fusefs.mount import READ_AHEAD_KB, is_mounted, serve
 from fusefs.source import READ_TIMEOUT_S, AgentSource, SourceError
 from fusefs.tree import Layer, Tree, build_tree
 from p2p.localapi import AgentClient
-from p2p.origin.oci import RegistryClient
+from p2p.origin.oci import RegistryClient, RegistryError
 from p2p.origin.oci_ref import ImageRef
 from p2p.tracker_client import TrackerClient
 
@@ -121,7 +121,11 @@ async def serve_image(opts: MountOptions, secret: bytes, ref: ImageRef,
             warming.cancel()
         summary: dict[str, Any] = {"image": image.digest, "prefetch_chunks": queued}
         if recorder is not None and len(recorder):
-            merged = await save_record(registry, image, recorder.record())
+            try:
+                merged = await save_record(registry, image, recorder.record())
+            except RegistryError as exc:  # a record is a hint: losing one loses no data
+                log.warning("the hot-block record of this launch was not saved: %s", exc)
+                return summary
             summary.update(recorded_chunks=len(recorder), record_runs=merged.runs,
                            record_chunks=len(merged.times))
             log.info("recorded %d chunks of %s; the record now has %d from %d launches",
