@@ -128,6 +128,15 @@ def launch_toml(ref: str, venv: Path, ckpt_uri: str) -> str:
             f'[ckpt]\nuris = ["{ckpt_uri}"]\npath = "/ckpt"\n')
 
 
+async def pushed_python3(registry: RunningRegistry, repository: str) -> tuple[Any, Any]:
+    """The Debian python3 sample image, pushed as `repository`: (image, its reference)."""
+    image = await python3_image()
+    ref = registry.ref(repository)
+    async with RegistryClient() as client:
+        await push_sample(client, ref, image)
+    return image, ref
+
+
 def launch_mounts() -> list[str]:
     with open("/proc/self/mountinfo") as f:
         return [line.split()[4] for line in f if "bootseer-launch-" in line.split()[4]]
@@ -135,10 +144,7 @@ def launch_mounts() -> list[str]:
 
 async def test_launch_brings_up_image_env_and_ckpt_and_the_second_node_gets_them_from_peers(
         fuse_ready: None, registry: RunningRegistry, wheels: Path, tmp_path: Path) -> None:
-    image = await python3_image()
-    ref = registry.ref("test/launch")
-    async with RegistryClient() as client:
-        await push_sample(client, ref, image)
+    _, ref = await pushed_python3(registry, "test/launch")
     work = tmp_path / "job"
     work.mkdir()
     (tmp_path / "snapshots").mkdir()
@@ -203,10 +209,7 @@ def launch_scratches() -> list[Path]:
 
 async def test_a_launch_killed_mid_job_leaves_no_mount_and_the_relaunch_finishes_from_its_store(
         fuse_ready: None, registry: RunningRegistry, wheels: Path, tmp_path: Path) -> None:
-    image = await python3_image()
-    ref = registry.ref("test/killed")
-    async with RegistryClient() as client:
-        await push_sample(client, ref, image)
+    _, ref = await pushed_python3(registry, "test/killed")
     work, venv = tmp_path / "job", tmp_path / "venv"
     work.mkdir()
     (tmp_path / "snapshots").mkdir()
@@ -290,11 +293,8 @@ async def test_with_the_registry_gone_after_the_first_node_the_others_launch_fro
     """The registry stops once the first node has run the job: a launch pinned by digest
     opens the image from its card and reads every block the job touches from the first
     node. A launch by tag cannot, and says why."""
-    image = await python3_image()
     with running_registry(tmp_path / "registry") as reg:
-        ref = reg.ref("test/gone")
-        async with RegistryClient() as client:
-            await push_sample(client, ref, image)
+        image, ref = await pushed_python3(reg, "test/gone")
         pinned = f"{reg.address}/test/gone@{image.digest}"
         cluster = LocalCluster(tmp_path / "cluster")
         async with asyncio.timeout(TEST_BOUND_S):
