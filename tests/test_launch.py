@@ -192,6 +192,20 @@ async def test_launch_brings_up_image_env_and_ckpt_and_the_second_node_gets_them
             # in its agent, so the second node reads them there (a third would find peers).
             assert second["env"]["origin_bytes"] + second["env"]["peer_bytes"] > 0
 
+            # The environment mounted lazily by key instead: the same files, read-only.
+            status, out, third, err = await launch(
+                cluster, agents[1], work, "-f", "launch.toml", "--env-key",
+                second["env"]["key"], "--env-mode", "mount", private=venv)
+            assert status == 2 and "exactly one of key" in err  # the file names requirements
+            (work / "by-key.toml").write_text(
+                launch_toml(str(ref), venv, hdfs.uri("/ckpt/step-1")).replace(
+                    'requirements = "requirements.txt"\npath = "' + str(venv) + '"\n',
+                    f'key = "{second["env"]["key"]}"\nmode = "mount"\n'))
+            status, out, third, err = await launch(cluster, agents[1], work, "-f",
+                                                   "by-key.toml")
+            assert status == 0 and out == expected, err[-3000:]
+            assert third["env"]["action"] == "mounted" and third["env"]["path"] == str(venv)
+
             # A checkpoint that is not there: one line, no command, nothing left mounted.
             status, out, _, err = await launch(
                 cluster, agents[1], work, "-f", "launch.toml", "--ckpt",
