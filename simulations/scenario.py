@@ -23,7 +23,9 @@ Layout (see simulations/scenarios/*.toml for complete examples):
                origin_patience, appointed_patience and settle among them
     [workload] start_jitter, fail_fraction, fail_window_start, fail_window_end
     [[workload.content]] name, size, chunk_size, origin (name or list),
-               hot_fraction, shards
+               hot_fraction, shards, cpu, cpu_origin_only (CPU-seconds per
+               node once the bytes are there; see simulations.cpu)
+    [cpu]      cores (per node, or in all with shared = true)
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from p2p.swarm import SwarmConfig
+from simulations.cpu import CpuSpec
 from simulations.network import NetworkSpec, OriginSpec
 from simulations.node import BURST_BYTES, UPLOAD_SLOTS, AgentSpec
 from simulations.strategy import STRATEGIES
@@ -65,6 +68,7 @@ class Scenario:
     max_time_s: float = 6 * 3600.0
     stall_after_s: float = 120.0
     agent: AgentSpec = field(default_factory=AgentSpec)
+    cpu: CpuSpec = field(default_factory=CpuSpec)
 
 
 # ---- units --------------------------------------------------------------------
@@ -295,6 +299,14 @@ def _agent(top: _Table) -> AgentSpec:
     return spec
 
 
+def _cpu(top: _Table) -> CpuSpec:
+    t = top.table("cpu")
+    spec = CpuSpec(cores=t.get("cores", _number, 1.0, above=0),
+                   shared=t.get("shared", _bool, False))
+    t.done()
+    return spec
+
+
 def _workload(top: _Table, origin_names: set[str]) -> Workload:
     t = top.table("workload")
     kinds = []
@@ -311,7 +323,10 @@ def _workload(top: _Table, origin_names: set[str]) -> Workload:
         kinds.append(ContentKind(
             name=c.get("name", _text), size=int(size), chunk_size=int(chunk), origins=origins,
             hot_fraction=c.get("hot_fraction", _number, 0.0, minimum=0, maximum=1),
-            shards=c.get("shards", _int, 1, minimum=1)))
+            shards=c.get("shards", _int, 1, minimum=1),
+            cpu_s=c.get("cpu", parse_duration, 0.0, minimum=0),
+            cpu_origin_only_s=c.get("cpu_origin_only", parse_duration, minimum=0)
+            if "cpu_origin_only" in c.data else None))
         c.done()
     if not kinds:
         raise t.error("at least one [[workload.content]] is required", "content")
@@ -343,7 +358,8 @@ def parse(data: dict[str, Any], source: str, name: str) -> Scenario:
         swarm_overrides=_swarm(top),
         max_time_s=run.get("max_time", parse_duration, 6 * 3600.0, above=0),
         stall_after_s=run.get("stall_after", parse_duration, 120.0, above=0),
-        agent=_agent(top))
+        agent=_agent(top),
+        cpu=_cpu(top))
     run.done()
     top.done()
     check(scenario)

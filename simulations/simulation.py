@@ -65,6 +65,7 @@ from p2p.swarm.events import (
     Request,
     Withdraw,
 )
+from simulations.cpu import CpuPool
 from simulations.engine import Loop
 from simulations.network import Flows, Origin, Topology
 from simulations.node import ORIGIN, SENDING, TRAVELLING, SimNode, Transfer, Uploads
@@ -110,6 +111,8 @@ class Simulation:
         self._control_latency = scenario.network.cross_rack_latency_s
         self.ready = 0
         self.egress_curve: list[tuple[int, float]] = []  # (nodes ready, origin bytes so far)
+        self._pools: dict[int, CpuPool] = {}  # node index (or -1: shared) -> its CPU
+        self._cpu_jobs = 0
 
     # ---- running ----------------------------------------------------------------
 
@@ -130,7 +133,7 @@ class Simulation:
         finally:
             if collecting:
                 gc.enable()
-        if self.unfinished == 0:
+        if self.unfinished == 0 and self._cpu_jobs == 0:
             return "complete"
         if self.loop.stopped is None:
             self.loop.stopped = (f"nothing left to happen at t={self.loop.now:.1f} s with "
@@ -206,8 +209,7 @@ class Simulation:
                 self.loop.after(self._control_latency, self._lost, (q, c, n))
             conns.clear()
             self.loop.after(self.scenario.tracker.peer_ttl_s, self._forget, (n, c))
-        if self.unfinished == 0:
-            self.loop.stop("complete")
+        self._maybe_done()
 
     def _forget(self, arg: tuple[int, int]) -> None:
         n, c = arg
@@ -548,7 +550,7 @@ class Simulation:
         if new and c in dst.hot_left and self._hot_mask[c] >> chunk & 1:
             dst.hot_left[c] -= 1
             if dst.hot_left[c] == 0:
-                self._ready(dst)
+                self._content_ready(dst, c)
 
     # ---- readiness ------------------------------------------------------------------
 
@@ -561,7 +563,7 @@ class Simulation:
     def _completed(self, node: SimNode, c: int) -> None:
         self._finish(node, c)
         if c not in node.hot_left:
-            self._ready(node)
+            self._content_ready(node, c)
         node.unfinished -= 1
         if self.strategy.uses_tracker:
             swarm = node.swarms[c]
@@ -570,8 +572,44 @@ class Simulation:
         if node.unfinished == 0:
             node.complete_s = self.loop.now
             self.unfinished -= 1
-            if self.unfinished == 0:
-                self.loop.stop("complete")
+            self._maybe_done()
+
+    def _maybe_done(self) -> None:
+        if self.unfinished == 0 and self._cpu_jobs == 0:
+            self.loop.stop("complete")
+
+    def _content_ready(self, node: SimNode, c: int) -> None:
+        """The node holds what it needs of content `c`: ready for it once its CPU work (if
+        the scenario gives any) is done."""
+        work = self.contents[c].cpu(self.strategy.name)
+        if work <= 0:
+            self._ready(node)
+            return
+        key = -1 if self.scenario.cpu.shared else node.index
+        pool = self._pools.get(key)
+        if pool is None:
+            pool = self._pools[key] = CpuPool(self.scenario.cpu.cores)
+        pool.add(self.loop.now, (node.index, c), work)
+        self._cpu_jobs += 1
+        self._arm_pool(key, pool)
+
+    def _arm_pool(self, key: int, pool: CpuPool) -> None:
+        end = pool.next_end()
+        if end is not None:
+            self.loop.at(end, self._cpu_tick, (key, pool.generation))
+
+    def _cpu_tick(self, arg: tuple[int, int]) -> None:
+        key, generation = arg
+        pool = self._pools[key]
+        if generation != pool.generation:
+            return  # a job came or went since: a later tick is armed
+        self.last_progress = self.loop.now  # CPU work is progress too (the stall watch)
+        for n, _ in pool.finish(self.loop.now):
+            self._cpu_jobs -= 1
+            if self.nodes[n].alive:
+                self._ready(self.nodes[n])
+        self._arm_pool(key, pool)
+        self._maybe_done()
 
     def _ready(self, node: SimNode) -> None:
         node.ready_left -= 1

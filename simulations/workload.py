@@ -35,6 +35,8 @@ class ContentKind:
     origins: tuple[str, ...]  # chunk c comes from origins[c % len(origins)]
     hot_fraction: float = 0.0
     shards: int = 1
+    cpu_s: float = 0.0  # CPU-seconds per node once the bytes are there (`simulations.cpu`)
+    cpu_origin_only_s: float | None = None  # the same for the origin_only baseline
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +58,12 @@ class Content:
     chunks: int
     origins: tuple[int, ...]  # indices into the scenario's origins
     hot: tuple[int, ...]  # recorded hot-block order; empty if none
+    cpu_s: float = 0.0
+    cpu_origin_only_s: float = 0.0
+
+    def cpu(self, strategy: str) -> float:
+        """CPU-seconds a node spends on this content under `strategy` once it holds it."""
+        return self.cpu_origin_only_s if strategy == "origin_only" else self.cpu_s
 
     def chunk_bytes(self, chunk: int) -> int:
         if chunk < self.chunks - 1:
@@ -85,8 +93,9 @@ def plan(workload: Workload, nodes: int, origin_index: dict[str, int],
             hot_count = round(chunks * kind.hot_fraction)
             hot = tuple(rng.sample(range(chunks), hot_count)) if hot_count else ()
             origins = tuple(origin_index[o] for o in kind.origins)
+            baseline = kind.cpu_s if kind.cpu_origin_only_s is None else kind.cpu_origin_only_s
             contents.append(Content(len(contents), cid, kind.size, kind.chunk_size, chunks,
-                                    origins, hot))
+                                    origins, hot, kind.cpu_s, baseline))
     needs = tuple(
         tuple(first + (i % min(kind.shards, nodes))
               for first, kind in zip(first_of_kind, workload.kinds, strict=True))
