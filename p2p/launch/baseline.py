@@ -32,6 +32,8 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from p2p.launch.cpu import own_and_children
+
 CKPT_PATH = "/ckpt"
 READ_BLOCK = 1 << 20
 
@@ -110,8 +112,10 @@ async def baseline(args: argparse.Namespace) -> dict[str, Any]:
         environ["BOOTSEER_CKPT"] = CKPT_PATH
     process = replace(process, env=with_environ(process.env, environ))
     command_started = round(time.monotonic() - started, 3)
+    cpu_ready = round(sum(own_and_children()), 2)
     status = await run_in_rootfs(rootfs, process, runtime=args.runtime, binds=binds)
     return {"exit_status": status, **parts, "command_started_s": command_started,
+            "cpu_ready_s": cpu_ready,
             "command_s": round(time.monotonic() - started - command_started, 3),
             "seconds": round(time.monotonic() - started, 3)}
 

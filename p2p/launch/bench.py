@@ -33,18 +33,18 @@ import asyncio
 import contextlib
 import json
 import os
-import resource
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 from p2p.cli import UserError
+from p2p.launch import cpu
 
 REPOSITORY = "bench/launch:1"
 CKPT_FILE = "/ckpt/step-1/model.bin"
@@ -244,22 +244,22 @@ async def _arms(args: argparse.Namespace, bed: Any, origins: Origins, work: Path
                                "datanode_cap_mbps": args.datanode_cap}
         log(f"baseline: {args.nodes} nodes pull, unpack, pip install and run")
         sent = origins.registry_proxy.sent_bytes, origins.mirror_proxy.sent_bytes
-        cpu = _children_cpu()
+        spent = _children_cpu()
         baseline = await asyncio.gather(*(_baseline(args, cluster, origins, work, i, packages,
                                                     python) for i in range(args.nodes)))
         out["baseline_registry_bytes"] = origins.registry_proxy.sent_bytes - sent[0]
         out["baseline_mirror_bytes"] = origins.mirror_proxy.sent_bytes - sent[1]
-        out["baseline_cpu_seconds"] = round(_children_cpu() - cpu, 1)
+        out["baseline_cpu_seconds"] = round(_children_cpu() - spent, 1)
         log(f"bootseer: {args.nodes} fresh agents, bootseer launch on each")
         agents = [await cluster.start_agent(i, "") for i in range(args.nodes)]
         sent = origins.registry_proxy.sent_bytes, origins.mirror_proxy.sent_bytes
         origin_before = await cluster.origin_bytes()
-        cpu, agents_cpu = _children_cpu(), _cpu_of(a.child.pid for a in agents)
+        spent, agents_cpu = _children_cpu(), cpu.of_processes(a.child.pid for a in agents)
         launched = await asyncio.gather(*(_bootseer(args, cluster, origins, a, key, work)
                                           for a in agents))
         out["bootseer_cpu_seconds"] = {
-            "launch": round(_children_cpu() - cpu, 1),
-            "agents": round(_cpu_of(a.child.pid for a in agents) - agents_cpu, 1)}
+            "launch": round(_children_cpu() - spent, 1),
+            "agents": round(cpu.of_processes(a.child.pid for a in agents) - agents_cpu, 1)}
         out["bootseer_registry_bytes"] = origins.registry_proxy.sent_bytes - sent[0]
         out["bootseer_mirror_bytes"] = origins.mirror_proxy.sent_bytes - sent[1]
         out["bootseer_snapshot_origin_bytes"] = await cluster.origin_bytes() - origin_before
@@ -346,19 +346,8 @@ async def _bootseer(args: argparse.Namespace, cluster: Any, origins: Origins, ag
 
 
 def _children_cpu() -> float:
-    """CPU seconds of this process's finished children (and theirs), user and system."""
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
-def _cpu_of(pids: Iterable[int]) -> float:
-    """CPU seconds the live processes `pids` have used so far."""
-    total, tick = 0.0, os.sysconf("SC_CLK_TCK")
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / tick
-    return total
+    """CPU seconds of this process's finished children (and theirs)."""
+    return cpu.own_and_children()[1]
 
 
 def _split(out: str) -> tuple[list[str], dict[str, Any]]:
@@ -389,11 +378,12 @@ def _summary(out: dict[str, Any], baseline: list[tuple[list[str], dict[str, Any]
             "load_average": round(os.getloadavg()[0], 2),
             "baseline_phases": _medians([t for _, t in baseline],
                                         ("image_s", "env_s", "ckpt_s", "command_started_s",
-                                         "command_s")),
+                                         "command_s", "cpu_ready_s")),
             "bootseer_phases": _medians([_flat(t) for _, t in launched],
                                         ("image_ready_s", "env_ready_s", "ckpt_ready_s",
                                          "command_started_s",
-                                         "command_s", "cpu_launch_s", "cpu_children_s"))}
+                                         "command_s", "cpu_ready_s", "cpu_launch_s",
+                                         "cpu_children_s"))}
     return out
 
 

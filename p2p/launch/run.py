@@ -29,7 +29,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import resource
 import shutil
 import signal
 import tempfile
@@ -43,6 +42,7 @@ from depsnap.run import Places
 from fusefs.image.forked import ForkedMount, Serve
 from fusefs.image.process import Bind
 from fusefs.mount import is_mounted
+from p2p.launch import cpu
 from p2p.launch.plan import LaunchPlan
 
 log = logging.getLogger(__name__)
@@ -162,6 +162,9 @@ async def _run(job: Launch) -> tuple[int, dict[str, Any]]:
                                           list(job.plan.command) if job.plan.command else None)
         process = replace(process, env=with_environ(process.env, job.environ))
         job.timeline["command_started_s"] = job.since()
+        # what bringing the parts up cost this node: us, finished children, mount servers
+        job.timeline["cpu_ready_s"] = round(sum(cpu.own_and_children())
+                                            + cpu.of_processes(m.pid for m in job.mounts()), 2)
         log.info("all parts up in %.3f s; running %s", job.since(), " ".join(process.argv))
         status = await run_in_rootfs(job.image.mountpoint, process, runtime=job.plan.runtime,
                                      scratch_dir=job.scratch, binds=job.binds)
@@ -355,10 +358,8 @@ def _process_identity(pid: int) -> str:
 def _cpu() -> dict[str, float]:
     """CPU seconds of this process, and of its children (the mounts, the runtime, the job,
     the environment's extractors)."""
-    own, children = (resource.getrusage(who) for who in (resource.RUSAGE_SELF,
-                                                         resource.RUSAGE_CHILDREN))
-    return {"launch": round(own.ru_utime + own.ru_stime, 2),
-            "children": round(children.ru_utime + children.ru_stime, 2)}
+    own, children = cpu.own_and_children()
+    return {"launch": round(own, 2), "children": round(children, 2)}
 
 
 async def _stop(mounts: list[ForkedMount]) -> None:
