@@ -217,6 +217,13 @@ async def test_launch_brings_up_image_env_and_ckpt_and_the_second_node_gets_them
             await cluster.stop()
 
 
+def containers_in(scratch: Path) -> list[str]:
+    """runc containers whose bundle is under `scratch`."""
+    listed = json.loads(subprocess.run(["runc", "list", "--format", "json"], check=True,
+                                       capture_output=True, text=True).stdout or "null")
+    return [c["id"] for c in listed or [] if c["bundle"].startswith(f"{scratch}/")]
+
+
 def launch_scratches() -> list[Path]:
     return sorted(Path(os.environ.get("TMPDIR", "/tmp")).glob("bootseer-launch-*"))
 
@@ -228,7 +235,7 @@ async def test_a_launch_killed_mid_job_leaves_no_mount_and_the_relaunch_finishes
     work.mkdir()
     (tmp_path / "snapshots").mkdir()
     (work / "requirements.txt").write_text(f"--no-index\n--find-links {wheels}\nsix==1.17.0\n")
-    job = "import six, time; print('running', six.__version__, flush=True); time.sleep(3)"
+    job = "import six, time; print('running', six.__version__, flush=True); time.sleep(120)"
     toml = (f'image = "{ref}"\ncommand = ["python3", "-c", {json.dumps(job)}]\n'
             f'[env]\nrequirements = "requirements.txt"\npath = "{venv}"\npython = "{PYTHON}"\n')
     (work / "launch.toml").write_text(toml)
@@ -248,30 +255,35 @@ async def test_a_launch_killed_mid_job_leaves_no_mount_and_the_relaunch_finishes
                      "--store-dir", str(agent.store_dir), "--origin-dir",
                      str(tmp_path / "snapshots"), "--origin-url", cluster.origin_url,
                      "--no-cache"]
-            killed = await asyncio.create_subprocess_exec(
-                *bootseer_command(), "launch", "-f", "launch.toml", *flags, cwd=work,
-                env=cluster.env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            # Popen, not asyncio: its wait() would also wait for the pipe, which the orphaned
+            # job holds open
+            killed = subprocess.Popen([*bootseer_command(), "launch", "-f", "launch.toml",
+                                       *flags], cwd=work, env=cluster.env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
             assert killed.stdout is not None
-            line = await killed.stdout.readline()
-            assert line.startswith(b"running"), (line, await killed.stderr.read())
+            line = await asyncio.to_thread(killed.stdout.readline)
+            assert line.startswith(b"running"), line
             left = set(launch_scratches()) - before
             assert len(left) == 1 and launch_mounts(), "the launch was not up"
             killed.kill()
-            await killed.wait()
+            await asyncio.to_thread(killed.wait)
+            killed.stdout.close()
             image_mount = f"{left.pop()}/image"
             for _ in range(200):  # bounded: 20 s; the mount servers end with their launch
                 if image_mount not in launch_mounts():
                     break
                 await asyncio.sleep(0.1)
             assert image_mount not in launch_mounts(), "the image mount outlived its launch"
-            await asyncio.sleep(3.5)  # the orphaned job (sleep 3) ends
+            assert containers_in(Path(image_mount).parent), "the job did not outlive runc"
 
             async with agent.client() as api:
                 held = {c: i["origin_bytes"] for c, i in (await api.status())["contents"].items()}
-            status, out, timeline, err = await launch(cluster, agent, work, "-f", "launch.toml",
-                                                      "--no-cache", private=venv)
+            status, out, timeline, err = await launch(
+                cluster, agent, work, "-f", "launch.toml", "--no-cache", "--", "python3", "-c",
+                "import six; print('running', six.__version__)", private=venv)
             assert status == 0 and out == ["running 1.17.0"], err[-3000:]
             assert not Path(image_mount).parent.exists(), "the killed launch's scratch stayed"
+            assert not containers_in(Path(image_mount).parent), "the orphaned job still runs"
             assert launch_mounts() == []
             async with agent.client() as api:
                 after = (await api.status())["contents"]

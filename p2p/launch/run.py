@@ -27,10 +27,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import shutil
 import signal
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable
@@ -321,12 +323,14 @@ async def _bytes(job: Launch) -> None:
 
 def sweep_abandoned(parent: Path) -> list[Path]:
     """Remove the scratch directories of launches that died without cleaning up (SIGKILL,
-    a node that went down): everything still mounted under one is unmounted lazily, then
-    it is deleted. Their mount servers have ended with them (`fusefs.image.forked`). What
-    was removed."""
+    a node that went down): a runc container whose bundle is in one is killed and deleted
+    (runc does not end with its parent; bwrap does), everything still mounted under one is
+    unmounted lazily, then it is deleted. Their mount servers have ended with them
+    (`fusefs.image.forked`). What was removed."""
     from fusefs.image.mounts import unmount
 
-    removed = []
+    removed: list[Path] = []
+    containers: list[dict[str, Any]] | None = None
     for scratch in sorted(parent.glob(f"{SCRATCH_PREFIX}*")):
         try:
             owner = (scratch / OWNER_FILE).read_text().split()
@@ -334,6 +338,12 @@ def sweep_abandoned(parent: Path) -> list[Path]:
             continue  # being made, or not ours
         if len(owner) != 2 or _process_identity(int(owner[0])) == " ".join(owner):
             continue  # its launch is alive
+        if containers is None:
+            containers = _runc_containers()
+        for c in containers:
+            if str(c.get("bundle", "")).startswith(f"{scratch}/"):
+                subprocess.run(["runc", "delete", "--force", str(c["id"])],
+                               capture_output=True, check=False, timeout=30)
         with open("/proc/self/mountinfo") as f:
             points = [line.split()[4] for line in f]
         for point in sorted((p for p in points if p.startswith(f"{scratch}/")),
@@ -344,6 +354,17 @@ def sweep_abandoned(parent: Path) -> list[Path]:
         log.info("removed %s, left by a launch that died", scratch)
         removed.append(scratch)
     return removed
+
+
+def _runc_containers() -> list[dict[str, Any]]:
+    """`runc list` (empty if runc is missing or says nothing useful)."""
+    try:
+        done = subprocess.run(["runc", "list", "--format", "json"], capture_output=True,
+                              text=True, check=False, timeout=30)
+        listed = json.loads(done.stdout or "null")
+    except (OSError, subprocess.TimeoutExpired, ValueError):
+        return []
+    return [c for c in listed or [] if isinstance(c, dict)]
 
 
 def _process_identity(pid: int) -> str:
