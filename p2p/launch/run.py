@@ -157,8 +157,8 @@ async def _run(job: Launch) -> tuple[int, dict[str, Any]]:
                 ready = parts.create_task(_image(job))
                 parts.create_task(_env(job))
                 parts.create_task(_ckpt(job))
-        except* Exception as group:
-            raise _first(group) from None
+        except ExceptionGroup as group:  # not except*: before 3.11.4 an exception raised
+            raise _first(group) from None  # there came out wrapped in a new group
         config = ready.result().get("config", {}).get("config") or {}
         process = await asyncio.to_thread(image_process, job.image.mountpoint, config,
                                           list(job.plan.command) if job.plan.command else None)
@@ -290,7 +290,7 @@ class LaunchError(Exception):
     """A part of the launch could not be brought up; the message says which and why."""
 
 
-def _first(group: BaseExceptionGroup[Exception]) -> Exception:
+def _first(group: ExceptionGroup[Exception]) -> Exception:
     """The error to show for a failed launch: the first leaf of the group."""
     error: BaseException = group
     while isinstance(error, BaseExceptionGroup):
