@@ -110,6 +110,21 @@ def test_reports_far_apart_do_not_add_up_to_a_ban() -> None:
     assert not reg.is_banned(PeerId("bad"), 20.0)
 
 
+def test_expiry_forgets_only_what_ran_out_and_keeps_a_refreshed_report() -> None:
+    reg = Registry(ban_seconds=10.0, reporters_to_ban=2)
+    for i in range(50):  # 50 offenders reported once each, a second apart
+        reg.report(PeerId(f"bad{i}"), PeerId("x"), "r", float(i))
+    reg.report(PeerId("bad0"), PeerId("x"), "again", 40.0)  # refreshed: lasts to 50
+    assert reg.report(PeerId("bad49"), PeerId("y"), "r", 49.0)  # banned until 59
+    reg.expire(now=45.5, ttl=1e9)
+    assert reg.reports(PeerId("bad0")) != [] and reg.reports(PeerId("bad35")) == []
+    assert reg.reports(PeerId("bad36")) != []  # reported at 36: runs out after 46
+    assert reg.is_banned(PeerId("bad49"), 45.5)
+    reg.expire(now=60.0, ttl=1e9)
+    assert all(reg.reports(PeerId(f"bad{i}")) == [] for i in range(50))
+    assert reg.banned(60.0) == [] and not reg.is_banned(PeerId("bad49"), 60.0)
+
+
 def test_first_incomplete_announcers_become_origin_fetchers() -> None:
     reg = Registry(origin_fetchers=2)
     assert reg.origin_slot(C, PeerId("a")) == OriginSlot(None, 2, 0)

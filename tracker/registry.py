@@ -184,6 +184,10 @@ class Registry:
         self._reports: dict[str, dict[str, Report]] = {}  # offender node -> reporter node
         self._banned_until: dict[str, float] = {}  # node -> end of its ban
         self._recent: deque[tuple[str, Report]] = deque(maxlen=RECENT_REPORTS)
+        # (when it runs out, node, reporter node or None for a ban), in the order made: every
+        # report and ban lasts ban_seconds, so they run out in that order too, and expiry
+        # pops only what ran out. An entry whose report or ban was replaced since is skipped.
+        self._runs_out: deque[tuple[float, str, str | None]] = deque()
 
     # -- identity -----------------------------------------------------------------
 
@@ -389,11 +393,13 @@ class Registry:
             return False
         reports = self._reports.setdefault(offender, {})
         reports[reporter_node] = Report(reporter_node, reason, now)
+        self._runs_out.append((now + self.ban_seconds, offender, reporter_node))
         self._recent.append((offender, reports[reporter_node]))
         fresh = sum(1 for r in reports.values() if now - r.at <= self.ban_seconds)
         if fresh < self.reporters_to_ban or self.is_banned(offender, now):
             return False
         self._banned_until[offender] = now + self.ban_seconds
+        self._runs_out.append((now + self.ban_seconds, offender, None))
         del self._reports[offender]  # the ban used them up; a new ban needs new reports
         return True
 
@@ -425,11 +431,19 @@ class Registry:
         return sorted(self._reports.get(node, {}).values(), key=lambda r: r.reporter)
 
     def _forget_old_reports(self, now: float) -> None:
-        for node in [p for p, until in self._banned_until.items() if now >= until]:
-            del self._banned_until[node]
-        for node in list(self._reports):
-            reports = self._reports[node]
-            for reporter in [r for r, rep in reports.items() if now - rep.at > self.ban_seconds]:
+        """Drop the reports and bans that ran out before `now`: O(those), not O(all). (One
+        that runs out exactly at `now` goes at the next call; `is_banned` and the report
+        count look at the times themselves.)"""
+        runs_out = self._runs_out
+        while runs_out and runs_out[0][0] < now:
+            at, node, reporter = runs_out.popleft()
+            if reporter is None:
+                if self._banned_until.get(node) == at:
+                    del self._banned_until[node]
+                continue
+            reports = self._reports.get(node, {})
+            report = reports.get(reporter)
+            if report is not None and report.at + self.ban_seconds == at:
                 del reports[reporter]
-            if not reports:
-                del self._reports[node]
+                if not reports:
+                    del self._reports[node]
