@@ -16,7 +16,9 @@ to a DataNode come from that DataNode's own replica (Launcher.java says why).
 `read_cap_bps` caps every DataNode's reads (`dfs.datanode.data.read.bandwidthPerSec`),
 as a disk-bound DataNode would be.
 `stop_datanode` stops one DataNode (by data-transfer port) while the rest serve;
-`stop` ends the JVM (closing its stdin is its signal to shut down).
+`stop` ends the JVM (closing its stdin is its signal to shut down). With
+`own_jvms`, every DataNode runs in a JVM of its own, so `kill_datanode` can
+SIGKILL one: the crash of a real DataNode host, not a clean stop.
 
 Anything missing (java, javac, mvn, the jars) is a `MiniClusterError` that names
 the Debian package or the command that provides it: tests fail with it, they do
@@ -146,6 +148,7 @@ class MiniHdfs:
         self.http_port = int(ready["namenode_http"])
         self.datanodes = [DataNode(d["host"], int(d["xfer"]), int(d["http"]))
                           for d in ready["datanodes"]]
+        self._own_jvms: dict[int, asyncio.subprocess.Process] = {}  # xfer port -> its JVM
 
     @property
     def http_url(self) -> str:
@@ -159,10 +162,26 @@ class MiniHdfs:
 
     @classmethod
     async def start(cls, workdir: Path, datanodes: int = 3, read_cap_bps: int = 0,
-                    block_size: int = 0, host: str | None = None) -> MiniHdfs:
+                    block_size: int = 0, host: str | None = None,
+                    own_jvms: bool = False) -> MiniHdfs:
         """Start a cluster with its data under `workdir`; MiniClusterError if it cannot.
         With `host`, WebHDFS (the NameNode's and every DataNode's) answers on that address
-        instead of loopback: for clients in a testbed's namespaces."""
+        instead of loopback: for clients in a testbed's namespaces. With `own_jvms`, each
+        DataNode runs in a JVM of its own (`kill_datanode` then kills it with SIGKILL)."""
+        cluster = await cls._start(workdir, 0 if own_jvms else datanodes, read_cap_bps,
+                                   block_size, host)
+        if own_jvms:
+            try:
+                for index in range(datanodes):
+                    await cluster._start_datanode(workdir, index, read_cap_bps)
+            except BaseException:
+                await cluster.stop()
+                raise
+        return cluster
+
+    @classmethod
+    async def _start(cls, workdir: Path, datanodes: int, read_cap_bps: int, block_size: int,
+                     host: str | None) -> MiniHdfs:
         java = _tool("java", "openjdk-17-jdk-headless")
         classpath = await asyncio.to_thread(prepare)
         workdir.mkdir(parents=True, exist_ok=True)
@@ -194,6 +213,38 @@ class MiniHdfs:
                 return event
         raise MiniClusterError("the launcher exited")
 
+    async def _start_datanode(self, workdir: Path, index: int, read_cap_bps: int) -> None:
+        """DataNode `index` in a JVM of its own, joined to this cluster's NameNode."""
+        java = _tool("java", "openjdk-17-jdk-headless")
+        log_path = workdir / f"datanode-{index}.log"
+        with open(log_path, "ab") as err:
+            proc = await asyncio.create_subprocess_exec(
+                java, *JVM_FLAGS, f"-Djdk.net.hosts.file={workdir / 'hosts'}", "-cp",
+                await asyncio.to_thread(prepare), "bootseer.Launcher", "--datanode",
+                str(workdir / "dfs"), str(self.rpc_port), str(index), str(read_cap_bps),
+                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=err,
+                start_new_session=True)
+        try:
+            ready = await asyncio.wait_for(self._next_event(proc), READY_TIMEOUT_S)
+        except (TimeoutError, MiniClusterError) as exc:
+            proc.kill()
+            await proc.wait()
+            tail = log_path.read_text(errors="replace")[-3000:]
+            raise MiniClusterError(f"DataNode {index} did not start ({exc or 'timeout'}); its "
+                                   f"log ({log_path}):\n{tail}") from None
+        node = DataNode(ready["host"], int(ready["xfer"]), int(ready["http"]))
+        self.datanodes.append(node)
+        self._own_jvms[node.xfer_port] = proc
+
+    async def kill_datanode(self, xfer_port: int) -> None:
+        """SIGKILL the JVM of the DataNode with this data-transfer port (`own_jvms` only):
+        no goodbye to the NameNode, connections cut mid-stream, as a crashed host."""
+        proc = self._own_jvms.pop(xfer_port, None)
+        if proc is None:
+            raise MiniClusterError(f"no DataNode of its own JVM has transfer port {xfer_port}")
+        proc.kill()
+        await proc.wait()
+
     async def stop_datanode(self, xfer_port: int) -> None:
         """Stop the DataNode with this data-transfer port; the others keep serving."""
         assert self.proc.stdin is not None
@@ -204,6 +255,11 @@ class MiniHdfs:
             raise MiniClusterError(f"no DataNode with transfer port {xfer_port}")
 
     async def stop(self) -> None:
+        for proc in self._own_jvms.values():
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+        self._own_jvms.clear()
         await _end(self.proc)
 
     async def __aenter__(self) -> MiniHdfs:

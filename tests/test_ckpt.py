@@ -5,7 +5,8 @@ cluster; agents load it through `bootseer ckpt prefetch`, the FUSE mount and
 `hdfs_stripe.open`, and every tensor is compared with the original. HDFS
 egress is what the agents' sessions report as origin bytes plus what the
 first reader read to index. Faults: a changed file, an unreachable NameNode,
-a permission denied, a DataNode stopped mid-read, a peer serving bad stripes.
+a permission denied, a DataNode stopped or killed (SIGKILL, a JVM of its own)
+mid-read, a peer serving bad stripes.
 """
 
 from __future__ import annotations
@@ -274,9 +275,12 @@ async def test_hdfs_errors_are_one_line_naming_the_path_and_the_user(tmp_path: P
         and "Traceback" not in err, err
 
 
-async def test_a_datanode_stopped_mid_read_the_reader_finishes_on_a_replica(
-        tmp_path: Path) -> None:
-    async with hdfs(tmp_path, read_cap_bps=8 * MiB) as dfs:
+@pytest.mark.parametrize("how", ["stopped", "killed"])
+async def test_a_datanode_stopped_or_killed_mid_read_the_reader_finishes_on_a_replica(
+        tmp_path: Path, how: str) -> None:
+    """Stopped: the DataNode shuts down in the cluster's JVM. Killed: its own JVM gets
+    SIGKILL, as a crashed host: connections cut, no goodbye to the NameNode."""
+    async with hdfs(tmp_path, read_cap_bps=8 * MiB, own_jvms=how == "killed") as dfs:
         data = bytes(np.random.default_rng(3).integers(0, 255, 24 * MiB, dtype=np.uint8))
         async with WebHdfs(dfs.http_url) as client:
             await client.create("/ckpt/shard", data, replication=3, block_size=BLOCK)
@@ -293,7 +297,7 @@ async def test_a_datanode_stopped_mid_read_the_reader_finishes_on_a_replica(
             await until(streaming, "the read under way")
             (busy,) = reader.in_flight()
             port = int(busy.rsplit(":", 1)[1])
-            await dfs.stop_datanode(port)
+            await (dfs.kill_datanode(port) if how == "killed" else dfs.stop_datanode(port))
             await asyncio.wait_for(task, 300)
             assert buf == data
             assert busy in reader.down_nodes()

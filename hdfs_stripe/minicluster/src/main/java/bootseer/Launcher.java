@@ -36,12 +36,23 @@ import org.apache.hadoop.net.StandardSocketFactory;
  * whose data-transfer port is XFER and answers {"event": "stopped", "xfer": XFER}.
  * Stdin closed or SIGTERM: shut down.
  *
- * Arguments: BASE_DIR [DATANODES [READ_BYTES_PER_SEC [BLOCK_SIZE]]]; a read cap of 0 is none.
+ * Arguments: BASE_DIR [DATANODES [READ_BYTES_PER_SEC [BLOCK_SIZE [HOSTS]]]]; a read cap of
+ * 0 is none.
+ *
+ * Or one DataNode in a JVM of its own, joining a cluster started with 0 DataNodes, so
+ * that a test can kill it with SIGKILL: --datanode BASE_DIR NAMENODE_RPC_PORT INDEX
+ * READ_BYTES_PER_SEC. It prints {"event": "ready", "host": IP, "xfer": P, "http": P}
+ * once registered, and serves until killed.
  */
 public final class Launcher {
     private Launcher() {}
 
     public static void main(String[] args) throws Exception {
+        if (args.length > 0 && args[0].equals("--datanode")) {
+            runDataNode(args[1], Integer.parseInt(args[2]), Integer.parseInt(args[3]),
+                        Long.parseLong(args[4]));
+            return;
+        }
         String base = args[0];
         int datanodes = args.length > 1 ? Integer.parseInt(args[1]) : 3;
         long readCap = args.length > 2 ? Long.parseLong(args[2]) : 0L;
@@ -130,6 +141,37 @@ public final class Launcher {
             }
         }
         System.exit(0);
+    }
+
+    /** One DataNode in this JVM, on loopback address 127.0.1.(index+1), joining the NameNode
+     *  at 127.0.0.1:nameNodePort; prints its ready line, then serves until killed. */
+    private static void runDataNode(String base, int nameNodePort, int index, long readCap)
+            throws Exception {
+        String host = "127.0.1." + (index + 1);
+        Configuration conf = new Configuration();
+        conf.set("fs.defaultFS", "hdfs://127.0.0.1:" + nameNodePort);
+        conf.set("dfs.datanode.data.dir", new File(base, "dn-" + index).getAbsolutePath());
+        conf.set("dfs.datanode.hostname", host);
+        conf.set("dfs.datanode.address", host + ":0");
+        conf.set("dfs.datanode.http.address", host + ":0");
+        conf.set("dfs.datanode.ipc.address", host + ":0");
+        conf.setBoolean("dfs.webhdfs.enabled", true);
+        conf.setInt("dfs.heartbeat.interval", 1);
+        if (readCap > 0) {
+            conf.setLong("dfs.datanode.data.read.bandwidthPerSec", readCap);
+        }
+        conf.set("hadoop.rpc.socket.factory.class.default", BoundSocketFactory.class.getName());
+        conf.set("hadoop.rpc.socket.factory.class.ClientProtocol",
+                 BoundSocketFactory.class.getName());
+        conf.set(BoundSocketFactory.BIND_KEY, host);
+        DataNode dn = DataNode.createDataNode(new String[0], conf);
+        while (!dn.isDatanodeFullyStarted()) {
+            Thread.sleep(100);
+        }
+        System.out.println("{\"event\": \"ready\", \"host\": \"" + host + "\", \"xfer\": "
+                + dn.getXferAddress().getPort() + ", \"http\": " + dn.getInfoPort() + "}");
+        System.out.flush();
+        Thread.currentThread().join();  // its threads serve; this one waits for the kill
     }
 
     /** One configuration per DataNode: its own loopback address for every port it
