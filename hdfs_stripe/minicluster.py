@@ -140,8 +140,9 @@ class MiniHdfs:
     """A running mini cluster (see the module docstring)."""
 
     def __init__(self, proc: asyncio.subprocess.Process, ready: dict[str, Any],
-                 log_path: Path, host: str = "127.0.0.1") -> None:
+                 log_path: Path, launcher: list[str], host: str = "127.0.0.1") -> None:
         self.proc = proc
+        self._launcher = launcher  # java, its flags and class path, the launcher class
         self.host = host  # where WebHDFS answers
         self.log_path = log_path
         self.rpc_port = int(ready["namenode_rpc"])
@@ -187,10 +188,11 @@ class MiniHdfs:
         workdir.mkdir(parents=True, exist_ok=True)
         log_path = workdir / "minicluster.log"
         hosts = _loopback_hosts(workdir / "hosts")
+        launcher = [java, *JVM_FLAGS, f"-Djdk.net.hosts.file={hosts}", "-cp", classpath,
+                    "bootseer.Launcher"]
         with open(log_path, "ab") as err:
             proc = await asyncio.create_subprocess_exec(
-                java, *JVM_FLAGS, f"-Djdk.net.hosts.file={hosts}", "-cp", classpath,
-                "bootseer.Launcher", str(workdir / "dfs"),
+                *launcher, str(workdir / "dfs"),
                 str(datanodes), str(read_cap_bps), str(block_size),
                 *([",".join([host] * (datanodes + 1))] if host else []),
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=err,
@@ -202,7 +204,7 @@ class MiniHdfs:
             tail = log_path.read_text(errors="replace")[-3000:]
             raise MiniClusterError(f"the HDFS mini cluster did not start ({exc or 'timeout'}); "
                                    f"its log ({log_path}):\n{tail}") from None
-        return cls(proc, ready, log_path, host or "127.0.0.1")
+        return cls(proc, ready, log_path, launcher, host or "127.0.0.1")
 
     @staticmethod
     async def _next_event(proc: asyncio.subprocess.Process) -> dict[str, Any]:
@@ -215,13 +217,11 @@ class MiniHdfs:
 
     async def _start_datanode(self, workdir: Path, index: int, read_cap_bps: int) -> None:
         """DataNode `index` in a JVM of its own, joined to this cluster's NameNode."""
-        java = _tool("java", "openjdk-17-jdk-headless")
         log_path = workdir / f"datanode-{index}.log"
         with open(log_path, "ab") as err:
             proc = await asyncio.create_subprocess_exec(
-                java, *JVM_FLAGS, f"-Djdk.net.hosts.file={workdir / 'hosts'}", "-cp",
-                await asyncio.to_thread(prepare), "bootseer.Launcher", "--datanode",
-                str(workdir / "dfs"), str(self.rpc_port), str(index), str(read_cap_bps),
+                *self._launcher, "--datanode", str(workdir / "dfs"), str(self.rpc_port),
+                str(index), str(read_cap_bps),
                 stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=err,
                 start_new_session=True)
         try:

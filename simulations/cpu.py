@@ -38,9 +38,6 @@ class CpuPool:
         self._last = 0.0
         self.generation = 0  # bumped whenever the next end may have moved
 
-    def __len__(self) -> int:
-        return len(self._jobs)
-
     def add(self, now: float, job: Job, work_s: float) -> None:
         self._advance(now)
         self._jobs[job] = work_s

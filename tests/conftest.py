@@ -1,9 +1,12 @@
 """Fixtures shared by every test. Component fixtures live beside the tests that use them,
-except FUSE's, which the mount, image and checkpoint tests all need."""
+except FUSE's, which the mount, image and checkpoint tests all need, and the wheelhouse,
+which the snapshot and launch tests both install from."""
 
 from __future__ import annotations
 
+import os
 import secrets
+from pathlib import Path
 
 import pytest
 
@@ -32,3 +35,13 @@ def fuse_ready() -> None:
     except ImportError:
         pytest.fail("pyfuse3 is not installed: install the Debian packages fuse3 and "
                     "libfuse3-dev, then pip install 'bootseer[fuse]'")
+
+
+@pytest.fixture(scope="module")
+def wheels() -> Path:
+    """The local wheelhouse of real wheels (numpy, tabulate, six), downloaded once."""
+    from depsnap.wheelhouse import PYTHON, wheelhouse
+
+    if not os.path.exists(PYTHON):
+        pytest.fail(f"{PYTHON} is missing: install the Debian packages python3 and python3-venv")
+    return wheelhouse()

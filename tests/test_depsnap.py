@@ -33,22 +33,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pytest
 from waiting import until
 
 from depsnap.mount import MountOptions
-from depsnap.wheelhouse import PYTHON, wheelhouse
+from depsnap.wheelhouse import PYTHON
 from fusefs.mount import Mount
 from p2p.localcluster import AgentHandle, LocalCluster, bootseer_command
 
 PINS = "numpy==2.2.6\ntabulate==0.9.0\n"
-
-
-@pytest.fixture(scope="module")
-def wheels() -> Path:
-    if not os.path.exists(PYTHON):
-        pytest.fail(f"{PYTHON} is missing: install the Debian packages python3 and python3-venv")
-    return wheelhouse()
 
 
 @dataclass

@@ -42,7 +42,7 @@ from typing import Any
 import pytest
 from registry import RunningRegistry, running_registry
 
-from depsnap.wheelhouse import PYTHON, wheelhouse
+from depsnap.wheelhouse import PYTHON
 from fusefs.image.sample import push_sample, python3_image
 from hdfs_stripe.minicluster import MiniClusterError, MiniHdfs
 from hdfs_stripe.webhdfs import WebHdfs
@@ -69,13 +69,6 @@ sys.exit(int(sys.argv[1]))
 def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningRegistry]:
     with running_registry(tmp_path_factory.mktemp("registry")) as started:
         yield started
-
-
-@pytest.fixture(scope="module")
-def wheels() -> Path:
-    if not os.path.exists(PYTHON):
-        pytest.fail(f"{PYTHON} is missing: install the Debian packages python3 and python3-venv")
-    return wheelhouse()
 
 
 @asynccontextmanager

@@ -1,6 +1,6 @@
 """Small Bootseer files kept in an image's own repository as OCI artifacts.
 
-A layer index or a hot-block record is pushed as one blob plus an OCI image
+A layer index, a hot-block record or an image card is pushed as one blob plus an OCI image
 manifest that names it (config: the OCI empty descriptor; `artifactType` says
 what it is) under a tag of our own, so the registry keeps the blob (garbage
 collection spares what a tagged manifest references) and any node that can
@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import json
 
+from p2p.content import Manifest, ManifestBuilder, MiB
 from p2p.origin.oci import RegistryClient, RegistryError, sha256_digest
 from p2p.origin.oci_manifest import Descriptor, ImageManifest
+from p2p.origin.oci_origin import blob_url
 from p2p.origin.oci_ref import ImageRef
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -24,7 +26,9 @@ EMPTY_TYPE = "application/vnd.oci.empty.v1+json"
 EMPTY_BLOB = b"{}"
 INDEX_TYPE = "application/vnd.bootseer.layer-index.v1"
 RECORD_TYPE = "application/vnd.bootseer.hot-record.v1+json"
+CARD_TYPE = "application/vnd.bootseer.image-card.v1+json"
 TAG_HEX = 40  # digest hex digits in a tag (tags are at most 128 characters)
+CHUNK_BYTES = 1 * MiB  # of an artifact's swarm manifest
 
 
 def index_tag(layer_digest: str) -> str:
@@ -33,6 +37,20 @@ def index_tag(layer_digest: str) -> str:
 
 def record_tag(image_digest: str) -> str:
     return f"bootseer-hot-{image_digest.removeprefix('sha256:')[:TAG_HEX]}"
+
+
+def card_tag(image_digest: str) -> str:
+    return f"bootseer-card-{image_digest.removeprefix('sha256:')[:TAG_HEX]}"
+
+
+async def publish_artifact(client: RegistryClient, ref: ImageRef, tag: str, artifact_type: str,
+                           data: bytes, kind: str, plain_http: bool, digest: str) -> Manifest:
+    """Push `data` as an artifact (`push_artifact`); its swarm manifest, whose origin is the
+    pushed blob, for the caller to publish to the tracker."""
+    blob = await push_artifact(client, ref, tag, artifact_type, data)
+    builder = ManifestBuilder(CHUNK_BYTES, digest)
+    builder.feed(data)
+    return builder.finish(kind, blob_url(ref, blob, plain_http))
 
 
 async def push_artifact(client: RegistryClient, ref: ImageRef, tag: str, artifact_type: str,

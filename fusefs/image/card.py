@@ -23,18 +23,15 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from fusefs.image.artifact import push_artifact
-from p2p.content import DEFAULT_DIGEST, ContentId, ManifestBuilder, MiB
+from fusefs.image.artifact import CARD_TYPE, card_tag, publish_artifact
+from p2p.content import DEFAULT_DIGEST, ContentId, MiB
 from p2p.localapi import AgentClient
 from p2p.origin.oci import PulledManifest, RegistryClient, sha256_digest
 from p2p.origin.oci_manifest import ImageManifest, ManifestError, parse_manifest
-from p2p.origin.oci_origin import blob_url
 from p2p.origin.oci_ref import ImageRef
 from p2p.tracker_client import TrackerClient, TrackerError
 
-CARD_TYPE = "application/vnd.bootseer.image-card.v1+json"
 MAX_CARD_BYTES = 16 * MiB
-CHUNK_BYTES = 1 * MiB
 
 
 class CardError(Exception):
@@ -43,10 +40,6 @@ class CardError(Exception):
 
 def card_name(digest: str) -> str:
     return f"image-card/v1/{digest}"
-
-
-def card_tag(image_digest: str) -> str:
-    return f"bootseer-card-{image_digest.removeprefix('sha256:')[:40]}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,10 +101,8 @@ async def publish_card(client: RegistryClient, tracker: TrackerClient, pulled: P
             raise
     data = Card(pulled.digest, pulled.media_type, pulled.body, config,
                 pulled.index_digest).to_bytes()
-    blob = await push_artifact(client, pulled.ref, card_tag(pulled.digest), CARD_TYPE, data)
-    builder = ManifestBuilder(CHUNK_BYTES, digest)
-    builder.feed(data)
-    manifest = builder.finish("image-card", blob_url(pulled.ref, blob, plain_http))
+    manifest = await publish_artifact(client, pulled.ref, card_tag(pulled.digest), CARD_TYPE,
+                                      data, "image-card", plain_http, digest)
     await tracker.put_manifest(manifest)
     for name in names:
         try:

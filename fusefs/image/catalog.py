@@ -43,6 +43,7 @@ from fusefs.image.artifact import (
     INDEX_TYPE,
     RECORD_TYPE,
     index_tag,
+    publish_artifact,
     pull_artifact,
     push_artifact,
     record_tag,
@@ -173,10 +174,8 @@ async def _index_layer(client: RegistryClient, tracker: TrackerClient, ref: Imag
     index = await asyncio.to_thread(_checked_index, ref, layer, path)
     data = index.to_bytes()
     path.unlink()
-    index_digest = await push_artifact(client, ref, index_tag(layer.digest), INDEX_TYPE, data)
-    builder = ManifestBuilder(LAYER_CHUNK_BYTES, digest)
-    builder.feed(data)
-    index_manifest = builder.finish("layer-index", blob_url(ref, index_digest, plain_http))
+    index_manifest = await publish_artifact(client, ref, index_tag(layer.digest), INDEX_TYPE,
+                                            data, "layer-index", plain_http, digest)
     for m in (manifest, index_manifest):
         await tracker.put_manifest(m)
     await tracker.put_name(layer_name(layer.digest), manifest.content_id)

@@ -30,7 +30,7 @@ from typing import Any
 
 from fusefs.image.catalog import Image, load_record, open_image, save_record
 from fusefs.image.forked import ForkedMount
-from fusefs.image.record import WINDOW_S, Recorder
+from fusefs.image.record import WINDOW_S, Record, Recorder
 from fusefs.image.source import ImageSource
 from fusefs.image.toc import LayerError
 from fusefs.mount import READ_AHEAD_KB, is_mounted, serve
@@ -89,15 +89,16 @@ async def serve_image(opts: MountOptions, secret: bytes, ref: ImageRef,
     try:
         image = await open_image(registry, tracker, agent, ref)
         clock("open_image_s")
-        hot = await _prefetch(registry, agent, image) if opts.prefetch else None
-        missing = opts.record_missing and (
-            not hot if hot is not None else await load_record(registry, image) is None)
+        wanted = opts.prefetch or opts.record_missing  # else the record is not read at all
+        record = await load_record(registry, image) if wanted else None
+        if wanted and record is None:
+            log.info("no hot-block record for %s yet: everything loads on demand", image.ref)
         recorder = Recorder(image.digest, time.monotonic(), opts.window_s) \
-            if opts.record or missing else None
+            if opts.record or (opts.record_missing and record is None) else None
         source = ImageSource(AgentSource(opts.store_dir, agent, opts.read_timeout_s), recorder)
         for layer in image.layers:
             source.add_layer(layer.content_id, layer.digest, layer.index)
-        hot = hot or []
+        hot = await _prefetch(agent, image, record) if opts.prefetch and record else []
         queued = len(hot)
         warming = asyncio.create_task(_warm(source, hot))
         clock("prefetch_queued_s")
@@ -135,13 +136,9 @@ async def serve_image(opts: MountOptions, secret: bytes, ref: ImageRef,
         await asyncio.gather(registry.close(), tracker.close(), agent.close())
 
 
-async def _prefetch(registry: RegistryClient, agent: AgentClient,
-                    image: Image) -> list[tuple[str, int]]:
+async def _prefetch(agent: AgentClient, image: Image,
+                    record: Record) -> list[tuple[str, int]]:
     """Ask the agent for the recorded hot chunks; the record's (layer digest, chunk) list."""
-    record = await load_record(registry, image)
-    if record is None:
-        log.info("no hot-block record for %s yet: everything loads on demand", image.ref)
-        return []
     contents = {layer.digest: layer.content_id for layer in image.layers}
     for digest, chunks in record.by_layer().items():
         if digest in contents:

@@ -1,7 +1,8 @@
 """Today's way to start a job on one node: the baseline arm of `bootseer bench launch`.
 
     python -m p2p.launch.baseline --image REF --mirror URL --work DIR
-        [--package SPEC ...] [--ckpt URL] [--python PY] [--runtime runc] -- CMD ...
+        [--package SPEC ...] [--ckpt hdfs://HOST:PORT/path] [--python PY]
+        [--runtime runc] -- CMD ...
 
 With the standard tools and nothing shared between nodes, three parts at once
 (as generous to the baseline as `bootseer launch` is to itself):
@@ -9,7 +10,7 @@ With the standard tools and nothing shared between nodes, three parts at once
 - image: `skopeo copy` of every blob, then `umoci unpack` (`fusefs.image.baseline`);
 - environment: `python -m venv`, then `pip install` of the pinned packages from
   the package mirror at URL (a plain directory listing, as `--find-links` reads);
-- checkpoint: each URL (a WebHDFS OPEN) read in one stream into a local file;
+- checkpoint: each hdfs:// file read in one WebHDFS stream into a local file;
 
 then CMD in the unpacked image under the same runtime, the venv bound at its
 own path and the checkpoint files at /ckpt, with the same environment variables
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import mmap
 import os
 import sys
 import time
@@ -30,8 +32,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import aiohttp
-
+from hdfs_stripe.webhdfs import HdfsError
 from p2p.launch.cpu import own_and_children
 
 CKPT_PATH = "/ckpt"
@@ -62,16 +63,21 @@ async def _env(python: str, venv: Path, mirror: str, packages: list[str]) -> Non
                  or "", *packages], "pip install")
 
 
-async def _ckpt(urls: list[str], into: Path) -> None:
+async def _ckpt(uris: list[str], into: Path) -> None:
+    """Each file read in one WebHDFS stream (the project's client, as `bench ckpt`'s single
+    stream reads) straight into a local file of its size."""
+    from hdfs_stripe.naming import parse_uri
+    from hdfs_stripe.origin import webhdfs_for
+
     into.mkdir(parents=True, exist_ok=True)
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as http:
-        for url in urls:
-            name = url.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
-            async with http.get(url) as resp:
-                resp.raise_for_status()
-                with open(into / name, "wb") as out:
-                    async for block in resp.content.iter_chunked(READ_BLOCK):
-                        out.write(block)
+    for text in uris:
+        uri = parse_uri(text)
+        async with webhdfs_for(uri) as client:
+            size = (await client.status(uri.path)).length
+            with open(into / uri.path.rsplit("/", 1)[-1], "w+b") as out:
+                out.truncate(size)
+                with mmap.mmap(out.fileno(), size) as view:
+                    await client.read_into(uri.path, 0, memoryview(view))
 
 
 async def _call(argv: list[str], what: str) -> None:
@@ -126,7 +132,8 @@ def main() -> int:
     p.add_argument("--image", required=True)
     p.add_argument("--mirror", default="", help="package mirror URL (a directory listing)")
     p.add_argument("--package", action="append", default=[])
-    p.add_argument("--ckpt", action="append", default=[], metavar="URL")
+    p.add_argument("--ckpt", action="append", default=[], metavar="URI",
+                   help="hdfs://HOST:PORT/path of a checkpoint file")
     p.add_argument("--python", default="python3")
     p.add_argument("--runtime", default="runc", choices=("runc", "bwrap"))
     p.add_argument("--work", type=Path, required=True)
@@ -137,7 +144,7 @@ def main() -> int:
         result = asyncio.run(baseline(args))
     except ExceptionGroup as group:
         failed = group.exceptions[0]
-        if not isinstance(failed, BaselineError | OSError | aiohttp.ClientError):
+        if not isinstance(failed, BaselineError | OSError | HdfsError):
             raise
         print(f"baseline: {failed}", file=sys.stderr)
         return 2

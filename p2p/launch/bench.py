@@ -40,6 +40,7 @@ import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -132,23 +133,19 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
             raise UserError(str(exc)) from None
 
 
+@dataclass(frozen=True, slots=True)
 class Origins:
-    """The registry and the mirror on the testbed's host side, each behind a capped relay."""
+    """The registry and the mirror on the testbed's host side, each behind a capped relay,
+    and HDFS."""
 
-    def __init__(self, registry: Any, registry_proxy: Any, mirror_proxy: Any, hdfs: Any
-                 ) -> None:
-        self.registry, self.registry_proxy, self.mirror_proxy = (registry, registry_proxy,
-                                                                 mirror_proxy)
-        self.hdfs = hdfs
+    registry: Any
+    registry_proxy: Any
+    mirror_proxy: Any
+    hdfs: Any
 
     @property
     def ckpt_uri(self) -> str:
         return str(self.hdfs.uri(CKPT_FILE))
-
-    @property
-    def ckpt_url(self) -> str:
-        """The WebHDFS OPEN of the checkpoint, as a plain HTTP reader fetches it."""
-        return f"{self.hdfs.http_url}/webhdfs/v1{CKPT_FILE}?op=OPEN&user.name=root"
 
     @property
     def ref(self) -> str:
@@ -329,7 +326,7 @@ async def _baseline(args: argparse.Namespace, cluster: Any, origins: Origins, wo
                     ) -> tuple[list[str], dict[str, Any]]:
     argv = [sys.executable, "-m", "p2p.launch.baseline", "--image", origins.ref,
             "--mirror", origins.mirror, "--python", python, "--runtime", args.runtime,
-            "--work", str(work / f"baseline-{i}"), "--ckpt", origins.ckpt_url,
+            "--work", str(work / f"baseline-{i}"), "--ckpt", origins.ckpt_uri,
             *(f"--package={p}" for p in packages), "--", "python3", "-c", JOB]
     out = await _call(cluster.testbed.command(cluster.testbed.nodes[i], argv), cluster.env)
     shutil.rmtree(work / f"baseline-{i}", ignore_errors=True)
