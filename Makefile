@@ -20,10 +20,11 @@ BIN := $(VENV)/bin
 # iproute2: `ip` and `tc` for `bootseer testbed` (namespaces, bridges, caps).
 # wrk: the load generator of `bootseer bench tracker` (replays pre-signed announces).
 # chromium and fonts-dejavu-core: the real headless browser the tracker's status-page
-# test loads and screenshots the page in.
+# test loads and screenshots the page in. redis-server: the Redis that tracker replicas
+# share (tests and `bootseer bench tracker --replicas`).
 DEB_PACKAGES := fuse3 libfuse3-dev pkg-config gcc python3-dev python3-venv \
 	docker-registry skopeo apache2-utils busybox-static runc bubblewrap umoci debootstrap \
-	openjdk-17-jdk-headless maven iproute2 wrk chromium fonts-dejavu-core
+	openjdk-17-jdk-headless maven iproute2 wrk chromium fonts-dejavu-core redis-server
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 .PHONY: setup test lint demo clean

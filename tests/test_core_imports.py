@@ -21,6 +21,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 CORE_FILES = [ROOT / f for f in ("tracker/handout.py", "tracker/registry.py", "tracker/index.py",
+                                  "tracker/machine.py",
                                   "p2p/ratelimit.py",
                                   "p2p/guard.py", "fusefs/tree.py", "fusefs/image/toc.py",
                                   "fusefs/image/layerindex.py", "fusefs/image/record.py",

@@ -22,8 +22,10 @@ is impossible (JSON object keys); at most `MAX_CONTENTS` per request.
 
 The body is checked whole before anything changes: a malformed content is a
 400 that names the field (`contents.c1-....have`), and no content of that
-request is applied. The per-peer rate limit counts requests, not contents
-(in the single-content form: requests per content, as before).
+request is applied. A checked announce becomes one op (tracker.machine) that
+the tracker's core applies, here or through the replicas' shared log. The
+per-peer rate limit counts requests, not contents (in the single-content
+form: requests per content, as before).
 
 The single-content form (`"content": id` with `have`, `complete`, `want`,
 `event` at the top level, and the flat reply) is kept as a batch of one: it
@@ -33,8 +35,6 @@ rolling upgrade.
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -42,27 +42,14 @@ from aiohttp import web
 from p2p.content import ContentId, PeerId
 from tracker import payload
 from tracker.guard import BadRequest, Forbidden, source_host
-from tracker.registry import Member
-from tracker.state import TRACKER, Tracker
+from tracker.machine import Announce, ContentAnnounce
+from tracker.state import TRACKER
 
 MAX_HAVE = 2**53
 MAX_BYTES = 2**62
 MAX_CONTENTS = 256
 EVENTS = (None, "started", "completed", "stopped")
 UNSPECIFIED_HOSTS = ("0.0.0.0", "::")
-STOPPED: dict[str, Any] = {"peers": [], "origin_slot": None, "origin_slots": 1, "origin_filled": 1}
-
-
-@dataclass(frozen=True, slots=True)
-class ContentAnnounce:
-    """One content of an announce, checked."""
-
-    content: ContentId
-    have: int
-    complete: bool
-    want: int
-    event: str | None
-    origin_bytes: int = 0
 
 
 async def announce(request: web.Request) -> web.Response:
@@ -77,10 +64,10 @@ async def announce(request: web.Request) -> web.Response:
     t.guard.limit(t.guard.announce_rate, key, "announces from this peer")
     t.metrics.announces.inc()
     t.metrics.content_announces.inc(len(items))
-    member = None
+    addr, rack = None, ""
     if any(item.event != "stopped" for item in items):
-        member = _member(body, peer, host)
-    results = {item.content: _apply(t, item, peer, host, member) for item in items}
+        addr, rack = _addr(body, host)
+    results = await t.core.submit(Announce(peer, host, addr, rack, tuple(items)))
     interval = t.config.announce_interval_seconds
     if batched:
         return payload.reply({"interval": interval, "contents": results})
@@ -123,32 +110,12 @@ def _one(obj: dict[str, Any], where: str, cid: ContentId, handout_limit: int) ->
                            origin_bytes)
 
 
-def _member(body: dict[str, Any], peer: PeerId, host: str) -> Member:
-    """The node as a member (have/complete filled in per content), its address checked."""
+def _addr(body: dict[str, Any], host: str) -> tuple[str, str]:
+    """The node's serving address and rack, its address checked against `host`."""
     (addr_host, port), rack = payload.addr(body), payload.text(body, "rack", empty_ok=True)
     if addr_host in UNSPECIFIED_HOSTS:
         addr_host = host
     if addr_host != host:
         raise Forbidden(f'"addr" names host {addr_host}, but the announce came from {host}; '
                         "a node announces the address it is seen at")
-    addr = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    return Member(peer, addr, rack, 0, False, 0.0, host)
-
-
-def _apply(t: Tracker, item: ContentAnnounce, peer: PeerId, host: str,
-           node: Member | None) -> dict[str, Any]:
-    if item.event == "stopped" or node is None:
-        t.registry.leave(item.content, peer, host)
-        return STOPPED
-    now = time.monotonic()
-    t.registry.announce(item.content, Member(peer, node.addr, node.rack, item.have,
-                                             item.complete, now, host, item.origin_bytes), now)
-    peers = []
-    if item.want:
-        handed = t.policy(peer, node.rack, t.registry.candidates(item.content, now),
-                          item.want, t.rng)
-        peers = [{"peer": m.peer, "addr": m.addr, "rack": m.rack, "have": m.have,
-                  "complete": m.complete} for m in handed]
-    slot = t.registry.origin_slot(item.content, peer)
-    return {"peers": peers, "origin_slot": slot.slot, "origin_slots": slot.slots,
-            "origin_filled": slot.filled}
+    return (f"[{host}]:{port}" if ":" in host else f"{host}:{port}"), rack

@@ -44,7 +44,6 @@ import asyncio
 import contextlib
 import logging
 import math
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
@@ -64,14 +63,15 @@ from tracker.guard import (
     SlowClient,
     source_host,
 )
+from tracker.machine import UNREACHABLE, Report, ReportResult, Tick
 from tracker.registry import IdentityError
+from tracker.replicas import Replicas, Unavailable
 from tracker.state import TRACKER, Tracker
 
 log = logging.getLogger("bootseer.tracker")
 
 MAX_REASON_CHARS = 1024
 EXPIRE_EVERY_SECONDS = 1.0
-UNREACHABLE = "unreachable"  # a report reason: could not dial the peer (frees its slot)
 
 __all__ = ["TRACKER", "make_app"]
 
@@ -89,19 +89,18 @@ async def _report(request: web.Request) -> web.Response:
     seen_at = payload.seen_at(body)
     t.guard.limit(t.guard.report_rate, host, "reports from this address")
     t.metrics.reports.inc()
+    result: ReportResult = await t.core.submit(
+        Report(reporter, bad, content, reason, host, seen_at))
     if reason == UNREACHABLE:
-        t.registry.reporter_node(reporter, host)  # only members may say so
-        freed = t.registry.fetcher_unreachable(content, bad)
         t.guard.log(logging.INFO, "unreachable", "%s at %s cannot reach %s in %s%s",
-                    reporter, host, bad, content, " (its origin slot is freed)" if freed else "")
+                    reporter, host, bad, content,
+                    " (its origin slot is freed)" if result.freed else "")
         return payload.reply({"ok": True, "banned": False})
-    banned = t.registry.report(bad, reporter, f"{content}: {reason}", time.monotonic(),
-                               host=seen_at, reporter_host=host)
-    level = logging.WARNING if banned else logging.INFO
-    t.guard.log(level, f"report-{banned}", "%s at %s reported %s (seen at %s) for %s: %s%s",
-                reporter, host, bad, seen_at or "its bound address", content, reason,
-                " (that address is now banned from handouts)" if banned else "")
-    return payload.reply({"ok": True, "banned": banned})
+    level = logging.WARNING if result.banned else logging.INFO
+    t.guard.log(level, f"report-{result.banned}", "%s at %s reported %s (seen at %s) for "
+                "%s: %s%s", reporter, host, bad, seen_at or "its bound address", content,
+                reason, " (that address is now banned from handouts)" if result.banned else "")
+    return payload.reply({"ok": True, "banned": result.banned})
 
 
 # -- unauthenticated views, errors, lifecycle -----------------------------------------
@@ -148,6 +147,7 @@ def _refusal(request: web.Request, exc: Exception) -> web.Response:
         SlowClient: (408, m.slow_clients, logging.INFO),
         Replayed: (409, m.replays, logging.WARNING),
         RateLimited: (429, m.rate_limited, logging.WARNING),
+        Unavailable: (503, m.unavailable, logging.WARNING),
     }.get(type(exc), (500, None, logging.ERROR))
     if counter is None:
         log.exception("internal error in %s", where, exc_info=exc)
@@ -161,23 +161,38 @@ def _refusal(request: web.Request, exc: Exception) -> web.Response:
 
 
 async def _expiry(app: web.Application) -> AsyncIterator[None]:
-    """Run the expiry loop for the app's lifetime; cancelled on shutdown."""
+    """Tick the core every second (or every half TTL) for the app's lifetime."""
     t = app[TRACKER]
     every = min(EXPIRE_EVERY_SECONDS, t.config.peer_ttl_seconds / 2)
 
     async def loop() -> None:
         while True:
             await asyncio.sleep(every)
-            gone = t.registry.expire(time.monotonic(), t.config.peer_ttl_seconds)
-            if gone:
-                t.metrics.expired.inc(len(gone))
-                log.info("expired %d silent members", len(gone))
+            with contextlib.suppress(Unavailable):  # the log is down: nothing expires now
+                await t.core.append(Tick())
 
     task = asyncio.create_task(loop(), name="tracker-expiry")
     yield
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
+
+
+async def _replicas(app: web.Application) -> AsyncIterator[None]:
+    """With `redis_url`: join the replicas' shared log (Unavailable if Redis is not there)."""
+    t = app[TRACKER]
+    url = t.config.redis_url
+    if url is None:
+        yield
+        return
+    replicas = Replicas(url, t.config.redis_prefix, t.machine, t.metrics.expired.inc,
+                        {d.kind: d.held for d in (t.manifests, t.names)})
+    await replicas.start()
+    t.core = t.manifests.shared = t.names.shared = replicas
+    try:
+        yield
+    finally:
+        await replicas.close()
 
 
 def make_app(config: TrackerConfig, secret: bytes) -> web.Application:
@@ -188,6 +203,7 @@ def make_app(config: TrackerConfig, secret: bytes) -> web.Application:
     app = web.Application(middlewares=[_errors], client_max_size=MANIFEST_BODY_LIMIT)
     app[TRACKER] = tracker
     app[status.STATUS] = status.StatusPage()
+    app.cleanup_ctx.append(_replicas)
     app.cleanup_ctx.append(_expiry)
     app.add_routes([
         web.post("/v1/announce", announce.announce),

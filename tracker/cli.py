@@ -67,6 +67,12 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                    "previous reply; also the keep-alive idle limit (default 20.0)")
     p.add_argument("--body-timeout", dest="body_timeout_seconds", type=float, default=s,
                    metavar="SECONDS", help="time to send a request body (default 20.0)")
+    p.add_argument("--redis", dest="redis_url", default=s, metavar="URL",
+                   help="share swarm state with other tracker replicas through the Redis "
+                   "at URL (redis://HOST:PORT/DB); default: one process, in memory")
+    p.add_argument("--redis-prefix", dest="redis_prefix", default=s, metavar="PREFIX",
+                   help="Redis key prefix: replicas of one cluster share it (default "
+                   "bootseer)")
     p.add_argument("--seed", type=int, default=s, help="handout rng seed (default random)")
     p.add_argument("--log-level", dest="log_level", default=s,
                    choices=["DEBUG", "INFO", "WARNING", "ERROR"], type=str.upper,
@@ -93,6 +99,7 @@ async def serve(config: TrackerConfig, secret: bytes) -> int:
     """Listen, announce the URL on stdout, and serve until SIGTERM or SIGINT."""
     from tracker.app import TRACKER, make_app  # after logging is set up; keeps `--help` fast
     from tracker.guard import listen, runner_options
+    from tracker.replicas import Unavailable
 
     try:
         app = make_app(config, secret)
@@ -106,7 +113,10 @@ async def serve(config: TrackerConfig, secret: bytes) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):  # before the listening line: no race
         loop.add_signal_handler(sig, stop.set)
-    await runner.setup()
+    try:
+        await runner.setup()
+    except Unavailable as exc:
+        raise UserError(str(exc)) from None
     _freeze_startup_objects()
     try:
         t = app[TRACKER]

@@ -49,6 +49,9 @@ class TrackerConfig:
     host_rate_per_second: float = 1000.0  # signed requests of any kind per address
     host_burst: int = 2000
     replay_cache_entries: int = 1_000_000  # request MACs remembered to refuse replays
+    redis_url: str | None = None  # replicas share state here (redis://HOST:PORT/DB); None =
+    #                              one process, state in memory (tracker.replicas)
+    redis_prefix: str = "bootseer"  # key prefix: one cluster per prefix on a Redis
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
@@ -74,9 +77,17 @@ class TrackerConfig:
         if self.handout_policy not in HANDOUT_POLICIES:
             known = ", ".join(sorted(HANDOUT_POLICIES))
             raise ConfigError(f"unknown handout_policy {self.handout_policy!r} (known: {known})")
+        if self.redis_url is not None and not self.redis_url.startswith(REDIS_SCHEMES):
+            raise ConfigError(f"redis_url {self.redis_url!r} must start with one of "
+                              f"{', '.join(REDIS_SCHEMES)}")
+        if not self.redis_prefix or any(c in self.redis_prefix for c in " {}"):
+            raise ConfigError(f"redis_prefix {self.redis_prefix!r} must be non-empty, without "
+                              "spaces or braces")
         if not isinstance(logging.getLevelName(self.log_level.upper()), int):
             raise ConfigError(f"unknown log_level {self.log_level!r}")
 
+
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 
 _POSITIVE = ("fetcher_stall_seconds", "max_connections", "header_timeout_seconds",
              "body_timeout_seconds", "announce_rate_per_second", "announce_burst",
@@ -93,7 +104,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "announce_rate_per_second": (int, float), "announce_burst": (int,),
     "report_rate_per_second": (int, float), "report_burst": (int,),
     "host_rate_per_second": (int, float), "host_burst": (int,),
-    "replay_cache_entries": (int,),
+    "replay_cache_entries": (int,), "redis_url": (str,), "redis_prefix": (str,),
 }
 assert set(_TYPES) == {f.name for f in fields(TrackerConfig)}
 

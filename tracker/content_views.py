@@ -72,7 +72,7 @@ async def get_manifest(request: web.Request) -> web.Response:
     t.guard.check_headers(request)
     content_id = _url_content_id(request)
     await t.guard.authenticate(request)
-    body = t.manifests.get(content_id)
+    body = await t.manifests.get(content_id)
     if body is None:
         return payload.reply({"error": f"no manifest is published as {content_id}"}, status=404)
     return _signed(t, body)
@@ -84,7 +84,7 @@ async def put_name(request: web.Request) -> web.Response:
     name = _url_name(request)
     body = payload.json_object(await t.guard.authenticate(request))
     content_id = payload.content_id(payload.field(body, "content_id", str), 'field "content_id"')
-    if t.manifests.get(content_id) is None:
+    if await t.manifests.get(content_id) is None:
         return payload.reply({"error": f"no manifest is published as {content_id}; publish it "
                               "before naming it"}, status=404)
     try:
@@ -103,7 +103,7 @@ async def get_name(request: web.Request) -> web.Response:
     t.guard.check_headers(request)
     name = _url_name(request)
     await t.guard.authenticate(request)
-    body = t.names.get(names.file_key(name))
+    body = await t.names.get(names.file_key(name))
     if body is None:
         return payload.reply({"error": f"no content is named {name!r}"}, status=404)
     return _signed(t, body)

@@ -175,6 +175,10 @@ class Registry:
         self.reporters_to_ban = reporters_to_ban
         self.origin_fetchers = origin_fetchers
         self.fetcher_stall_seconds = fetcher_stall_seconds
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every member, report and ban (keep the settings)."""
         self.fetchers_reassigned = 0  # slots taken from stalled, unreachable or banned fetchers
         self._swarms: dict[ContentId, _Swarm] = {}
         # (content, peer) in order of last announce: the front is the stalest.
@@ -188,6 +192,14 @@ class Registry:
         # report and ban lasts ban_seconds, so they run out in that order too, and expiry
         # pops only what ran out. An entry whose report or ban was replaced since is skipped.
         self._runs_out: deque[tuple[float, str, str | None]] = deque()
+
+    def restore(self, other: Registry) -> None:
+        """Take `other`'s members, reports and bans (a replica's snapshot); keep the settings."""
+        settings = (self.ban_seconds, self.reporters_to_ban, self.origin_fetchers,
+                    self.fetcher_stall_seconds)
+        vars(self).update(vars(other))
+        (self.ban_seconds, self.reporters_to_ban, self.origin_fetchers,
+         self.fetcher_stall_seconds) = settings
 
     # -- identity -----------------------------------------------------------------
 

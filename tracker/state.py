@@ -1,9 +1,16 @@
 """What every view of the tracker shares: the `Tracker` at `app[TRACKER]`.
 
 One `Tracker` per application holds the config, the request guard, the
-registry of swarm members, the persisted documents (manifests and names), the
-handout policy with its seeded rng, and the Prometheus metrics. The views
-(tracker.app, tracker.content_views) find it with `request.app[TRACKER]`.
+registry of swarm members and the state machine that changes it
+(tracker.machine), the core that applies ops to it, the persisted documents
+(manifests and names), and the Prometheus metrics. The views (tracker.app,
+tracker.announce, tracker.content_views) find it with `request.app[TRACKER]`.
+
+The core is `LocalCore` for one process: an op is applied when its request
+arrives, on this process's clock and seeded rng. With `redis_url`, the app
+replaces it with `tracker.replicas.Replicas` at start-up: ops go through the
+log every replica applies. Both have `submit(op) -> reply` and
+`append(op)`.
 
 A manifest is stored in one canonical JSON spelling (`canonical`), so that the
 same manifest published twice is the same bytes, and a file loaded from the
@@ -17,6 +24,7 @@ import os
 import random
 import time
 from collections.abc import Callable
+from typing import Any, Protocol
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -26,6 +34,7 @@ from tracker import names
 from tracker.config import TrackerConfig
 from tracker.guard import Guard
 from tracker.handout import get_policy
+from tracker.machine import Machine, Op, Tick
 from tracker.registry import Registry
 from tracker.store import Documents
 
@@ -54,6 +63,8 @@ class Metrics:
         self.replays = counter("replays", "Replayed signed requests refused")
         self.rate_limited = counter("rate_limited", "Requests refused for their rate (429)")
         self.slow_clients = counter("slow_clients", "Bodies that did not arrive in time (408)")
+        self.unavailable = counter("unavailable", "Requests answered 503 because the "
+                                   "replicas' Redis was unreachable or slow")
         self.refused_connections = counter("refused_connections",
                                            "Connections refused at the connection cap")
         gauge("peers", "Distinct peers in any swarm", t.registry.peer_count)
@@ -80,8 +91,33 @@ def canonical(manifest: Manifest) -> bytes:
     return json.dumps(manifest.to_dict(), sort_keys=True, separators=(",", ":")).encode()
 
 
+class Core(Protocol):
+    async def submit(self, op: Op) -> Any: ...
+
+    async def append(self, op: Op) -> None: ...
+
+
+class LocalCore:
+    """One process: ops applied as they arrive, at `time.monotonic()`, with one rng."""
+
+    def __init__(self, machine: Machine, rng: random.Random,
+                 on_expired: Callable[[int], None]) -> None:
+        self._machine = machine
+        self._rng = rng
+        self._on_expired = on_expired
+
+    async def submit(self, op: Op) -> Any:
+        result = self._machine.apply(op, time.monotonic(), self._rng)
+        if isinstance(op, Tick) and result:
+            self._on_expired(len(result))
+        return result
+
+    async def append(self, op: Op) -> None:
+        await self.submit(op)
+
+
 class Tracker:
-    """Everything the views share: config, guard, registry, documents, rng, metrics."""
+    """Everything the views share: config, guard, registry, core, documents, metrics."""
 
     def __init__(self, config: TrackerConfig, secret: bytes) -> None:
         self.config = config
@@ -94,10 +130,11 @@ class Tracker:
                                    _check_manifest_file)
         self.names = Documents(config.state_dir, "names", names.check_file_key,
                                names.check_document)
-        self.policy = get_policy(config.handout_policy)
+        self.machine = Machine(self.registry, get_policy(config.handout_policy),
+                               config.peer_ttl_seconds)
         seed = config.seed if config.seed is not None else int.from_bytes(os.urandom(8), "big")
-        self.rng = random.Random(seed)
         self.metrics = Metrics(self)
+        self.core: Core = LocalCore(self.machine, random.Random(seed), self.metrics.expired.inc)
 
 
 TRACKER = web.AppKey("tracker", Tracker)

@@ -61,7 +61,7 @@ class StatusPage:
 
     def info(self, t: Tracker, content: ContentId) -> ContentInfo | None:
         if content not in self._infos or self._infos[content] is None:
-            body = t.manifests.get(content)
+            body = t.manifests.cached(content)
             if body is None:
                 return None
             raw = orjson.loads(body)

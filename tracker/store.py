@@ -19,6 +19,7 @@ import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 log = logging.getLogger("bootseer.tracker")
 
@@ -34,8 +35,22 @@ class Conflict(Exception):
         self.held = held
 
 
+class Shared(Protocol):
+    """Where replicas share documents (tracker.replicas): first writer wins."""
+
+    async def get_document(self, kind: str, key: str) -> bytes | None: ...
+
+    async def put_document(self, kind: str, key: str, body: bytes) -> bytes | None:
+        """Write `body` unless `key` is held: None if written, else the held bytes."""
+
+
 class Documents:
-    """One namespace of write-once documents; see the module docstring."""
+    """One namespace of write-once documents; see the module docstring.
+
+    With `shared` (tracker replicas), the first writer among all replicas
+    wins, and a key this replica has not seen is looked up there; what it
+    reads is kept, since documents never change.
+    """
 
     def __init__(self, state_dir: str | None, kind: str,
                  check_key: Callable[[str], object], check: Check) -> None:
@@ -45,9 +60,14 @@ class Documents:
         self._check = check
         self._bodies: dict[str, bytes] = {}
         self._lock = asyncio.Lock()
+        self.shared: Shared | None = None
 
     def __len__(self) -> int:
         return len(self._bodies)
+
+    def held(self) -> dict[str, bytes]:
+        """The documents this process holds, by key."""
+        return dict(self._bodies)
 
     def load(self) -> None:
         """Read the persisted documents; a bad file is logged and skipped, not fatal."""
@@ -63,21 +83,43 @@ class Documents:
                 log.error("skipping unreadable %s file %s: %s", self.kind, path, exc)
         log.info("loaded %d %s from %s", len(self._bodies), self.kind, self._dir)
 
-    def get(self, key: str) -> bytes | None:
+    def cached(self, key: str) -> bytes | None:
+        """The document if this process holds it (no lookup in the shared store)."""
         return self._bodies.get(key)
+
+    async def get(self, key: str) -> bytes | None:
+        body = self._bodies.get(key)
+        if body is not None or self.shared is None:
+            return body
+        body = await self.shared.get_document(self.kind, key)
+        if body is None:
+            return None
+        return await self._keep(key, body)
 
     async def put(self, key: str, body: bytes) -> bool:
         """Store `body` as `key`; True if new, False if identical; Conflict otherwise."""
         async with self._lock:
             held = self._bodies.get(key)
+            if held is None and self.shared is not None:
+                theirs = await self.shared.put_document(self.kind, key, body)
+                if theirs is None:
+                    await self._keep(key, body)
+                    return True
+                held = await self._keep(key, theirs)
             if held == body:
                 return False
             if held is not None:
                 raise Conflict(key, held)
-            if self._dir is not None:
-                await asyncio.to_thread(_write_atomically, self._dir, key, body)
-            self._bodies[key] = body
+            await self._keep(key, body)
             return True
+
+    async def _keep(self, key: str, body: bytes) -> bytes:
+        """Hold (and persist) `body`, checked; ValueError if it is not a valid document."""
+        body = self._check(body, key)
+        if self._dir is not None and key not in self._bodies:
+            await asyncio.to_thread(_write_atomically, self._dir, key, body)
+        self._bodies[key] = body
+        return body
 
 
 def _write_atomically(directory: Path, key: str, body: bytes) -> None:
