@@ -27,7 +27,7 @@ class ConfigError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class AgentConfig:
-    tracker: str = "http://127.0.0.1:7070"  # tracker base URL
+    tracker: str = "http://127.0.0.1:7070"  # tracker URL; replicas: several, comma-separated
     host: str = "127.0.0.1"  # where peers connect to us
     port: int = 7080  # 0 = pick a free port
     rack: str = "default"

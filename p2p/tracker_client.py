@@ -15,6 +15,12 @@ agent's configured address, when it is a specific one) every connection to
 the tracker leaves from that address: the tracker knows a node by the address
 it is seen at, and binds its peer id to it.
 
+Replicas. `base_url` may list several tracker URLs, comma-separated (the
+replicas of one cluster, tracker.replicas): a request goes to the one that
+answered last, and when it cannot be reached or answers 503 (its Redis is
+down, or it is at its connection cap) the same request goes to the next, at
+once. So an agent fails over within the announce that found its tracker gone.
+
 This module must not import `tracker` (dependencies point from tracker to
 p2p); `PeerInfo` mirrors the few fields of the tracker's announce reply.
 """
@@ -106,13 +112,24 @@ class TrackerError(Exception):
 
 
 class TrackerClient:
-    """Signed requests to one tracker. Pass a `session` to share its connection pool."""
+    """Signed requests to a tracker (or its replicas, failing over; see the module docstring).
+
+    Pass a `session` to share its connection pool.
+    """
+
+    @property
+    def base_url(self) -> str:
+        """The tracker URL in use: the one that answered last."""
+        return self.urls[self._current]
 
     def __init__(self, base_url: str, secret: bytes,
                  session: aiohttp.ClientSession | None = None,
                  timeout_seconds: float = REQUEST_TIMEOUT_SECONDS,
                  bind_host: str | None = None) -> None:
-        self.base_url = base_url.rstrip("/")
+        self.urls = [u.strip().rstrip("/") for u in base_url.split(",") if u.strip()]
+        if not self.urls:
+            raise ValueError("no tracker URL given")
+        self._current = 0  # the replica that answered last
         self._secret = secret
         self._session = session
         self._bind = (None if bind_host is None or bind_host in UNSPECIFIED_HOSTS
@@ -239,7 +256,20 @@ class TrackerClient:
 
     async def _request(self, method: str, path: str,
                        body: bytes) -> tuple[int, bytes, Mapping[str, str]]:
-        url = yarl.URL(self.base_url + path, encoded=True)
+        """The reply of the first replica, from the current one on, that is up (not 503)."""
+        for _ in range(len(self.urls) - 1):
+            try:
+                reply = await self._request_one(self.base_url, method, path, body)
+                if reply[0] != 503:
+                    return reply
+            except TrackerUnavailable:
+                pass
+            self._current = (self._current + 1) % len(self.urls)
+        return await self._request_one(self.base_url, method, path, body)
+
+    async def _request_one(self, base_url: str, method: str, path: str,
+                           body: bytes) -> tuple[int, bytes, Mapping[str, str]]:
+        url = yarl.URL(base_url + path, encoded=True)
         headers = sign_request(self._secret, method, url.path, body, time.time())
         headers["Content-Type"] = "application/json"
         if self._session is None:
@@ -255,9 +285,9 @@ class TrackerClient:
                 return resp.status, raw, resp.headers
         except TimeoutError as exc:  # before OSError, of which it is a subclass
             raise TrackerUnavailable(
-                self.base_url, f"no answer within {self._timeout.total:g} s") from exc
+                base_url, f"no answer within {self._timeout.total:g} s") from exc
         except (aiohttp.ClientError, OSError) as exc:
-            raise TrackerUnavailable(self.base_url, str(exc) or type(exc).__name__) from exc
+            raise TrackerUnavailable(base_url, str(exc) or type(exc).__name__) from exc
 
 
 def _content_reply(reply: dict[str, Any], interval: float) -> AnnounceReply:
