@@ -135,13 +135,20 @@ class LocalCluster:
             return [], None
         return ["--host", self.testbed.origin.ip], self.testbed.origin.netns
 
-    async def start_tracker(self, *extra: str) -> Child:
+    async def start_tracker(self, *extra: str, name: str = "tracker") -> Child:
         host, netns = self._origin_side()
-        child = await self.spawn("tracker", ["tracker", "--port", "0",
-                                             "--state-dir", str(self.workdir / "tracker"),
-                                             *host, *extra], netns=netns)
+        child = await self.spawn(name, ["tracker", "--port", "0",
+                                        "--state-dir", str(self.workdir / name),
+                                        *host, *extra], netns=netns)
         self.tracker_url = child.ready["url"]
         return child
+
+    async def start_replicas(self, redis_url: str, count: int, *extra: str) -> list[Child]:
+        """`count` trackers sharing the Redis at `redis_url`; `tracker_url` lists them all."""
+        children = [await self.start_tracker("--redis", redis_url, *extra, name=f"tracker{i}")
+                    for i in range(count)]
+        self.tracker_url = ",".join(c.ready["url"] for c in children)
+        return children
 
     async def start_origin(self, root: Path, rate_mbps: float | None = None) -> Child:
         host, netns = self._origin_side()

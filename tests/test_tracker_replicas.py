@@ -16,12 +16,28 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 import redis.asyncio as aioredis
 from aiohttp import web
+from promtext import metric
+from test_faults import (
+    CAPPED,
+    CHUNK,
+    CHUNKS,
+    ROUND_TIMEOUT_S,
+    SIZE,
+    Background,
+    background,
+    info,
+    round_of,
+    start_agents,
+)
 from test_tracker_service import SECRET, manifest, start_tracker
+from waiting import until
 
 from p2p.content import ContentId, PeerId
+from p2p.localcluster import LocalCluster, wait_all_complete, write_random_file
 from p2p.tracker_client import ContentState, TrackerClient, TrackerError
 from tracker import machine, replicas
 from tracker.app import make_app
@@ -32,6 +48,7 @@ from tracker.registry import Registry
 from tracker.state import TRACKER, Tracker
 
 CONTENTS = [ContentId("c1-" + d * 64) for d in "abc"]
+__all__ = ["background"]  # the fixture, from test_faults
 
 
 @pytest.fixture
@@ -232,3 +249,57 @@ async def test_redis_unreachable_at_start_is_one_line_naming_the_url(tmp_path: P
     assert not t.url and t.proc.returncode == 2
     err = t.log.read_text()
     assert url in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+# -- real agents through a replica fault ---------------------------------------------
+
+
+@pytest.mark.parametrize("fault", ["replica_killed", "redis_restarted"])
+async def test_a_transfer_completes_through_a_replica_fault(
+        tmp_path: Path, fault: str, background: Background) -> None:
+    redis_server = await RedisServer(tmp_path / "redis", persistent=True).start()
+    cluster = LocalCluster(tmp_path / "cluster")
+    try:
+        source = tmp_path / "origin" / "content.bin"
+        await asyncio.to_thread(write_random_file, source, SIZE, 11)
+        trackers = await cluster.start_replicas(redis_server.url, 2)
+        await cluster.start_origin(source.parent)
+        content = (await cluster.publish(source, CHUNK)).content_id
+        slow = {**CAPPED, "download_mbps": 10.0}  # >= 6 s a copy: the fault falls inside
+        agents = await start_agents(cluster, range(3), slow)
+        first = background.start(wait_all_complete(agents, content, ROUND_TIMEOUT_S))
+
+        async def under_way() -> bool:
+            return all([(await info(a, content)).get("have", 0) >= 2 for a in agents])
+
+        await until(under_way, "every agent holds 2 chunks")
+        survivor = trackers[1].ready["url"]
+        before = metric(await _get(f"{survivor}/metrics"), "bootseer_tracker_announces_total")
+        if fault == "replica_killed":
+            assert await trackers[0].stop(signal.SIGKILL) != 0
+        else:
+            await redis_server.restart()  # persistent: the replicas read on where they were
+
+        async def survivor_hears_everyone() -> bool:
+            now = metric(await _get(f"{survivor}/metrics"), "bootseer_tracker_announces_total")
+            return now >= before + len(agents)
+
+        await until(survivor_hears_everyone, "the other replica takes every agent's announces")
+        progress = [(await info(a, content))["have"] for a in agents]
+        assert min(progress) < CHUNKS, progress  # the fault came mid-transfer
+        (late,) = await start_agents(cluster, range(3, 4), slow)  # peers, through the replica
+        await round_of(cluster, [*agents, late], source, content)
+        assert all("error" not in r for r in (await first).values()), await first
+        healthz = [await _get(f"{t.ready['url']}/healthz") for t in trackers[1:]]
+        assert all('"peers": 4' in h or '"peers":4' in h for h in healthz), healthz
+        for t in trackers:
+            assert "Traceback" not in t.stderr_path.read_text()
+    finally:
+        await cluster.stop()
+        await redis_server.stop()
+
+
+async def _get(url: str) -> str:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http, \
+            http.get(url) as resp:
+        return await resp.text()
