@@ -61,11 +61,11 @@ from tracker.guard import (
     RateLimited,
     Replayed,
     SlowClient,
+    Unavailable,
     source_host,
 )
 from tracker.machine import UNREACHABLE, Report, ReportResult, Tick
 from tracker.registry import IdentityError
-from tracker.replicas import Replicas, Unavailable
 from tracker.state import TRACKER, Tracker
 
 log = logging.getLogger("bootseer.tracker")
@@ -185,6 +185,8 @@ async def _replicas(app: web.Application) -> AsyncIterator[None]:
     if url is None:
         yield
         return
+    from tracker.replicas import Replicas  # only replicas load the Redis client
+
     replicas = Replicas(url, t.config.redis_prefix, t.machine, t.metrics.expired.inc,
                         {d.kind: d.held for d in (t.manifests, t.names)})
     await replicas.start()

@@ -16,6 +16,13 @@ core does, comparable across runs on a machine shared with other work.
 tracker of its own, side by side in the same run, and adds `compare` (its
 figures), `rate_ratio` and `cpu_rate_ratio` (large swarm over small): the
 cost per announce should not grow with the swarm.
+With `--replicas R` (R > 1) it starts a `redis-server` of its own and R
+tracker processes sharing it (tracker.replicas), splits the pool and the
+connections between them (one wrk each), and adds `redis_cpu`; the rate is
+the sum, `p50_ms`/`p99_ms` the worst replica's, `tracker_cpu` the replicas'
+sum, and `limited_by` is "machine" when trackers, Redis and wrk together kept
+every core busy (on a 2-core machine, the usual case).
+
 `limited_by` says what bounded the rate: "tracker" when the tracker process
 kept a core busy; "generator" when wrk did instead (its figure is then the
 generator's, not the tracker's); "neither" when neither was saturated (the
@@ -49,6 +56,7 @@ from p2p.cli import UserError
 from p2p.demo import positive_int
 from p2p.localcluster import Child, LocalCluster, to_toml
 from tracker import loadgen
+from tracker.redisproc import RedisMissing, RedisServer
 
 SATURATED_CORE = 0.85  # a process this busy (of one core per thread) is the bound
 POOL_SEED = 11
@@ -67,7 +75,7 @@ def add_parser(kinds: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--nodes", type=positive_int, default=10_000)
     p.add_argument("--contents", type=positive_int, default=3)
     p.add_argument("--replicas", type=positive_int, default=1,
-                   help="tracker processes sharing one Redis (only 1 is supported yet)")
+                   help="tracker processes sharing one Redis (started by the bench)")
     p.add_argument("--protocol", choices=["batched", "single"], default="batched",
                    help="one announce per node (all contents) or one per content")
     p.add_argument("--seconds", type=float, default=5.0, help="measured time")
@@ -86,14 +94,11 @@ def add_parser(kinds: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.replicas != 1:
-        raise UserError("--replicas > 1 needs the Redis-backed tracker, which is not built "
-                        "yet; run with --replicas 1")
     if not any(Path(d, "wrk").exists() for d in os.get_exec_path()):
         raise UserError("wrk is not installed (Debian package wrk; `make setup` installs it)")
     result = uvloop.run(_bench(args))
     print(json.dumps(result), flush=True)
-    if result["limited_by"] != "tracker":
+    if result["limited_by"] not in ("tracker", "machine"):
         print(f"bootseer bench tracker: the tracker was not the bound (limited_by "
               f"{result['limited_by']}: tracker_cpu {result['tracker_cpu']}, generator_cpu "
               f"{result['generator_cpu']}); the rate above is not the tracker's capacity",
@@ -122,10 +127,18 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
 
 async def _run_once(workdir: Path, args: argparse.Namespace, nodes: int) -> dict[str, Any]:
     cluster = LocalCluster(workdir)
+    redis_server = None
     try:
-        return await _measure(cluster, workdir, args, nodes)
+        if args.replicas > 1:
+            try:
+                redis_server = await RedisServer(workdir / "redis").start()
+            except RedisMissing as exc:
+                raise UserError(str(exc)) from None
+        return await _measure(cluster, workdir, args, nodes, redis_server)
     finally:
         await cluster.stop()
+        if redis_server is not None:
+            await redis_server.stop()
 
 
 def _say(args: argparse.Namespace, message: str) -> None:
@@ -134,15 +147,19 @@ def _say(args: argparse.Namespace, message: str) -> None:
 
 
 async def _measure(cluster: LocalCluster, workdir: Path, args: argparse.Namespace,
-                   nodes: int) -> dict[str, Any]:
+                   nodes: int, redis_server: RedisServer | None) -> dict[str, Any]:
     swarm = loadgen.Swarm(nodes, args.contents, want_share=args.want_share,
                           batched=args.protocol == "batched")
     config = workdir / "tracker.toml"
     workdir.mkdir(parents=True, exist_ok=True)
     config.write_text(to_toml(BENCH_CONFIG))
-    tracker = await cluster.start_tracker("--config", str(config))
-    url = cluster.tracker_url
-    host_port = url.removeprefix("http://")
+    if redis_server is None:
+        trackers = [await cluster.start_tracker("--config", str(config))]
+    else:
+        trackers = await cluster.start_replicas(redis_server.url, args.replicas,
+                                                "--config", str(config))
+    urls = [t.ready["url"] for t in trackers]
+    host_port = urls[0].removeprefix("http://")
     host, _, port = host_port.rpartition(":")
 
     _say(args, f"warm-up: {swarm.requests_per_round()} announces")
@@ -150,37 +167,54 @@ async def _measure(cluster: LocalCluster, workdir: Path, args: argparse.Namespac
                               POOL_SEED, want_share=0.0)
     failures = await loadgen.send_pool(host, int(port), warm, min(args.connections, 16))
     if failures:
-        raise UserError(f"{failures} warm-up announces failed; see {tracker.stderr_path}")
-    peers_before = await _healthz_peers(url)
+        raise UserError(f"{failures} warm-up announces failed; see {trackers[0].stderr_path}")
+    peers_before = await _healthz_peers(urls[-1])
 
     count = int(args.max_rate * args.seconds)
     _say(args, f"signing {count} announces")
     pool = await asyncio.to_thread(loadgen.build_pool, swarm, cluster.secret, host_port,
                                    count, POOL_SEED + 1)
-    prefix = workdir / "pool"
-    await asyncio.to_thread(loadgen.write_pool, pool, prefix, args.threads)
+    runs = [workdir / f"wrk{i}" for i in range(len(urls))]
+    for i, run_dir in enumerate(runs):  # each replica its share of the pool
+        run_dir.mkdir(exist_ok=True)
+        await asyncio.to_thread(loadgen.write_pool, pool[i::len(urls)], run_dir / "pool",
+                                args.threads)
     del pool
     _say(args, f"wrk: {args.connections} connections for {args.seconds:g} s")
-    cpu_before, wall_before = _cpu_seconds(tracker), time.monotonic()
-    wrk = await asyncio.to_thread(loadgen.run_wrk, url, prefix, args.threads,
-                                  args.connections, args.seconds, workdir)
-    tracker_cpu = (_cpu_seconds(tracker) - cpu_before) / (time.monotonic() - wall_before)
+    pids = [t.pid for t in trackers] + ([redis_server.pid] if redis_server else [])
+    cpu_before, wall_before = [_cpu_seconds(p) for p in pids], time.monotonic()
+    results = await asyncio.gather(*(
+        asyncio.to_thread(loadgen.run_wrk, url, run_dir / "pool", args.threads,
+                          max(1, args.connections // len(urls)), args.seconds, run_dir)
+        for url, run_dir in zip(urls, runs, strict=True)))
+    wall = time.monotonic() - wall_before
+    cpu = [(_cpu_seconds(p) - before) / wall for p, before in zip(pids, cpu_before, strict=True)]
+    wrk = loadgen.WrkResult(sum(r.requests for r in results), max(r.seconds for r in results),
+                            max(r.p50_ms for r in results), max(r.p99_ms for r in results),
+                            sum(r.errors for r in results), sum(r.dry for r in results),
+                            sum(r.cpu_seconds for r in results))
     if wrk.dry:
         raise UserError(f"the prepared pool ran out ({wrk.dry} requests past it): the "
                         f"tracker answered more than --max-rate {args.max_rate}/s; raise it")
-    return _result(args, swarm, wrk, tracker, tracker_cpu, peers_before,
-                   await _healthz_peers(url))
+    result = _result(args, swarm, wrk, trackers, sum(cpu[:len(trackers)]), peers_before,
+                     await _healthz_peers(urls[-1]))
+    if redis_server is not None:
+        result["redis_cpu"] = round(cpu[-1], 2)
+        busy = result["tracker_cpu"] + result["redis_cpu"] + result["generator_cpu"]
+        if busy >= SATURATED_CORE * (os.cpu_count() or 1):
+            result["limited_by"] = "machine"
+    return result
 
 
 def _result(args: argparse.Namespace, swarm: loadgen.Swarm, wrk: loadgen.WrkResult,
-            tracker: Child, tracker_cpu: float, peers_before: int,
+            trackers: list[Child], tracker_cpu: float, peers_before: int,
             peers_after: int) -> dict[str, Any]:
     rate = wrk.requests / wrk.seconds
     node_rate = rate if swarm.batched else rate / swarm.contents
     generator_cpu = wrk.cpu_seconds / wrk.seconds
-    if tracker_cpu >= SATURATED_CORE:
+    if tracker_cpu >= SATURATED_CORE * len(trackers):
         limited_by = "tracker"
-    elif generator_cpu >= SATURATED_CORE * args.threads:
+    elif generator_cpu >= SATURATED_CORE * args.threads * len(trackers):
         limited_by = "generator"
     else:
         limited_by = "neither"
@@ -190,7 +224,7 @@ def _result(args: argparse.Namespace, swarm: loadgen.Swarm, wrk: loadgen.WrkResu
         "announces_per_second": round(node_rate),
         "content_announces_per_second": round(node_rate * swarm.contents),
         "p50_ms": round(wrk.p50_ms, 2), "p99_ms": round(wrk.p99_ms, 2),
-        "tracker_rss_mb": round(tracker.peak_rss_mb(), 1),
+        "tracker_rss_mb": round(max(t.peak_rss_mb() for t in trackers), 1),
         "errors": wrk.errors, "requests": wrk.requests, "seconds": round(wrk.seconds, 2),
         "connections": args.connections, "want_share": args.want_share,
         "tracker_cpu": round(tracker_cpu, 2), "generator_cpu": round(generator_cpu, 2),
@@ -200,9 +234,9 @@ def _result(args: argparse.Namespace, swarm: loadgen.Swarm, wrk: loadgen.WrkResu
     }
 
 
-def _cpu_seconds(child: Child) -> float:
-    """User + system CPU seconds of a live child, from /proc."""
-    fields = Path(f"/proc/{child.pid}/stat").read_text().rpartition(")")[2].split()
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a live process, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 

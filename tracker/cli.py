@@ -98,8 +98,7 @@ def run(args: argparse.Namespace) -> int:
 async def serve(config: TrackerConfig, secret: bytes) -> int:
     """Listen, announce the URL on stdout, and serve until SIGTERM or SIGINT."""
     from tracker.app import TRACKER, make_app  # after logging is set up; keeps `--help` fast
-    from tracker.guard import listen, runner_options
-    from tracker.replicas import Unavailable
+    from tracker.guard import Unavailable, listen, runner_options
 
     try:
         app = make_app(config, secret)

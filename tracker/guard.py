@@ -79,6 +79,10 @@ class RateLimited(Exception):
         self.retry_after_s = retry_after_s
 
 
+class Unavailable(Exception):
+    """The replicas' Redis cannot be reached, or did not apply a request in time (503)."""
+
+
 def source_host(request: web.BaseRequest) -> str:
     """The address the request came from: the identity every claim is checked against."""
     return cached_normal_ip(request.remote or "")

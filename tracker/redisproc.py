@@ -40,6 +40,11 @@ class RedisServer:
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self._proc: asyncio.subprocess.Process | None = None
 
+    @property
+    def pid(self) -> int:
+        assert self._proc is not None, "not started"
+        return self._proc.pid
+
     async def start(self) -> RedisServer:
         exe = shutil.which("redis-server")
         if exe is None:

@@ -55,6 +55,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from tracker import machine
+from tracker.guard import Unavailable
 from tracker.machine import Machine, Op
 from tracker.registry import IdentityError, Registry
 
@@ -78,10 +79,6 @@ end
 redis.call('HSET', KEYS[1], 'id', ARGV[1], 'state', ARGV[2])
 return old or ''
 """
-
-
-class Unavailable(Exception):
-    """Redis cannot be reached, or an op was not applied in time: answer 503."""
 
 
 class Replicas:
