@@ -95,6 +95,18 @@ async def start_agents(cluster: LocalCluster, indices: range,
                                        for i in indices)))
 
 
+async def transfer_under_way(agents: list[AgentHandle], content: ContentId,
+                             background: Background) -> asyncio.Task[Any]:
+    """Every agent fetches `content` in the background; returns once each holds 2 chunks."""
+    done = background.start(wait_all_complete(agents, content, ROUND_TIMEOUT_S))
+
+    async def under_way() -> bool:
+        return all([(await info(a, content)).get("have", 0) >= 2 for a in agents])
+
+    await until(under_way, "every agent holds 2 chunks")
+    return done
+
+
 async def info(agent: AgentHandle, content: ContentId) -> dict[str, Any]:
     """The agent's status entry for `content` ({} if it has none)."""
     async with agent.client(10.0) as client:
@@ -497,12 +509,7 @@ async def test_tracker_restarted_mid_transfer_the_transfer_completes(
         tracker = next(c for c in cluster.children if c.name == "tracker")
         slow = {**CAPPED, "download_mbps": 10.0}  # >= 6 s a copy: the restart falls inside
         agents = await start_agents(cluster, range(4), slow)
-        first = background.start(wait_all_complete(agents, content, ROUND_TIMEOUT_S))
-
-        async def under_way() -> bool:
-            return all([(await info(a, content)).get("have", 0) >= 2 for a in agents])
-
-        await until(under_way, "every agent holds 2 chunks")
+        first = await transfer_under_way(agents, content, background)
         progress = [(await info(a, content))["have"] for a in agents]
         assert await tracker.stop(signal.SIGTERM) == 0
         assert min(progress) < CHUNKS // 2, progress

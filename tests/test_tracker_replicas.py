@@ -25,19 +25,19 @@ from test_faults import (
     CAPPED,
     CHUNK,
     CHUNKS,
-    ROUND_TIMEOUT_S,
     SIZE,
     Background,
     background,
     info,
     round_of,
     start_agents,
+    transfer_under_way,
 )
 from test_tracker_service import SECRET, manifest, start_tracker
 from waiting import until
 
 from p2p.content import ContentId, PeerId
-from p2p.localcluster import LocalCluster, wait_all_complete, write_random_file
+from p2p.localcluster import LocalCluster, write_random_file
 from p2p.tracker_client import ContentState, TrackerClient, TrackerError
 from tracker import machine, replicas
 from tracker.app import make_app
@@ -267,30 +267,29 @@ async def test_a_transfer_completes_through_a_replica_fault(
         content = (await cluster.publish(source, CHUNK)).content_id
         slow = {**CAPPED, "download_mbps": 10.0}  # >= 6 s a copy: the fault falls inside
         agents = await start_agents(cluster, range(3), slow)
-        first = background.start(wait_all_complete(agents, content, ROUND_TIMEOUT_S))
+        first = await transfer_under_way(agents, content, background)
+        live = trackers[1:] if fault == "replica_killed" else trackers
 
-        async def under_way() -> bool:
-            return all([(await info(a, content)).get("have", 0) >= 2 for a in agents])
+        async def announces() -> float:
+            return sum([metric(await _get(f"{t.ready['url']}/metrics"),
+                               "bootseer_tracker_announces_total") for t in live])
 
-        await until(under_way, "every agent holds 2 chunks")
-        survivor = trackers[1].ready["url"]
-        before = metric(await _get(f"{survivor}/metrics"), "bootseer_tracker_announces_total")
+        before = await announces()
         if fault == "replica_killed":
             assert await trackers[0].stop(signal.SIGKILL) != 0
         else:
             await redis_server.restart()  # persistent: the replicas read on where they were
 
-        async def survivor_hears_everyone() -> bool:
-            now = metric(await _get(f"{survivor}/metrics"), "bootseer_tracker_announces_total")
-            return now >= before + len(agents)
+        async def every_agent_heard() -> bool:  # killed: only the survivor is left to hear
+            return await announces() >= before + len(agents)
 
-        await until(survivor_hears_everyone, "the other replica takes every agent's announces")
+        await until(every_agent_heard, "the live replicas take every agent's announces")
         progress = [(await info(a, content))["have"] for a in agents]
         assert min(progress) < CHUNKS, progress  # the fault came mid-transfer
         (late,) = await start_agents(cluster, range(3, 4), slow)  # peers, through the replica
         await round_of(cluster, [*agents, late], source, content)
         assert all("error" not in r for r in (await first).values()), await first
-        healthz = [await _get(f"{t.ready['url']}/healthz") for t in trackers[1:]]
+        healthz = [await _get(f"{t.ready['url']}/healthz") for t in live]
         assert all('"peers": 4' in h or '"peers":4' in h for h in healthz), healthz
         for t in trackers:
             assert "Traceback" not in t.stderr_path.read_text()
