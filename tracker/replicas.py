@@ -14,11 +14,14 @@ log orders the announces that make them, with no lock. Each replica's
 expiry timer appends a `Tick`, so members expire at the same log position
 everywhere.
 
-Snapshots bound the log. Every `SNAPSHOT_SECONDS`, a replica writes its
+Snapshots bound the log. Every `SNAPSHOT_SECONDS`, one replica (the first
+to take that period's turn in Redis; all states are equal) writes its
 registry as of its last applied entry (pickled; read back through an
 allow-list of the registry's own classes) unless a newer snapshot is there,
-and trims the log up to the snapshot it replaced: the log keeps one
-snapshot period of history, so a replica that lags less than that never
+and trims the log up to the snapshot it replaced. Pickling stops that
+replica's event loop for a moment (0.16 s for 10,000 nodes x 3 contents,
+3.9 MB, measured here), once a period for the whole cluster. The log keeps
+one snapshot period of history, so a replica that lags less than that never
 misses an entry. A replica starting, or finding that entries it had not
 read are gone (it lagged more, or Redis lost its data), loads the newest
 snapshot and reads on from it.
@@ -36,7 +39,8 @@ publishing at once end with one document; each replica caches what it has
 read (documents never change).
 
 Keys, under the configured prefix `P`: `P:log` (stream), `P:seed`,
-`P:snapshot` (hash: id, state), `P:manifests`, `P:names`.
+`P:snapshot` (hash: id, state), `P:turn` (who snapshots this period),
+`P:manifests`, `P:names`.
 """
 
 from __future__ import annotations
@@ -90,8 +94,8 @@ class Replicas:
         self.url = url
         # Any: redis-py types every reply as bytes | str | ...; ours are bytes (no decoding)
         self._redis: Any = aioredis.from_url(url, socket_connect_timeout=2.0)
-        self._keys = {k: f"{prefix}:{k}" for k in ("log", "seed", "snapshot", "manifests",
-                                                   "names")}
+        self._keys = {k: f"{prefix}:{k}" for k in ("log", "seed", "snapshot", "turn",
+                                                   "manifests", "names")}
         self._machine = machine_
         self._on_expired = on_expired
         self._documents = documents  # kind -> what this replica holds of it
@@ -247,19 +251,23 @@ class Replicas:
                 log.warning("could not write a snapshot to Redis at %s: %s", self.url, exc)
 
     async def _snapshot(self) -> None:
-        if self._last == b"0-0":
+        if await self._missed_entries():  # lagged by more than a period: catch up at once
+            log.warning("this replica fell more than a snapshot period behind; reloading")
+            await self._start_over()
+            return
+        turn = int(SNAPSHOT_SECONDS * 800)  # ms: one writer per period (the states are equal)
+        if self._last == b"0-0" or not await self._redis.set(self._keys["turn"], self._name,
+                                                             nx=True, px=turn):
             return
         started = time.monotonic()
         entry_id, state = self._last, pickle.dumps(self._machine.registry, protocol=5)
+        pickled = time.monotonic() - started
         replaced = await self._redis.eval(_PUT_SNAPSHOT, 1, self._keys["snapshot"],
                                           entry_id, state)
         if replaced:  # keep the log since the snapshot we replaced: one period of history
             await self._redis.xtrim(self._keys["log"], minid=replaced, approximate=False)
-        if await self._missed_entries():  # lagged by more than a period: catch up at once
-            log.warning("this replica fell more than a snapshot period behind; reloading")
-            await self._start_over()
-        log.debug("snapshot at %s (%d bytes) in %.3f s", entry_id.decode(), len(state),
-                  time.monotonic() - started)
+        log.info("snapshot at log entry %s: %d bytes, pickled in %.3f s", entry_id.decode(),
+                 len(state), pickled)
 
     # -- documents ----------------------------------------------------------------
 
