@@ -10,6 +10,7 @@ real agents.
 from __future__ import annotations
 
 import asyncio
+import pickle
 import random
 import signal
 from collections.abc import AsyncIterator
@@ -42,6 +43,7 @@ from p2p.tracker_client import ContentState, TrackerClient, TrackerError
 from tracker import machine, replicas
 from tracker.app import make_app
 from tracker.config import TrackerConfig
+from tracker.guard import Unavailable
 from tracker.handout import get_policy
 from tracker.redisproc import RedisServer
 from tracker.registry import Registry
@@ -302,3 +304,12 @@ async def _get(url: str) -> str:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http, \
             http.get(url) as resp:
         return await resp.text()
+
+
+async def test_a_snapshot_holding_anything_but_a_registry_is_refused_not_run(
+        redis_server: RedisServer) -> None:
+    r = aioredis.from_url(redis_server.url)
+    await r.hset("bootseer:snapshot", mapping={"id": "1-0", "state": pickle.dumps(Path("/"))})
+    await r.aclose()
+    with pytest.raises(Unavailable, match=r"bootseer:snapshot .* is unreadable .*PosixPath"):
+        await Replica(config(redis_server.url)).start()

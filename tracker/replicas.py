@@ -106,7 +106,6 @@ class Replicas:
         self._run_id = ""
         self._seed = b""
         self._tasks: list[asyncio.Task[None]] = []
-        self.applied = 0
 
     # -- lifecycle ----------------------------------------------------------------
 
@@ -121,10 +120,16 @@ class Replicas:
             await self._redis.aclose()
             raise Unavailable(f"cannot reach Redis at {self.url}: {exc}; start redis-server "
                               "or fix redis_url") from None
+        except pickle.UnpicklingError as exc:
+            await self._redis.aclose()
+            raise Unavailable(f"the snapshot {self._keys['snapshot']} in Redis at {self.url} "
+                              f"is unreadable ({exc}); delete that key to start over from "
+                              "the log") from None
         log.info("replica %s on Redis at %s, from log entry %s", self._name, self.url,
                  self._last.decode())
         self._tasks = [asyncio.create_task(self._consume(), name="tracker-log"),
                        asyncio.create_task(self._snapshots(), name="tracker-snapshots")]
+        self._tasks[0].add_done_callback(_reader_died)
 
     async def close(self) -> None:
         for task in self._tasks:
@@ -163,7 +168,6 @@ class Replicas:
 
     def _apply(self, entry_id: bytes, fields: dict[bytes, bytes]) -> None:
         self._last = entry_id
-        self.applied += 1
         now = int(entry_id.partition(b"-")[0]) / 1000
         try:
             op = machine.decode(fields[b"e"])
@@ -295,6 +299,13 @@ class Replicas:
         return str(info.get("run_id", ""))
 
 
+def _reader_died(task: asyncio.Task[None]) -> None:
+    """A bug stopped the log reader: say so loudly (every request now times out, 503)."""
+    if not task.cancelled() and task.exception() is not None:
+        log.critical("the tracker log reader stopped; this replica answers 503 until "
+                     "restarted", exc_info=task.exception())
+
+
 class _RegistryUnpickler(pickle.Unpickler):
     """Only the registry's own classes and the containers it uses: nothing else runs."""
 
@@ -309,7 +320,10 @@ class _RegistryUnpickler(pickle.Unpickler):
 
 
 def _loads(raw: bytes) -> Registry:
-    state = _RegistryUnpickler(io.BytesIO(raw)).load()
+    try:
+        state = _RegistryUnpickler(io.BytesIO(raw)).load()
+    except (EOFError, ValueError, TypeError, AttributeError, IndexError) as exc:
+        raise pickle.UnpicklingError(str(exc)) from None
     if not isinstance(state, Registry):
         raise pickle.UnpicklingError("a tracker snapshot holds no registry")
     return state
