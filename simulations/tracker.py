@@ -1,14 +1,15 @@
-"""The simulated tracker: the real registry and handout policy, called in virtual time.
+"""The simulated tracker: the real tracker's state machine, driven in virtual time.
 
 Theory of operation
 -------------------
-An announce here is what `tracker.app` does for one HTTP announce, minus
-HTTP: refresh the member in `tracker.registry.Registry`, draw a handout from
-the named policy in `tracker.handout.HANDOUT_POLICIES` over the registry's
-candidates, and read the member's origin slot from the registry (the first
-`origin_fetchers` incomplete members to announce fetch from the origin). The
-answer becomes the swarm's `PeersFound` event. Nothing of the policy is
-copied here: a test checks that this module imports it.
+An announce here is the op `tracker.app` makes of one HTTP announce, minus
+HTTP, applied by the same `tracker.machine.Machine`: it refreshes the member
+in `tracker.registry.Registry`, draws a handout from the named policy in
+`tracker.handout.HANDOUT_POLICIES` over the registry's candidates, and reads
+the member's origin slot (the first `origin_fetchers` incomplete members to
+announce fetch from the origin). The answer becomes the swarm's `PeersFound`
+event. Nothing of the tracker is copied here: a test checks that this module
+imports it. A simulated member has no host: its node is its peer id.
 
 Dead members are not removed at once: the real tracker forgets a peer only
 when its announces stop for `peer_ttl_s`, and until then it keeps handing
@@ -26,7 +27,8 @@ from dataclasses import dataclass
 from p2p.content import ContentId, PeerId
 from p2p.swarm.events import PeerHint, PeersFound
 from tracker.handout import get_policy
-from tracker.registry import Member, Registry
+from tracker.machine import Announce, ContentAnnounce, Machine
+from tracker.registry import Registry
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,8 +44,8 @@ class SimTracker:
 
     def __init__(self, spec: TrackerSpec, policy: str, rng: random.Random) -> None:
         self.spec = spec
-        self.policy = get_policy(policy)
         self.registry = Registry(origin_fetchers=spec.origin_fetchers)
+        self.machine = Machine(self.registry, get_policy(policy), spec.peer_ttl_s)
         self.rng = rng
         self.announces = 0
         self.handouts = 0
@@ -51,17 +53,14 @@ class SimTracker:
     def announce(self, content: ContentId, peer: PeerId, rack: str, have: int, complete: bool,
                  now: float, want: int) -> PeersFound:
         self.announces += 1
-        self.registry.announce(content, Member(peer, peer, rack, have, complete, now), now)
         limit = min(want, self.spec.handout_limit)
-        hints: tuple[PeerHint, ...] = ()
-        if limit > 0:
-            self.handouts += 1
-            handed = self.policy(peer, rack, self.registry.candidates(content, now), limit,
-                                 self.rng)
-            hints = tuple(PeerHint(m.peer, m.rack) for m in handed)
-        slot = self.registry.origin_slot(content, peer)
-        return PeersFound(hints, origin_slot=slot.slot, origin_slots=slot.slots,
-                          origin_filled=slot.filled)
+        self.handouts += limit > 0
+        item = ContentAnnounce(content, have, complete, limit, None)
+        reply = self.machine.apply(Announce(peer, "", peer, rack, (item,)), now, self.rng)
+        got = reply[content]
+        return PeersFound(tuple(PeerHint(p["peer"], p["rack"]) for p in got["peers"]),
+                          origin_slot=got["origin_slot"], origin_slots=got["origin_slots"],
+                          origin_filled=got["origin_filled"])
 
     def leave(self, content: ContentId, peer: PeerId) -> None:
         self.registry.leave(content, peer)

@@ -25,6 +25,7 @@ def test_the_driver_imports_the_real_swarm_and_tracker_cores() -> None:
     assert "p2p.swarm.Swarm" in sim
     assert "tracker.handout.get_policy" in trk
     assert "tracker.registry.Registry" in trk
+    assert "tracker.machine.Machine" in trk  # the very state machine the tracker applies
 
 
 def test_no_policy_is_redefined_in_the_simulator() -> None:
