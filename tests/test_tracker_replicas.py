@@ -313,3 +313,22 @@ async def test_a_snapshot_holding_anything_but_a_registry_is_refused_not_run(
     await r.aclose()
     with pytest.raises(Unavailable, match=r"bootseer:snapshot .* is unreadable .*PosixPath"):
         await Replica(config(redis_server.url)).start()
+
+
+async def test_a_single_trackers_state_dir_reaches_every_replica(
+        tmp_path: Path, redis_server: RedisServer) -> None:
+    m = manifest()
+    alone = await Replica(TrackerConfig(state_dir=str(tmp_path / "state"))).start()
+    try:
+        async with TrackerClient(alone.url, SECRET) as c:
+            await c.put_manifest(m)
+    finally:
+        await alone.stop()
+    pair = [await Replica(config(redis_server.url, state_dir=str(tmp_path / "state"))).start(),
+            await Replica(config(redis_server.url)).start()]
+    try:
+        async with TrackerClient(pair[1].url, SECRET) as b:
+            assert await b.get_manifest(m.content_id) == m
+    finally:
+        for r in pair:
+            await r.stop()

@@ -32,7 +32,9 @@ its data (AOF or RDB), the replica reads on where it was. If not, the log is
 empty and every replica starts over from an empty registry at the same
 point, the start of the new log: the state is rebuilt from the next
 announces (one interval), and each replica writes back the manifests and
-names it holds (`HSETNX`, first writer wins as always).
+names it holds (`HSETNX`, first writer wins as always). A replica does the
+same at start, so the `--state-dir` of a tracker that ran alone before
+reaches the other replicas.
 
 Manifests and names are Redis hashes written with `HSETNX`, so two replicas
 publishing at once end with one document; each replica caches what it has
@@ -116,6 +118,7 @@ class Replicas:
             self._seed = await self._redis.get(self._keys["seed"])
             self._run_id = await self._server_run_id()
             await self._load_snapshot()
+            await self._write_back_documents()  # e.g. a --state-dir of a single tracker
         except RedisError as exc:
             await self._redis.aclose()
             raise Unavailable(f"cannot reach Redis at {self.url}: {exc}; start redis-server "
@@ -232,6 +235,10 @@ class Replicas:
                         "the next announces rebuild it")
             self._machine.registry.reset()
             self._last = b"0-0"
+        await self._write_back_documents()
+
+    async def _write_back_documents(self) -> None:
+        """Offer Redis the documents this replica holds (first writer wins, as always)."""
         for kind in ("manifests", "names"):
             for key, body in self._documents[kind]().items():
                 await self._redis.hsetnx(self._keys[kind], key, body)
