@@ -43,7 +43,7 @@ from p2p.announcer import Announcer
 from p2p.config import AgentConfig
 from p2p.connections import Connections
 from p2p.content import ContentId, Manifest, PeerId
-from p2p.link import Link
+from p2p.link import Link, UploadGate
 from p2p.metrics import AgentMetrics
 from p2p.origin import OriginError, OriginPool
 from p2p.peer import PeerConnection, PeerInfo, RateLimiter
@@ -99,7 +99,7 @@ class Agent:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._upload = RateLimiter(_bps(config.upload_mbps), BURST_BYTES)
         self._download = RateLimiter(_bps(config.download_mbps), BURST_BYTES)
-        self._upload_slots = asyncio.Semaphore(config.upload_slots)
+        self._upload_slots = UploadGate(config.upload_slots, config.upload_order)
         self._buffers = BufferPool()
         self._origins = OriginPool(config.origin_concurrency)
         self._rng = random.Random()
@@ -560,6 +560,10 @@ class Agent:
 
     def on_cancelled(self) -> None:
         self.metrics.requests_cancelled.inc()
+
+    def upload_rank(self, peer: PeerId, content: ContentId) -> int:
+        session = self.sessions.get(content)
+        return 0 if session is None else session.swarm.peer_progress(peer)
 
     def chunk_count(self, content: ContentId) -> int | None:
         session = self.sessions.get(content)

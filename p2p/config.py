@@ -19,6 +19,7 @@ from typing import Any
 
 from p2p.content import GiB
 from p2p.swarm import SwarmConfig
+from p2p.swarm.uploads import UPLOAD_ORDERS
 
 
 class ConfigError(Exception):
@@ -42,10 +43,17 @@ class AgentConfig:
     download_mbps: float | None = None  # per-node cap on bytes fetched from peers and origins
     origin_concurrency: int = 4  # concurrent reads per origin from this node
     upload_slots: int = 4  # pieces sent at once, over all peers
+    upload_order: str = "neediest_first"  # which waiting piece gets a free slot: the one
+    #                                       for the peer furthest behind, or "fifo"
     max_connections: int = 1024  # peer connections, authenticating or not, at once
     max_handshakes: int = 64  # unauthenticated peer connections at once (8 per address)
     announce_interval_s: float = 2.0  # until the tracker says otherwise
     swarm: SwarmConfig = field(default_factory=SwarmConfig)
+
+    def __post_init__(self) -> None:
+        if self.upload_order not in UPLOAD_ORDERS:
+            raise ValueError(f"upload_order {self.upload_order!r} is not one of "
+                             f"{', '.join(UPLOAD_ORDERS)}")
 
     @property
     def store_budget_bytes(self) -> int:

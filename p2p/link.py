@@ -3,9 +3,12 @@
 A link runs two tasks: a reader that turns frames into calls on its owner
 (the agent), and an uploader that serves the peer's requests one at a time
 from the chunk store with zero-copy sendfile under the node's upload limit.
-A node-wide semaphore bounds how many pieces go out at once across all links:
-a new chunk then reaches its first downloaders at the full upload rate, and
-they can relay it sooner than if every requester got a thin share.
+The node's `UploadGate` bounds how many pieces go out at once across all
+links (a new chunk then reaches its first downloaders at the full upload
+rate, and they can relay it sooner than if every requester got a thin
+share), and picks which waiting piece goes next: by default the one for the
+peer furthest behind (`p2p.swarm.uploads`, the same core the simulator
+runs).
 Requests we send are numbered per link, so a piece is matched to exactly the
 request that asked for it. A request we no longer need (an end-game duplicate
 another peer answered first) is withdrawn: not sent if it is still waiting for
@@ -29,14 +32,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
-from collections.abc import Coroutine
+from collections.abc import AsyncIterator, Coroutine
 from typing import Any, Protocol
 
 from p2p.content import ContentId, PeerId
 from p2p.peer import ConnectionClosed, PeerConnection, RateLimiter
 from p2p.store import ChunkStore, DamagedChunk, MissingChunk
+from p2p.swarm.uploads import UploadSlots
 from p2p.wire import (
     Bye,
     Cancel,
@@ -56,6 +61,40 @@ log = logging.getLogger(__name__)
 MAX_QUEUED_UPLOADS = 64  # requests a peer may have waiting at our side
 
 
+class UploadGate:
+    """The asyncio shell of `UploadSlots`: `async with gate.slot(rank)` sends one piece."""
+
+    def __init__(self, slots: int, order: str) -> None:
+        self._core: UploadSlots[int] = UploadSlots(slots, order)
+        self._waiters: dict[int, asyncio.Future[None]] = {}
+        self._keys = itertools.count()
+
+    @contextlib.asynccontextmanager
+    async def slot(self, rank: int) -> AsyncIterator[None]:
+        key = next(self._keys)
+        if not self._core.ask(key, rank):
+            granted = asyncio.get_running_loop().create_future()
+            self._waiters[key] = granted
+            try:
+                await granted
+            except asyncio.CancelledError:
+                if granted.done() and not granted.cancelled():
+                    self._release()  # granted, then cancelled before it could run
+                else:
+                    self._waiters.pop(key, None)
+                    self._core.withdraw(key)
+                raise
+        try:
+            yield
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        nxt = self._core.done()
+        if nxt is not None:
+            self._waiters.pop(nxt).set_result(None)
+
+
 class LinkOwner(Protocol):
     def on_join(self, link: Link, msg: Join) -> None: ...
     def on_have(self, link: Link, msg: Have | Pending | Withdraw) -> None: ...
@@ -65,13 +104,14 @@ class LinkOwner(Protocol):
     def on_served(self, nbytes: int) -> None: ...
     def on_cancelled(self) -> None: ...
     def chunk_count(self, content: ContentId) -> int | None: ...
+    def upload_rank(self, peer: PeerId, content: ContentId) -> int: ...
     def link_ending(self, link: Link, reason: str, hostile: bool) -> None: ...
     def link_closed(self, link: Link, reason: str, hostile: bool) -> None: ...
 
 
 class Link:
     def __init__(self, conn: PeerConnection, owner: LinkOwner, store: ChunkStore,
-                 upload: RateLimiter, upload_slots: asyncio.Semaphore) -> None:
+                 upload: RateLimiter, upload_slots: UploadGate) -> None:
         self.conn = conn
         self.peer: PeerId = conn.remote.peer
         self.joined_out: set[ContentId] = set()  # contents we sent Join for
@@ -255,7 +295,7 @@ class Link:
     async def _send_chunk(self, req: Request, fd: int, length: int) -> None:
         content = ContentId(req.content)
         try:
-            async with self._upload_slots:
+            async with self._upload_slots.slot(self._owner.upload_rank(self.peer, content)):
                 if self._withdrawn_now(req, final=True):
                     return  # (the fd is closed below)
                 await self.conn.send_piece(content, req.chunk, req.req, fd, 0, length,

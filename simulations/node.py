@@ -28,11 +28,13 @@ sent anyway is dropped by the receiver and counted as wasted bytes.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from p2p.content import PeerId
 from p2p.ratelimit import TokenBucket
 from p2p.swarm import Swarm
+from p2p.swarm.uploads import UploadSlots
 
 ORIGIN = -1  # the `src` of a transfer from an origin
 
@@ -40,6 +42,7 @@ TransferKey = tuple[int, int, int, int]  # (dst node, content, src node or ORIGI
 
 
 UPLOAD_SLOTS = 4  # p2p.config.AgentConfig.upload_slots (a test keeps them equal)
+UPLOAD_ORDER = "neediest_first"  # p2p.config.AgentConfig.upload_order (likewise)
 BURST_BYTES = 4 << 20  # p2p.agent.BURST_BYTES, the rate limiters' burst (likewise)
 
 
@@ -55,6 +58,7 @@ class AgentSpec:
     """
 
     upload_slots: int = UPLOAD_SLOTS
+    upload_order: str = UPLOAD_ORDER  # p2p.swarm.uploads.UPLOAD_ORDERS
     upload_cap_Bps: float | None = None
     download_cap_Bps: float | None = None
     burst_bytes: int = BURST_BYTES
@@ -91,18 +95,27 @@ SENDING = 3  # a flow in the network model
 class Uploads:
     """A node's upload side: a FIFO per link, at most `slots` pieces sent at once.
 
-    `add` and `finished` return the transfers that start sending now; the
-    caller turns them into flows. Links are keyed by the receiving node.
+    The slots are the agent's own `p2p.swarm.uploads.UploadSlots`, in the
+    agent's order; `rank` gives a transfer's rank there: its receiver's
+    progress. (The agent knows it from the receiver's haves, exact up to a
+    have's latency; the simulation reads the receiver's swarm, because it
+    skips haves that cannot change what the *receiving* swarm does.) `add` and `finished` return the
+    transfers that start sending now; the caller turns them into flows. Links
+    are keyed by the receiving node.
     """
 
-    __slots__ = ("busy", "engaged", "queues", "ready", "slots")
+    __slots__ = ("engaged", "queues", "rank", "slots")
 
-    def __init__(self, slots: int) -> None:
-        self.slots = slots
-        self.busy = 0  # pieces being sent
+    def __init__(self, slots: int, order: str = UPLOAD_ORDER,
+                 rank: Callable[[Transfer], int] = lambda t: 0) -> None:
+        self.slots: UploadSlots[Transfer] = UploadSlots(slots, order)
+        self.rank = rank
         self.queues: dict[int, deque[Transfer]] = {}  # link -> requests behind its current one
         self.engaged: set[int] = set()  # links whose current request is ready or sending
-        self.ready: deque[Transfer] = deque()  # current requests waiting for a slot, in order
+
+    @property
+    def busy(self) -> int:
+        return self.slots.busy
 
     def add(self, t: Transfer) -> list[Transfer]:
         if t.dst in self.engaged:
@@ -114,12 +127,10 @@ class Uploads:
 
     def finished(self, t: Transfer) -> list[Transfer]:
         """`t` stopped sending (done or aborted): its slot and its link move on."""
-        self.busy -= 1
         started = []
-        if self.ready:
-            nxt = self.ready.popleft()
+        nxt = self.slots.done()
+        if nxt is not None:
             nxt.stage = SENDING
-            self.busy += 1
             started.append(nxt)
         return started + self._next_on_link(t.dst)
 
@@ -132,7 +143,7 @@ class Uploads:
                 del self.queues[t.dst]
             return []
         if t.stage == READY:
-            self.ready.remove(t)
+            self.slots.withdraw(t)
             return self._next_on_link(t.dst)
         return []
 
@@ -146,13 +157,15 @@ class Uploads:
             del self.queues[link]
         return self._acquire(nxt)
 
+    def cleared(self) -> Uploads:
+        """A new, empty upload side with the same slots, order and rank (a failed node)."""
+        return Uploads(self.slots.slots, self.slots.order, self.rank)
+
     def _acquire(self, t: Transfer) -> list[Transfer]:
-        if self.busy < self.slots:
-            self.busy += 1
+        if self.slots.ask(t, self.rank(t)):
             t.stage = SENDING
             return [t]
         t.stage = READY
-        self.ready.append(t)
         return []
 
 
@@ -180,7 +193,8 @@ class SimNode:
                  "unfinished", "uploads")
 
     def __init__(self, index: int, rack_index: int, needs: tuple[int, ...], start_s: float,
-                 fail_s: float | None, agent: AgentSpec = AgentSpec()) -> None:
+                 fail_s: float | None, agent: AgentSpec = AgentSpec(),
+                 upload_rank: Callable[[Transfer], int] = lambda t: 0) -> None:
         self.index = index
         self.peer = PeerId(f"n{index:06d}")
         self.rack_index = rack_index
@@ -193,7 +207,7 @@ class SimNode:
         self.conns: dict[int, dict[int, None]] = {}  # content -> connected nodes, in order
         self.origin_pending: dict[int, int] = {}  # content -> mask of chunks from the origin
         self.transfers: dict[Transfer, None] = {}  # as sender or receiver, in start order
-        self.uploads = Uploads(agent.upload_slots)
+        self.uploads = Uploads(agent.upload_slots, agent.upload_order, upload_rank)
         self.download = (None if agent.download_cap_Bps is None
                          else TokenBucket(agent.download_cap_Bps, agent.burst_bytes))
         self.timer_at: dict[int, float] = {}

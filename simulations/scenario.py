@@ -15,7 +15,7 @@ Layout (see simulations/scenarios/*.toml for complete examples):
                same_rack_latency, cross_rack_latency, rate_update
     [[origin]] name, egress, max_concurrent, latency, down_at
     [tracker]  handout_limit, announce_interval, peer_ttl, origin_fetchers
-    [agent]    upload_slots, upload_cap, download_cap, burst: the agent's
+    [agent]    upload_slots, upload_order, upload_cap, download_cap, burst: the agent's
                settings of those names (caps are bandwidths; absent = no cap);
                cancel_on_wire = false models wire protocol 1 (see AgentSpec)
     [swarm]    overrides of p2p.swarm.SwarmConfig fields; "_s" fields drop
@@ -40,9 +40,10 @@ from pathlib import Path
 from typing import Any
 
 from p2p.swarm import SwarmConfig
+from p2p.swarm.uploads import UPLOAD_ORDERS
 from simulations.cpu import CpuSpec
 from simulations.network import NetworkSpec, OriginSpec
-from simulations.node import BURST_BYTES, UPLOAD_SLOTS, AgentSpec
+from simulations.node import BURST_BYTES, UPLOAD_ORDER, UPLOAD_SLOTS, AgentSpec
 from simulations.strategy import STRATEGIES
 from simulations.tracker import TrackerSpec
 from simulations.workload import ContentKind, Workload
@@ -217,6 +218,13 @@ def _strategy(raw: object) -> str:
     return name
 
 
+def _upload_order(raw: object) -> str:
+    name = _text(raw)
+    if name not in UPLOAD_ORDERS:
+        raise ValueError(f"unknown upload order {name!r}; choose from {list(UPLOAD_ORDERS)}")
+    return name
+
+
 # ---- sections ----------------------------------------------------------------------
 
 
@@ -291,6 +299,7 @@ def _agent(top: _Table) -> AgentSpec:
     down = t.get("download_cap", parse_bandwidth, none, above=0)
     spec = AgentSpec(
         upload_slots=t.get("upload_slots", _int, UPLOAD_SLOTS, minimum=1),
+        upload_order=t.get("upload_order", _upload_order, UPLOAD_ORDER),
         upload_cap_Bps=None if up == none else up,
         download_cap_Bps=None if down == none else down,
         burst_bytes=int(t.get("burst", parse_size, float(BURST_BYTES), minimum=0)),

@@ -68,7 +68,7 @@ from p2p.swarm.events import (
 from simulations.cpu import CpuPool
 from simulations.engine import Loop
 from simulations.network import Flows, Origin, Topology
-from simulations.node import ORIGIN, SENDING, TRAVELLING, SimNode, Transfer, Uploads
+from simulations.node import ORIGIN, SENDING, TRAVELLING, SimNode, Transfer
 from simulations.scenario import Scenario
 from simulations.strategy import get_strategy
 from simulations.tracker import SimTracker
@@ -96,7 +96,7 @@ class Simulation:
         self.tracker = SimTracker(scenario.tracker, self.strategy.handout,
                                   random.Random(f"{scenario.seed}/tracker"))
         self.nodes = [SimNode(i, self.top.rack_of[i], self.plan.needs[i], self.plan.start_s[i],
-                              self.plan.fail_s[i], scenario.agent)
+                              self.plan.fail_s[i], scenario.agent, self._progress)
                       for i in range(scenario.nodes)]
         self._index = {node.peer: node.index for node in self.nodes}
         # held[c][chunk * nodes + n]: node n's swarm holds `chunk` of content c, or has
@@ -179,6 +179,11 @@ class Simulation:
             else:
                 self._execute(n, c, node.swarms[c].start(now))
 
+    def _progress(self, transfer: Transfer) -> int:
+        """A request's rank for its sender's upload slots: chunks its receiver holds."""
+        swarm = self.nodes[transfer.dst].swarms.get(transfer.content)
+        return 0 if swarm is None else swarm.have.bit_count()
+
     def _announce(self, arg: tuple[int, int]) -> None:
         n, c = arg
         node = self.nodes[n]
@@ -202,7 +207,7 @@ class Simulation:
             self.unfinished -= 1
         for transfer in list(node.transfers):
             self._abort(transfer)
-        node.uploads = Uploads(node.uploads.slots)
+        node.uploads = node.uploads.cleared()
         for c, conns in node.conns.items():
             for q in list(conns):
                 self.nodes[q].conns[c].pop(n, None)

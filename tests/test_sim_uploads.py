@@ -2,9 +2,21 @@
 
 from __future__ import annotations
 
+import pytest
+
 import p2p.agent
 from p2p.config import AgentConfig
-from simulations.node import BURST_BYTES, QUEUED, READY, SENDING, UPLOAD_SLOTS, Transfer, Uploads
+from p2p.swarm.uploads import UploadSlots
+from simulations.node import (
+    BURST_BYTES,
+    QUEUED,
+    READY,
+    SENDING,
+    UPLOAD_ORDER,
+    UPLOAD_SLOTS,
+    Transfer,
+    Uploads,
+)
 
 
 def t(dst: int, chunk: int) -> Transfer:
@@ -13,6 +25,7 @@ def t(dst: int, chunk: int) -> Transfer:
 
 def test_the_default_slots_and_burst_are_the_agents() -> None:
     assert AgentConfig().upload_slots == UPLOAD_SLOTS
+    assert AgentConfig().upload_order == UPLOAD_ORDER
     assert p2p.agent.BURST_BYTES == BURST_BYTES
 
 
@@ -29,7 +42,7 @@ def test_one_piece_at_a_time_per_link_and_slots_across_links() -> None:
     assert a2.stage == READY
     assert up.finished(b1) == [a2]
     assert up.finished(c1) == [] and up.finished(a2) == []
-    assert up.busy == 0 and not up.engaged and not up.ready and not up.queues
+    assert up.busy == 0 and not up.engaged and not up.slots and not up.queues
 
 
 def test_dropping_a_waiting_request_lets_its_link_move_on() -> None:
@@ -45,3 +58,36 @@ def test_dropping_a_waiting_request_lets_its_link_move_on() -> None:
     c1, c2 = t(3, 0), t(3, 1)
     assert up.add(c1) == [c1] and up.add(c2) == []
     assert up.finished(c1) == [c2] and c2.stage == SENDING
+
+
+def test_neediest_first_gives_a_free_slot_to_the_requester_furthest_behind() -> None:
+    slots: UploadSlots[str] = UploadSlots(1, "neediest_first")
+    assert slots.ask("first", rank=50)
+    assert not slots.ask("nearly-done", rank=90)
+    assert not slots.ask("behind", rank=3)
+    assert not slots.ask("also-behind", rank=3)  # ties: whoever asked first
+    assert [slots.done(), slots.done(), slots.done()] == ["behind", "also-behind",
+                                                           "nearly-done"]
+    assert slots.done() is None and slots.busy == 0
+
+
+def test_fifo_ignores_ranks_and_a_withdrawn_waiter_is_skipped() -> None:
+    slots: UploadSlots[str] = UploadSlots(1, "fifo")
+    assert slots.ask("a", rank=9)
+    assert not slots.ask("b", rank=5) and not slots.ask("c", rank=1)
+    slots.withdraw("b")
+    assert len(slots) == 1 and slots.done() == "c" and slots.done() is None
+
+
+def test_an_unknown_order_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="unknown upload order 'lifo'"):
+        UploadSlots(2, "lifo")
+
+
+def test_the_simulated_uploads_rank_receivers_as_the_agent_does() -> None:
+    ranks = {1: 40, 2: 2, 3: 7}
+    up = Uploads(slots=1, rank=lambda tr: ranks[tr.dst])
+    a, b, c = t(1, 0), t(2, 0), t(3, 0)
+    assert up.add(a) == [a] and up.add(c) == [] and up.add(b) == []
+    assert up.finished(a) == [b]  # node 2 holds the fewest chunks: it goes first
+    assert up.finished(b) == [c]

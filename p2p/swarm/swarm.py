@@ -168,6 +168,12 @@ class Swarm:
     def held(self, chunk: int) -> bool:
         return bool(self._have >> chunk & 1)
 
+    def peer_progress(self, peer: PeerId) -> int:
+        """Chunks `peer` holds, as far as we know (0 if it is not connected): the rank
+        of its requests for our upload slots (p2p.swarm.uploads)."""
+        state = self._peers.get(peer)
+        return 0 if state is None else state.have.bit_count()
+
     @property
     def lazy(self) -> bool:
         """Fetching only what readers and prefetch lists asked for (until `WantedAll`)."""

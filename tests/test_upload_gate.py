@@ -1,0 +1,59 @@
+"""The agent's upload gate: slots handed out in the core's order, and never lost."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from p2p.config import AgentConfig, ConfigError, load_agent_config
+from p2p.link import UploadGate
+
+
+async def test_a_freed_slot_goes_to_the_peer_furthest_behind() -> None:
+    gate, order = UploadGate(1, "neediest_first"), []
+    release = asyncio.Event()
+
+    async def send(name: str, rank: int) -> None:
+        async with gate.slot(rank):
+            order.append(name)
+            await release.wait()
+
+    first = asyncio.create_task(send("first", 10))
+    await asyncio.sleep(0)
+    others = [asyncio.create_task(send(n, r)) for n, r in (("ahead", 90), ("behind", 1))]
+    await asyncio.sleep(0)
+    release.set()
+    await asyncio.gather(first, *others)
+    assert order == ["first", "behind", "ahead"]
+
+
+async def test_a_waiter_cancelled_before_or_after_its_grant_loses_no_slot() -> None:
+    gate = UploadGate(1, "fifo")
+    hold = asyncio.Event()
+
+    async def send() -> None:
+        async with gate.slot(0):
+            await hold.wait()
+
+    owner = asyncio.create_task(send())
+    await asyncio.sleep(0)
+    waiting, granted_late = asyncio.create_task(send()), asyncio.create_task(send())
+    await asyncio.sleep(0)
+    waiting.cancel()  # still waiting: it withdraws
+    hold.set()
+    await asyncio.sleep(0)
+    await owner  # its slot goes to granted_late, cancelled before it could run
+    granted_late.cancel()
+    await asyncio.gather(waiting, granted_late, return_exceptions=True)
+    async with asyncio.timeout(5):  # the slot came back: a new sender gets it
+        await send()
+
+
+def test_an_unknown_upload_order_is_a_config_error_naming_the_key(tmp_path: Path) -> None:
+    bad = tmp_path / "agent.toml"
+    bad.write_text('upload_order = "lifo"\n')
+    with pytest.raises(ConfigError, match="upload_order 'lifo'"):
+        load_agent_config(str(bad), {})
+    assert AgentConfig().upload_order == "neediest_first"
