@@ -90,9 +90,12 @@ class UploadGate:
             self._release()
 
     def _release(self) -> None:
-        nxt = self._core.done()
-        if nxt is not None:
-            self._waiters.pop(nxt).set_result(None)
+        while (nxt := self._core.done()) is not None:
+            granted = self._waiters.pop(nxt)
+            if not granted.done():
+                granted.set_result(None)
+                return
+            # Its task was cancelled and has not run to withdraw yet: pass the slot on.
 
 
 class LinkOwner(Protocol):

@@ -57,3 +57,23 @@ def test_an_unknown_upload_order_is_a_config_error_naming_the_key(tmp_path: Path
     with pytest.raises(ConfigError, match="upload_order 'lifo'"):
         load_agent_config(str(bad), {})
     assert AgentConfig().upload_order == "neediest_first"
+
+
+async def test_a_slot_freed_while_the_next_waiter_is_being_cancelled_goes_on() -> None:
+    gate = UploadGate(1, "fifo")
+    hold = asyncio.Event()
+
+    async def send() -> None:
+        async with gate.slot(0):
+            await hold.wait()
+
+    owner = asyncio.create_task(send())
+    await asyncio.sleep(0)
+    doomed, next_one = asyncio.create_task(send()), asyncio.create_task(send())
+    await asyncio.sleep(0)
+    hold.set()  # the owner will free its slot...
+    doomed.cancel()  # ...after this waiter was cancelled, before it could withdraw
+    async with asyncio.timeout(5):
+        await owner
+        await next_one  # the slot skipped the cancelled waiter
+    assert doomed.cancelled()
