@@ -117,11 +117,6 @@ class TrackerClient:
     Pass a `session` to share its connection pool.
     """
 
-    @property
-    def base_url(self) -> str:
-        """The tracker URL in use: the one that answered last."""
-        return self.urls[self._current]
-
     def __init__(self, base_url: str, secret: bytes,
                  session: aiohttp.ClientSession | None = None,
                  timeout_seconds: float = REQUEST_TIMEOUT_SECONDS,
@@ -136,6 +131,11 @@ class TrackerClient:
                       else (bind_host.strip("[]"), 0))
         self._owns_session = session is None
         self._timeout = aiohttp.ClientTimeout(total=timeout_seconds)
+
+    @property
+    def base_url(self) -> str:
+        """The tracker URL in use: the one that answered last."""
+        return self.urls[self._current]
 
     async def __aenter__(self) -> TrackerClient:
         return self

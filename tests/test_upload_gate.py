@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,14 +31,19 @@ async def test_a_freed_slot_goes_to_the_peer_furthest_behind() -> None:
     assert order == ["first", "behind", "ahead"]
 
 
-async def test_a_waiter_cancelled_before_or_after_its_grant_loses_no_slot() -> None:
-    gate = UploadGate(1, "fifo")
-    hold = asyncio.Event()
+def one_slot() -> tuple[asyncio.Event, Callable[[], Coroutine[Any, Any, None]]]:
+    """A one-slot FIFO gate, and a sender that holds the slot until the event is set."""
+    gate, hold = UploadGate(1, "fifo"), asyncio.Event()
 
     async def send() -> None:
         async with gate.slot(0):
             await hold.wait()
 
+    return hold, send
+
+
+async def test_a_waiter_cancelled_before_or_after_its_grant_loses_no_slot() -> None:
+    hold, send = one_slot()
     owner = asyncio.create_task(send())
     await asyncio.sleep(0)
     waiting, granted_late = asyncio.create_task(send()), asyncio.create_task(send())
@@ -60,13 +67,7 @@ def test_an_unknown_upload_order_is_a_config_error_naming_the_key(tmp_path: Path
 
 
 async def test_a_slot_freed_while_the_next_waiter_is_being_cancelled_goes_on() -> None:
-    gate = UploadGate(1, "fifo")
-    hold = asyncio.Event()
-
-    async def send() -> None:
-        async with gate.slot(0):
-            await hold.wait()
-
+    hold, send = one_slot()
     owner = asyncio.create_task(send())
     await asyncio.sleep(0)
     doomed, next_one = asyncio.create_task(send()), asyncio.create_task(send())

@@ -187,8 +187,8 @@ async def _replicas(app: web.Application) -> AsyncIterator[None]:
         return
     from tracker.replicas import Replicas  # only replicas load the Redis client
 
-    replicas = Replicas(url, t.config.redis_prefix, t.machine, t.metrics.expired.inc,
-                        {d.kind: d.held for d in (t.manifests, t.names)})
+    replicas = Replicas(url, t.config.redis_prefix, t.machine, t.expired,
+                        (t.manifests, t.names))
     await replicas.start()
     t.core = t.manifests.shared = t.names.shared = replicas
     try:

@@ -54,7 +54,7 @@ import os
 import pickle
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -64,6 +64,7 @@ from tracker import machine
 from tracker.guard import Unavailable
 from tracker.machine import Machine, Op
 from tracker.registry import IdentityError, Registry
+from tracker.store import Documents
 
 log = logging.getLogger("bootseer.tracker")
 
@@ -92,7 +93,7 @@ class Replicas:
 
     def __init__(self, url: str, prefix: str, machine_: Machine,
                  on_expired: Callable[[int], None],
-                 documents: dict[str, Callable[[], dict[str, bytes]]]) -> None:
+                 documents: Sequence[Documents]) -> None:
         self.url = url
         # Any: redis-py types every reply as bytes | str | ...; ours are bytes (no decoding)
         self._redis: Any = aioredis.from_url(url, socket_connect_timeout=2.0)
@@ -100,7 +101,7 @@ class Replicas:
                                                    "manifests", "names")}
         self._machine = machine_
         self._on_expired = on_expired
-        self._documents = documents  # kind -> what this replica holds of it
+        self._documents = documents  # written back to Redis at start and after a loss
         self._name = os.urandom(6).hex()
         self._sent = 0
         self._waiters: dict[bytes, asyncio.Future[Any]] = {}
@@ -166,8 +167,7 @@ class Replicas:
         try:
             await self._redis.xadd(self._keys["log"], {"e": machine.encode(op), "w": token})
         except RedisError as exc:
-            raise Unavailable(f"the tracker's Redis at {self.url} is unreachable: {exc}"
-                              ) from None
+            raise self._unreachable(exc) from None
 
     def _apply(self, entry_id: bytes, fields: dict[bytes, bytes]) -> None:
         self._last = entry_id
@@ -239,9 +239,9 @@ class Replicas:
 
     async def _write_back_documents(self) -> None:
         """Offer Redis the documents this replica holds (first writer wins, as always)."""
-        for kind in ("manifests", "names"):
-            for key, body in self._documents[kind]().items():
-                await self._redis.hsetnx(self._keys[kind], key, body)
+        for documents in self._documents:
+            for key, body in documents.held().items():
+                await self._redis.hsetnx(self._keys[documents.kind], key, body)
 
     # -- snapshots ----------------------------------------------------------------
 
@@ -286,8 +286,7 @@ class Replicas:
         try:
             body: bytes | None = await self._redis.hget(self._keys[kind], key)
         except RedisError as exc:
-            raise Unavailable(f"the tracker's Redis at {self.url} is unreachable: {exc}"
-                              ) from None
+            raise self._unreachable(exc) from None
         return body
 
     async def put_document(self, kind: str, key: str, body: bytes) -> bytes | None:
@@ -297,9 +296,11 @@ class Replicas:
                 return None
             held: bytes = await self._redis.hget(self._keys[kind], key)
         except RedisError as exc:
-            raise Unavailable(f"the tracker's Redis at {self.url} is unreachable: {exc}"
-                              ) from None
+            raise self._unreachable(exc) from None
         return held
+
+    def _unreachable(self, exc: RedisError) -> Unavailable:
+        return Unavailable(f"the tracker's Redis at {self.url} is unreachable: {exc}")
 
     async def _server_run_id(self) -> str:
         info = await self._redis.info("server")

@@ -20,6 +20,7 @@ state dir is checked to hold the manifest its name says.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import time
@@ -37,6 +38,8 @@ from tracker.handout import get_policy
 from tracker.machine import Machine, Op, Tick
 from tracker.registry import Registry
 from tracker.store import Documents
+
+log = logging.getLogger("bootseer.tracker")
 
 
 class Metrics:
@@ -134,7 +137,12 @@ class Tracker:
                                config.peer_ttl_seconds)
         seed = config.seed if config.seed is not None else int.from_bytes(os.urandom(8), "big")
         self.metrics = Metrics(self)
-        self.core: Core = LocalCore(self.machine, random.Random(seed), self.metrics.expired.inc)
+        self.core: Core = LocalCore(self.machine, random.Random(seed), self.expired)
+
+    def expired(self, count: int) -> None:
+        """`count` silent members were dropped (by either core)."""
+        self.metrics.expired.inc(count)
+        log.info("expired %d silent members", count)
 
 
 TRACKER = web.AppKey("tracker", Tracker)

@@ -92,9 +92,7 @@ class Documents:
         if body is not None or self.shared is None:
             return body
         body = await self.shared.get_document(self.kind, key)
-        if body is None:
-            return None
-        return await self._keep(key, body)
+        return None if body is None else await self._keep(key, self._check(body, key))
 
     async def put(self, key: str, body: bytes) -> bool:
         """Store `body` as `key`; True if new, False if identical; Conflict otherwise."""
@@ -102,10 +100,8 @@ class Documents:
             held = self._bodies.get(key)
             if held is None and self.shared is not None:
                 theirs = await self.shared.put_document(self.kind, key, body)
-                if theirs is None:
-                    await self._keep(key, body)
-                    return True
-                held = await self._keep(key, theirs)
+                if theirs is not None:  # another replica's: checked like a file we load
+                    held = await self._keep(key, self._check(theirs, key))
             if held == body:
                 return False
             if held is not None:
@@ -114,8 +110,7 @@ class Documents:
             return True
 
     async def _keep(self, key: str, body: bytes) -> bytes:
-        """Hold (and persist) `body`, checked; ValueError if it is not a valid document."""
-        body = self._check(body, key)
+        """Hold `body` as `key`, and persist it if it is new here."""
         if self._dir is not None and key not in self._bodies:
             await asyncio.to_thread(_write_atomically, self._dir, key, body)
         self._bodies[key] = body
