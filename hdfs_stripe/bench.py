@@ -2,11 +2,12 @@
 
 One file (`--size`, random bytes) is written with `--replication` copies in
 `--block-size` blocks spread over 3 DataNodes (`minicluster.write_spread`) whose
-reads are capped at `--dn-cap` MB/s each (`dfs.datanode.data.read.bandwidthPerSec`:
-disk-bound DataNodes). The default cap is 20 MB/s, not a real disk's 80: the caps
-must stay the bottleneck, and on the 2-core development machine the whole WebHDFS
-path (DataNode JVMs and the Python reader) tops out at 150-180 MB/s uncapped, below
-3 x 80. One stream runs 3-10 % over a DataNode's cap (1 GiB at 20 MB/s: 20.6-22.0 MB/s).
+reads are capped at `--dn-cap` MB/s each (disk-bound DataNodes, paced as a disk
+serves: `minicluster` says how). The default cap is 20 MB/s, not a real disk's 80:
+the caps must stay the bottleneck, and on the 2-core development machine the whole
+WebHDFS path (DataNode JVMs and the Python reader) tops out at 150-180 MB/s
+uncapped, below 3 x 80. One stream gets the cap (1 GiB at 20 MB/s: 19.9 MB/s;
+Hadoop's own throttler gave it 20.6-22.0 MB/s, bursts after every idle moment).
 After a warm-up pass (a just-started JVM serves 2-3x slower), in order:
 
 - `single_stream_seconds`: one sequential WebHDFS stream of the whole file,

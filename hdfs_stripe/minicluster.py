@@ -13,8 +13,10 @@ JSON "ready" line: the NameNode's RPC and HTTP ports and, per DataNode, its
 address, data-transfer port (what GETFILEBLOCKLOCATIONS names) and HTTP port
 (what WebHDFS reads go to). An address per DataNode is what makes a read sent
 to a DataNode come from that DataNode's own replica (Launcher.java says why).
-`read_cap_bps` caps every DataNode's reads (`dfs.datanode.data.read.bandwidthPerSec`),
-as a disk-bound DataNode would be.
+`read_cap_bps` caps every DataNode's reads as a disk-bound DataNode's would be:
+the launcher puts a pacer in the place of the read throttler that
+`dfs.datanode.data.read.bandwidthPerSec` installs, because Hadoop's throttler
+lets an idle DataNode burst (Launcher.java's `DiskPacer` says by how much).
 `stop_datanode` stops one DataNode (by data-transfer port) while the rest serve;
 `stop` ends the JVM (closing its stdin is its signal to shut down). With
 `own_jvms`, every DataNode runs in a JVM of its own, so `kill_datanode` can
