@@ -8,7 +8,7 @@ out one of two ways:
 
 - *from the store* (`store_dir` given, the usual case on a node): once a
   pack is complete, its chunk files are read straight from the agent's store
-  through `p2p.store.ChunkView` (each chunk checked against the manifest the
+  through `p2p.chunkview.ChunkView` (each chunk checked against the manifest the
   pack's id pins), by `PARALLEL_PACKS` extractor processes (`_Extractors`),
   a pack each. No HTTP, and no copy through the agent's process. Packs are
   asked of the agent `PARALLEL_FETCHES` at a time, biggest first, so they
@@ -43,9 +43,10 @@ import blake3
 
 from depsnap.frames import FrameDecoder, FrameError
 from depsnap.snapshot import Member, Pack
+from p2p.chunkview import ChunkView
 from p2p.content import ContentId, ManifestError
 from p2p.localapi import AgentClient, AgentError
-from p2p.store import ChunkView, DamagedChunk, MissingChunk
+from p2p.store import DamagedChunk, MissingChunk
 
 log = logging.getLogger(__name__)
 

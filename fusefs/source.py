@@ -6,9 +6,12 @@ The filesystem asks a `Source` for `length` bytes of a content from `offset`
 
 - A chunk already on local disk is read straight from the agent's store
   directory (`<store>/<content>/<index>.chunk`) through a read-only
-  `p2p.store.ChunkView`: hashed against the manifest the first time, then
+  `p2p.chunkview.ChunkView`: hashed against the manifest the first time, then
   trusted only while the file keeps the stat it had when it passed. No HTTP
-  round trip, no copy beyond the one `pread` into the reply buffer.
+  round trip, no copy beyond the one `pread` into the reply buffer. The chunk a
+  check just read whole stays in memory for the reads that follow it
+  (`RecentChunks`, 32 MiB per mount), so a sequential reader reads each chunk
+  file once.
 - The manifest is the store's `manifest.json`, accepted only if it certifies
   the content id asked for (ids are hashes of the manifest). If the store has
   none yet, the agent is asked to attach the content (its manifest comes from
@@ -41,9 +44,10 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
+from p2p.chunkview import ChunkView, RecentChunks
 from p2p.content import ContentId, Manifest, ManifestError, check_content_id
 from p2p.localapi import AgentClient, AgentError
-from p2p.store import ChunkView, DamagedChunk, MissingChunk
+from p2p.store import DamagedChunk, MissingChunk
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +82,7 @@ class AgentSource:
         self.threaded_reads = threaded_reads
         self.agent_chunks = 0  # chunks that had to come through the agent
         self._views: dict[str, ChunkView] = {}
+        self._recent = RecentChunks()
         self._view_lock = asyncio.Lock()
         self._inflight: dict[tuple[ContentId, int], asyncio.Task[memoryview]] = {}
         self._failed: dict[tuple[ContentId, int], tuple[float, str]] = {}  # until, why
@@ -176,14 +181,14 @@ class AgentSource:
 
     async def _load_view(self, cid: ContentId) -> ChunkView:
         try:
-            return ChunkView.load(self.store_dir, cid)
+            return ChunkView.load(self.store_dir, cid, self._recent)
         except FileNotFoundError:
             pass
         except (ManifestError, OSError) as exc:
             raise SourceError(f"the store's manifest of {cid} is unusable: {exc}") from None
         try:  # the agent attaches it: the manifest, from the tracker, lands in the store
             await self.client.prefetch(cid, [])
-            return ChunkView.load(self.store_dir, cid)
+            return ChunkView.load(self.store_dir, cid, self._recent)
         except AgentError as exc:
             raise SourceError(f"the agent cannot provide {cid}: {exc}") from None
         except (ManifestError, OSError) as exc:

@@ -65,10 +65,19 @@ import tempfile
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
-from p2p.chunkfile import CHUNK_SUFFIX, BufferPool, StatKey, chunk_index, read_full, stat_key
-from p2p.content import ContentId, Manifest, ManifestError, check_content_id
+from p2p.chunkfile import (
+    CHUNK_SUFFIX,
+    BufferPool,
+    StatKey,
+    chunk_index,
+    pread_upto,
+    read_full,
+    stat_key,
+)
+from p2p.content import ContentId, Manifest, ManifestError
 
 log = logging.getLogger(__name__)
 
@@ -304,17 +313,18 @@ class ChunkStore:
             with self._lock:
                 entry = self._contents.get(content_id)
                 known = entry.checked.get(index) if entry is not None else None
-            data, key, n = read_checked(fd, manifest, index, lo, hi, known)
+            checked = read_checked(fd, manifest, index, lo, hi, known)
         except OSError as exc:
             raise self._damaged(content_id, index, None, f"unreadable ({exc.strerror})") \
                 from exc
         finally:
             os.close(fd)
-        if data is None:
-            raise self._damaged(content_id, index, key, f"{n} bytes fail the check")
-        if key != known:
-            self._remember(content_id, index, key)
-        return data
+        if checked.data is None:
+            raise self._damaged(content_id, index, checked.key,
+                                f"{checked.hashed} bytes fail the check")
+        if checked.key != known:
+            self._remember(content_id, index, checked.key)
+        return checked.data
 
     def read_range(self, content_id: ContentId, offset: int,
                    length: int) -> Iterator[tuple[int, int, int]]:
@@ -536,98 +546,50 @@ class ChunkStore:
             raise
 
 
+@dataclass(frozen=True, slots=True)
+class Checked:
+    """What `read_checked` found: the bytes asked for (None: the file fails its check),
+    the file's stat key, the bytes hashed (0 if the file was trusted by its key), and the
+    whole chunk when it was read whole and passed (for a caller that keeps it)."""
+
+    data: memoryview | None
+    key: StatKey
+    hashed: int
+    whole: bytes | None = None
+
+
 def read_checked(fd: int, manifest: Manifest, index: int, lo: int, hi: int,
-                 known: StatKey | None, into: memoryview | None = None
-                 ) -> tuple[memoryview | None, StatKey, int]:
+                 known: StatKey | None, into: memoryview | None = None) -> Checked:
     """Bytes [lo, hi) of chunk `index`, whose file is open at `fd`, in a buffer of their own
     (or in `into`, which must hold hi - lo bytes: one request's buffer for several chunks).
 
     The whole file is hashed against `manifest` unless its stat key is still `known`
-    (the key it had when it last passed). Returns (the bytes, or None if the file fails
-    the check; the file's stat key; the bytes hashed). ValueError for a range outside
-    the chunk; OSError as raised by the disk.
+    (the key it had when it last passed a check). ValueError for a range outside the
+    chunk; OSError as raised by the disk.
     """
     length = manifest.chunk_length(index)
     if not 0 <= lo <= hi <= length or (into is not None and len(into) != hi - lo):
         raise ValueError(f"range {lo}..{hi} outside chunk {index} of {length} bytes")
     key = stat_key(os.fstat(fd))
     if key == known:
-        out = memoryview(bytearray(hi - lo)) if into is None else into
-        if read_full(fd, out, lo) == hi - lo:
-            return out, key, hi - lo
-    whole = bytearray(length + 1)  # one byte more: a too-long file shows
-    n = read_full(fd, memoryview(whole))
-    if not manifest.verify(index, memoryview(whole)[:n]):
-        return None, key, n
+        if into is None:
+            data = pread_upto(fd, hi - lo, lo)
+            if len(data) == hi - lo:
+                return Checked(memoryview(data), key, 0)
+        elif read_full(fd, into, lo) == hi - lo:
+            return Checked(into, key, 0)
+    whole = pread_upto(fd, length + 1)  # one byte more: a too-long file shows
+    if not manifest.verify(index, whole):
+        return Checked(None, key, len(whole))
+    return Checked(place(memoryview(whole)[lo:hi], into), key, len(whole), whole)
+
+
+def place(data: memoryview, into: memoryview | None) -> memoryview:
+    """`data`, copied into `into` if the caller gave a buffer for it."""
     if into is None:
-        return memoryview(whole)[lo:hi], key, n
-    into[:] = memoryview(whole)[lo:hi]
-    return into, key, n
-
-
-class ChunkView:
-    """Verified, read-only reads of one content's chunk files in a store another process
-    (the agent) owns: for readers beside the agent, such as the FUSE mounts.
-
-    The same checks as `ChunkStore.read_chunk`, with a stat-keyed cache of its own, but it
-    never writes, deletes or counts anything in the store: an absent file is MissingChunk;
-    a file that fails its check is DamagedChunk and is left in place for the owner, whose
-    own check catches it on its next read of that chunk (the file changed since it last
-    passed there too), deletes it and fetches it again. Safe to call from threads.
-    """
-
-    def __init__(self, root: Path, manifest: Manifest) -> None:
-        self.manifest = manifest
-        self.directory = Path(root) / check_content_id(manifest.content_id)
-        self._checked: dict[int, StatKey] = {}
-        self._lock = threading.Lock()
-
-    @classmethod
-    def load(cls, root: Path, content_id: ContentId) -> ChunkView:
-        """The view of `content_id` from its manifest file in the store, which must certify
-        that id (`Manifest.from_dict` refuses a manifest whose digests give another).
-        FileNotFoundError if the store has no manifest for it yet; ManifestError if the file
-        is not a manifest of that content."""
-        path = Path(root) / check_content_id(content_id) / MANIFEST_NAME
-        try:
-            manifest = Manifest.from_dict(json.loads(path.read_bytes()))
-        except (ValueError, UnicodeDecodeError) as exc:
-            if isinstance(exc, ManifestError):
-                raise
-            raise ManifestError(f"{path} is not a manifest ({exc})") from exc
-        if manifest.content_id != content_id:
-            raise ManifestError(f"{path} is the manifest of {manifest.content_id}, not of "
-                                f"{content_id}")
-        return cls(root, manifest)
-
-    def read_chunk(self, index: int, lo: int, hi: int,
-                   into: memoryview | None = None) -> memoryview:
-        """Bytes [lo, hi) of chunk `index`, verified (in `into` if given); MissingChunk if
-        its file is absent, DamagedChunk if the file fails the check or cannot be read."""
-        name = self.directory / f"{index}{CHUNK_SUFFIX}"
-        try:
-            fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            raise MissingChunk(f"chunk {index} of {self.manifest.content_id} is not in the "
-                               "store") from None
-        except OSError as exc:
-            raise DamagedChunk(f"cannot open {name} ({exc.strerror})") from exc
-        try:
-            with self._lock:
-                known = self._checked.get(index)
-            data, key, n = read_checked(fd, self.manifest, index, lo, hi, known, into)
-        except OSError as exc:
-            raise DamagedChunk(f"cannot read {name} ({exc.strerror})") from exc
-        finally:
-            os.close(fd)
-        with self._lock:
-            if data is None:
-                self._checked.pop(index, None)
-            elif key != known:
-                self._checked[index] = key
-        if data is None:
-            raise DamagedChunk(f"{name} fails its check ({n} bytes); not using it")
         return data
+    into[:] = data
+    return into
 
 
 def _store_error(exc: OSError, doing: str, path: Path) -> StoreError:

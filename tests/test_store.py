@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from p2p.chunkview import ChunkView, RecentChunks
 from p2p.content import ContentId, KiB, Manifest, ManifestBuilder
 from p2p.store import (
     ChunkStore,
@@ -285,3 +286,55 @@ def test_a_chunk_is_served_unchecked_only_while_its_file_is_unchanged(tmp_path: 
     assert not path.exists() and not store.has(manifest.content_id, 1)
     with pytest.raises(MissingChunk):
         store.open_cached(manifest.content_id, 1)
+
+
+def view_of(tmp_path: Path, name: str, chunks: int,
+            recent: RecentChunks | None) -> tuple[ChunkView, bytes]:
+    """A store holding `chunks` whole chunks of content `name`, and a view of it."""
+    manifest, data = make(name, chunks * CHUNK)
+    store = ChunkStore(tmp_path, 1 << 30)
+    store.attach(manifest)
+    fill(store, manifest, data)
+    return ChunkView.load(tmp_path, manifest.content_id, recent), data
+
+
+def test_a_view_serves_the_next_reads_of_a_chunk_it_checked_from_memory(
+        tmp_path: Path) -> None:
+    recent = RecentChunks(max_bytes=2 * CHUNK)
+    view, data = view_of(tmp_path, "c1", 3, recent)
+    quarter = CHUNK // 4
+    assert bytes(view.read_chunk(0, 0, quarter)) == data[:quarter]  # checked, kept
+    assert recent.hits == 0
+    for lo in range(quarter, CHUNK, quarter):
+        assert bytes(view.read_chunk(0, lo, lo + quarter)) == data[lo:lo + quarter]
+    assert recent.hits == 3
+    into = memoryview(bytearray(10))
+    assert bytes(view.read_chunk(0, 5, 15, into)) == data[5:15] and recent.hits == 4
+    # two more chunks fill the memory: chunk 0 goes, and is read from its file again
+    view.read_chunk(1, 0, 1)
+    view.read_chunk(2, 0, 1)
+    assert bytes(view.read_chunk(0, 0, 10)) == data[:10] and recent.hits == 4
+
+
+def test_a_kept_chunk_whose_file_changed_goes_back_through_the_check(
+        tmp_path: Path) -> None:
+    recent = RecentChunks(max_bytes=2 * CHUNK)
+    view, _ = view_of(tmp_path, "c1", 2, recent)
+    view.read_chunk(0, 0, 10)
+    with open(view.directory / "0.chunk", "r+b") as f:
+        f.write(b"\xff")  # a flipped byte moves mtime and ctime: damage is found at once
+    with pytest.raises(DamagedChunk):
+        view.read_chunk(0, 10, 20)
+    assert recent.hits == 0
+
+
+def test_a_view_keeps_nothing_of_a_chunk_that_fails_its_check(tmp_path: Path) -> None:
+    recent = RecentChunks(max_bytes=4 * CHUNK)
+    view, data = view_of(tmp_path, "c1", 2, recent)
+    with open(view.directory / "1.chunk", "r+b") as f:
+        f.write(b"\xff")
+    for _ in range(2):
+        with pytest.raises(DamagedChunk):
+            view.read_chunk(1, 0, 10)
+    assert recent.hits == 0
+    assert bytes(view.read_chunk(0, 0, 10)) == data[:10]  # the good chunk still serves
