@@ -141,9 +141,9 @@ def expected_errors() -> tuple[type[Exception], ...]:
     from depsnap.record import RecordError
     from depsnap.restore import RestoreError
     from depsnap.snapshot import SnapshotError
+    from p2p.agentclient import AgentError
     from p2p.auth import AuthError
     from p2p.content import ManifestError
-    from p2p.localapi import AgentError
     from p2p.origin.base import OriginError
     from p2p.tracker_client import TrackerError, TrackerUnavailable
 

@@ -88,7 +88,7 @@ async def serve_snapshot(opts: MountOptions, secret: bytes,
     from depsnap.source import SnapshotSource
     from fusefs.mount import serve
     from fusefs.source import AgentSource
-    from p2p.localapi import AgentClient
+    from p2p.agentclient import AgentClient
     from p2p.tracker_client import TrackerClient
 
     agent = AgentClient(opts.api_socket)

@@ -35,8 +35,8 @@ from depsnap.capture import publish_file, scan, write_packs
 from depsnap.key import KeyInputs, key_name
 from depsnap.record import adopt, write_record
 from depsnap.snapshot import KIND, Snapshot, SnapshotError
+from p2p.agentclient import AgentClient, AgentError
 from p2p.content import ContentId, Manifest
-from p2p.localapi import AgentClient, AgentError
 from p2p.tracker_client import TrackerClient, TrackerError
 
 TREES = "trees"

@@ -44,7 +44,7 @@ from pathlib import Path
 
 from depsnap.snapshot import RESTORE_LOCK_NAME, Entry, Snapshot
 from depsnap.unpack import UnpackError, unpack
-from p2p.localapi import AgentClient
+from p2p.agentclient import AgentClient
 
 log = logging.getLogger(__name__)
 ROOT_MODE = 0o755  # the prefix itself is not an entry of the tree: it gets the usual mode

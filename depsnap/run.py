@@ -29,8 +29,8 @@ from typing import Any
 from depsnap.key import KeyInputs
 from depsnap.publish import Published, capture, find_snapshot, load_snapshot, publish
 from depsnap.restore import restore
+from p2p.agentclient import AgentClient
 from p2p.content import Manifest
-from p2p.localapi import AgentClient
 from p2p.tracker_client import TrackerClient
 
 FREEZE = ("import importlib.metadata as m; print('\\n'.join(sorted("

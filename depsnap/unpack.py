@@ -43,9 +43,9 @@ import blake3
 
 from depsnap.frames import FrameDecoder, FrameError
 from depsnap.snapshot import Member, Pack
+from p2p.agentclient import AgentClient, AgentError
 from p2p.chunkview import ChunkView
 from p2p.content import ContentId, ManifestError
-from p2p.localapi import AgentClient, AgentError
 from p2p.store import DamagedChunk, MissingChunk
 
 log = logging.getLogger(__name__)

@@ -44,9 +44,9 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
+from p2p.agentclient import AgentClient, AgentError
 from p2p.chunkview import ChunkView, RecentChunks
 from p2p.content import ContentId, Manifest, ManifestError, check_content_id
-from p2p.localapi import AgentClient, AgentError
 from p2p.store import DamagedChunk, MissingChunk
 
 log = logging.getLogger(__name__)

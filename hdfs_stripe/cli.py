@@ -85,7 +85,7 @@ def expected_errors() -> tuple[type[Exception], ...]:
     from hdfs_stripe.naming import FileChanged, UriError
     from hdfs_stripe.stripe import PlanError
     from hdfs_stripe.webhdfs import HdfsError
-    from p2p.localapi import AgentError
+    from p2p.agentclient import AgentError
     from p2p.tracker_client import TrackerError, TrackerUnavailable
 
     return (HdfsError, FileChanged, UriError, PlanError, MountError, TreeError, AgentError,
@@ -125,7 +125,7 @@ async def prefetch(uris: Sequence[Any], tracker_url: str, secret: bytes, api_soc
     from hdfs_stripe.mount import open_files
     from hdfs_stripe.origin import webhdfs_for
     from hdfs_stripe.reader import StripeReader
-    from p2p.localapi import AgentClient
+    from p2p.agentclient import AgentClient
     from p2p.tracker_client import TrackerClient
 
     lines = []

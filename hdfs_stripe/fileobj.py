@@ -27,7 +27,7 @@ from hdfs_stripe.mount import StripeSource, attached_by
 from hdfs_stripe.naming import parse_uri
 from hdfs_stripe.origin import webhdfs_for
 from hdfs_stripe.reader import StripeReader
-from p2p.localapi import AgentClient
+from p2p.agentclient import AgentClient
 from p2p.tracker_client import TrackerClient
 
 T = TypeVar("T")

@@ -38,9 +38,9 @@ from hdfs_stripe.origin import webhdfs_for
 from hdfs_stripe.reader import StripeReader
 from hdfs_stripe.stripe import ReadAhead
 from hdfs_stripe.webhdfs import FileStatus
+from p2p.agentclient import AgentClient, AgentError
 from p2p.chunkfile import CHUNK_SUFFIX
 from p2p.content import ContentId
-from p2p.localapi import AgentClient, AgentError
 from p2p.tracker_client import TrackerClient
 
 log = logging.getLogger(__name__)

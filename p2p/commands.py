@@ -239,7 +239,7 @@ def _run_publish(args: argparse.Namespace) -> int:
 
 
 def _run_get(args: argparse.Namespace) -> int:
-    from p2p.localapi import AgentClient, AgentError
+    from p2p.agentclient import AgentClient, AgentError
 
     async def get() -> dict[str, Any]:
         async with AgentClient(args.api_socket) as client:
@@ -260,7 +260,7 @@ def _run_get(args: argparse.Namespace) -> int:
 
 
 def _run_status(args: argparse.Namespace) -> int:
-    from p2p.localapi import AgentClient, AgentError
+    from p2p.agentclient import AgentClient, AgentError
 
     async def status() -> dict[str, Any]:
         async with AgentClient(args.api_socket, timeout_s=10) as client:

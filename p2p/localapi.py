@@ -23,8 +23,9 @@ Content ids are checked with `check_content_id` and quoted in URLs.
 Reads stream: each chunk's piece is read, verified and written out on its
 own, so a read of any size holds about a chunk in memory. An error before the
 first byte comes back as JSON `{"error": ...}` with a 4xx/5xx status (the
-client raises `AgentError` with the same message); an error after it cuts the
-connection, which the client also reports as `AgentError`.
+client, `p2p.agentclient.AgentClient`, raises `AgentError` with the same
+message); an error after it cuts the connection, which the client also reports
+as `AgentError`.
 """
 
 from __future__ import annotations
@@ -39,9 +40,7 @@ import socket
 import stat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote
 
-import aiohttp
 from aiohttp import web
 
 from p2p.auth import AuthError
@@ -168,79 +167,6 @@ async def _status(request: web.Request) -> web.Response:
 async def _metrics(request: web.Request) -> web.Response:
     body = request.app["agent"].metrics.exposition()
     return web.Response(body=body, content_type="text/plain", charset="utf-8")
-
-
-class AgentError(Exception):
-    """The local agent refused or failed a request; the message says why."""
-
-
-class AgentClient:
-    """Talks to the local agent over its Unix socket."""
-
-    def __init__(self, socket_path: str, timeout_s: float | None = None) -> None:
-        self.socket_path = socket_path
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.UnixConnector(path=socket_path),
-            timeout=aiohttp.ClientTimeout(total=timeout_s))
-
-    async def __aenter__(self) -> AgentClient:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-    async def close(self) -> None:
-        await self._session.close()
-
-    @staticmethod
-    def _path(content: str, verb: str) -> str:
-        return f"/v1/contents/{quote(content, safe='')}/{verb}"
-
-    async def _call(self, method: str, path: str, **kwargs: Any) -> aiohttp.ClientResponse:
-        try:
-            resp = await self._session.request(method, f"http://agent{path}", **kwargs)
-        except aiohttp.ClientConnectionError as exc:
-            raise AgentError(f"no agent is listening on {self.socket_path} ({exc}); start one "
-                             "with `bootseer agent`") from exc
-        if resp.status >= 400:
-            try:
-                message = (await resp.json())["error"]
-            except (aiohttp.ContentTypeError, json.JSONDecodeError, KeyError):
-                message = await resp.text()
-            raise AgentError(message)
-        return resp
-
-    async def ensure(self, content: str) -> dict[str, Any]:
-        resp = await self._call("POST", self._path(content, "ensure"))
-        return await resp.json()  # type: ignore[no-any-return]
-
-    async def read(self, content: str, offset: int, length: int) -> bytes:
-        buf = bytearray()
-        await self.read_to(content, offset, length, buf.extend)
-        return bytes(buf)
-
-    async def read_to(self, content: str, offset: int, length: int,
-                      write: Any, block: int = 1 << 20) -> None:
-        """Stream verified bytes [offset, offset + length) to `write(bytes)`."""
-        resp = await self._call("GET", self._path(content, "read"),
-                                params={"offset": offset, "length": length})
-        try:
-            async for data in resp.content.iter_chunked(block):
-                write(data)
-        except aiohttp.ClientError as exc:
-            raise AgentError(f"the agent cut the read of {content} short ({exc}); "
-                             "its log says why") from exc
-
-    async def prefetch(self, content: str, chunks: list[int]) -> None:
-        await self._call("POST", self._path(content, "prefetch"), json={"chunks": chunks})
-
-    async def status(self) -> dict[str, Any]:
-        resp = await self._call("GET", "/v1/status")
-        return await resp.json()  # type: ignore[no-any-return]
-
-    async def metrics(self) -> str:
-        resp = await self._call("GET", "/metrics")
-        return await resp.text()
 
 
 # ---- the socket -------------------------------------------------------------------

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from p2p.agentclient import AgentClient
 from p2p.cli import UserError
 from p2p.content import CHUNK_SIZE, DEFAULT_DIGEST, ContentId, Manifest, ManifestBuilder
-from p2p.localapi import AgentClient
 from p2p.tracker_client import TrackerClient
 
 if TYPE_CHECKING:  # a testbed is optional: load its shell only when one is used

@@ -34,8 +34,8 @@ from hdfs_stripe.naming import parse_uri
 from hdfs_stripe.origin import webhdfs_for
 from hdfs_stripe.reader import StripeReader
 from hdfs_stripe.webhdfs import WebHdfs
+from p2p.agentclient import AgentError
 from p2p.content import PeerId
-from p2p.localapi import AgentError
 from p2p.localcluster import AgentHandle, LocalCluster, bootseer_command
 from p2p.tracker_client import TrackerClient
 

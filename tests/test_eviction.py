@@ -47,7 +47,7 @@ async def test_content_larger_than_the_budget_fails_with_a_clear_error(tmp_path:
         big = await cluster.publish(origin_dir / "big.bin")
         agent = await cluster.start_agent(0, "r1", {"store_budget_gb": BUDGET_GB})
         async with agent.client(120) as client:
-            from p2p.localapi import AgentError
+            from p2p.agentclient import AgentError
 
             try:
                 await client.ensure(big.content_id)

@@ -27,10 +27,10 @@ from hostile import HostilePeer, RawClient, fetch_chunk
 from promtext import metric
 from waiting import until
 
+from p2p.agentclient import AgentError
 from p2p.auth import AuthError
 from p2p.content import ContentId, Manifest, MiB, PeerId
 from p2p.demo import Round, distribute
-from p2p.localapi import AgentError
 from p2p.localcluster import (
     AgentHandle,
     LocalCluster,

@@ -23,8 +23,8 @@ from hostile import fetch_chunk
 from promtext import metric
 from waiting import WAIT_S, until
 
+from p2p.agentclient import AgentError
 from p2p.content import ContentId, Manifest, MiB
-from p2p.localapi import AgentError
 from p2p.localcluster import (
     AgentHandle,
     LocalCluster,

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from fusefs.image.artifact import CARD_TYPE, card_tag, publish_artifact
+from p2p.agentclient import AgentClient
 from p2p.content import DEFAULT_DIGEST, ContentId, MiB
-from p2p.localapi import AgentClient
 from p2p.origin.oci import PulledManifest, RegistryClient, sha256_digest
 from p2p.origin.oci_manifest import ImageManifest, ManifestError, parse_manifest
 from p2p.origin.oci_ref import ImageRef

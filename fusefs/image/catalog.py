@@ -54,8 +54,8 @@ from fusefs.image.layerindex import LayerIndex
 from fusefs.image.record import MAX_RECORD_BYTES, Record
 from fusefs.image.toc import LayerError
 from fusefs.tree import Layer, TreeError, build_tree
+from p2p.agentclient import AgentClient
 from p2p.content import DEFAULT_DIGEST, ContentId, Manifest, ManifestBuilder, MiB
-from p2p.localapi import AgentClient
 from p2p.origin.oci import PulledManifest, RegistryClient, RegistryError
 from p2p.origin.oci_manifest import Descriptor
 from p2p.origin.oci_origin import blob_url

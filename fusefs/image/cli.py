@@ -136,8 +136,8 @@ def expected_errors() -> tuple[type[Exception], ...]:
     from fusefs.image.tool import ToolError
     from fusefs.mount import MountError
     from fusefs.tree import TreeError
+    from p2p.agentclient import AgentError
     from p2p.auth import SecretError
-    from p2p.localapi import AgentError
     from p2p.origin.base import OriginError
     from p2p.tracker_client import TrackerError, TrackerUnavailable
 

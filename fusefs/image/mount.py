@@ -36,7 +36,7 @@ from fusefs.image.toc import LayerError
 from fusefs.mount import READ_AHEAD_KB, is_mounted, serve
 from fusefs.source import READ_TIMEOUT_S, AgentSource, SourceError
 from fusefs.tree import Layer, Tree, build_tree
-from p2p.localapi import AgentClient
+from p2p.agentclient import AgentClient
 from p2p.origin.oci import RegistryClient, RegistryError
 from p2p.origin.oci_ref import ImageRef
 from p2p.tracker_client import TrackerClient

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from fusefs.image.catalog import open_image
-from p2p.localapi import AgentClient
+from p2p.agentclient import AgentClient
 from p2p.origin.oci import RegistryClient
 from p2p.origin.oci_ref import ImageRef
 from p2p.tracker_client import TrackerClient

@@ -261,7 +261,7 @@ async def _requirements(job: Launch) -> _Env:
 
 
 async def _ckpt(job: Launch) -> None:
-    from p2p.localapi import AgentClient
+    from p2p.agentclient import AgentClient
 
     if not job.ckpt_mounts:
         return
@@ -311,7 +311,7 @@ def with_environ(env: tuple[str, ...], extra: dict[str, str]) -> tuple[str, ...]
 async def _bytes(job: Launch) -> None:
     """Each part's bytes from peers and from the origin, as the agent counted them."""
     from fusefs.image.pull import totals
-    from p2p.localapi import AgentClient
+    from p2p.agentclient import AgentClient
 
     async with AgentClient(job.places.api_socket, timeout_s=10.0) as agent:
         status = await agent.status()
