@@ -45,15 +45,19 @@ def probe_interpreter(python: str) -> tuple[Interpreter, str]:
                        os.path.abspath(path)), str(info["pip"])
 
 
-def installer_version(argv: Sequence[str], prefix: Path, bundled_pip: str,
+def installer_version(argv: Sequence[str], bundled_pip: str,
                       environ: Mapping[str, str]) -> str:
     """`pip 24.0`, `uv 0.5.1`, ... for the program the command runs."""
     program, name = argv[0], Path(argv[0]).name
     as_module = name.startswith("python") and list(argv[1:3]) == ["-m", "pip"]
     if as_module:
         name = "pip"
-    elif name.startswith("pip") and "/" not in program and not (prefix / "bin").exists():
-        return f"pip {bundled_pip}"  # the pip of the venv `depsnap run` is about to make
+    elif name.startswith("pip") and "/" not in program:
+        # The pip of the venv `depsnap run` makes: it runs first on PATH. Whatever the
+        # prefix holds now does not count (run refuses a prefix that is not empty), so
+        # a node that restored this prefix before computes the same key as one that
+        # did not.
+        return f"pip {bundled_pip}"
     elif not name.startswith(("pip", "uv")):
         return name  # not an installer we know: its command line is all the key has
     path = shutil.which(program, path=environ.get("PATH"))
@@ -89,7 +93,7 @@ def gather(argv: Sequence[str], prefix: Path, python: str, environ: Mapping[str,
     interpreter, bundled = probe_interpreter(python)
     files = [(option, read_with_includes(cwd / name)) for option, name in command.files]
     pins = [read_with_includes(cwd / p) for p in resolved]
-    installer = installer_version(argv, prefix, bundled, environ)
+    installer = installer_version(argv, bundled, environ)
     return canonical_inputs(command, files, pins, installer, interpreter,
                             str(prefix.absolute()), base_image, environ)
 

@@ -203,12 +203,32 @@ async def lazy_mount_imports_numpy(node: Node, key: str, mountpoint: Path) -> No
         assert 0 < held < total, (held, total)
 
 
-def key_of(cwd: Path, python: str, *command: str) -> dict[str, Any]:
+def key_of(cwd: Path, python: str, *command: str, prefix: str = "/opt/venv",
+           env: dict[str, str] | None = None) -> dict[str, Any]:
     done = subprocess.run([*bootseer_command(), "depsnap", "key", "--json", "--prefix",
-                           "/opt/venv", "--python", python, "--", *command], cwd=cwd,
-                          capture_output=True, text=True, check=True)
+                           prefix, "--python", python, "--", *command], cwd=cwd,
+                          capture_output=True, text=True, check=False, env=env)
+    assert done.returncode == 0, done.stderr
     result: dict[str, Any] = json.loads(done.stdout)
     return result
+
+
+def test_a_key_does_not_depend_on_what_the_prefix_holds_now(tmp_path: Path) -> None:
+    """`pip` runs from the venv `depsnap run` makes, whatever is at the prefix or on PATH
+    now: a node that restored the prefix before (or has no pip on PATH) gets the same key
+    as one that starts empty."""
+    (tmp_path / "req.txt").write_text(PINS)
+    no_pip = tmp_path / "empty-bin"
+    no_pip.mkdir()
+    env = {**os.environ, "PATH": str(no_pip)}
+    prefix = tmp_path / "venv"
+    empty = key_of(tmp_path, PYTHON, "pip", "install", "-r", "req.txt", prefix=str(prefix),
+                   env=env)
+    subprocess.run([PYTHON, "-m", "venv", "--without-pip", str(prefix)], check=True)
+    held = key_of(tmp_path, PYTHON, "pip", "install", "-r", "req.txt", prefix=str(prefix),
+                  env=env)
+    assert held == empty
+    assert empty["inputs"]["installer"].startswith("pip ")
 
 
 def test_depsnap_key_hashes_contents_in_any_order_and_shows_its_inputs(tmp_path: Path) -> None:
