@@ -83,11 +83,13 @@ from p2p.swarm.events import (
     Withdraw,
 )
 from p2p.swarm.node import (
+    AbandonJoin,
     AnnounceAll,
     Announced,
     AnnounceFailed,
     ChunkStored,
     ContentCompleted,
+    JoinSent,
     Leave,
     Node,
     NodeAction,
@@ -101,7 +103,6 @@ from p2p.wire import Have, Join, Pending, Piece, RemoteProtocolError, pack_bits,
 
 log = logging.getLogger(__name__)
 BURST_BYTES = 4 << 20  # a chunk's worth: idle moments are not lost to the cap
-JOIN_TIMEOUT_S = 10.0
 GOODBYE_S = 1.5  # of the 5 s a stop may take: the tracker hears "stopped" within this
 READ_ATTEMPTS = 3  # a chunk damaged this many times in a row during one read fails it
 
@@ -387,6 +388,9 @@ class Agent:
                 case WakeReaders(content, chunk):
                     if (session := self.sessions.get(content)) is not None:
                         session.wake(chunk)
+                case AbandonJoin(content, peer):
+                    if (session := self.sessions.get(content)) is not None:
+                        self._feed(session, PeerLost(peer, "no join reply"))
                 case _:
                     assert_never(action)
         self._rearm_node()
@@ -463,11 +467,7 @@ class Agent:
         if session.content not in link.joined_out:
             link.joined_out.add(session.content)
             link.send_soon(self._join_msg(session))
-            self._loop.call_later(JOIN_TIMEOUT_S, self._join_timeout, session, link)
-
-    def _join_timeout(self, session: Session, link: Link) -> None:
-        if session.links.get(link.peer) is not link and self.sessions.get(session.content):
-            self._feed(session, PeerLost(link.peer, "no join reply"))
+            self._node_event(JoinSent(session.content, link.peer))
 
     def _request(self, session: Session, peer: PeerId, chunk: int) -> None:
         link = session.links.get(peer)

@@ -76,6 +76,7 @@ from p2p.swarm.events import (
     Withdraw,
 )
 from p2p.swarm.node import (
+    AbandonJoin,
     AnnounceAll,
     Announced,
     AnnounceItem,
@@ -222,6 +223,11 @@ class Simulation:
                     self.tracker.leave(content, node.peer)
                 case WakeReaders():
                     pass  # simulated nodes have no readers: hot lists stand for them
+                case AbandonJoin(content, peer):
+                    # Unreached: a simulated Join is answered in one latency, so the
+                    # simulation reports no JoinSent. Carried out as the agent does.
+                    self._deliver(node.index, self._content_index[content],
+                                  PeerLost(peer, "no join reply"))
                 case _:
                     assert_never(action)
         when = node.core.next_timer()

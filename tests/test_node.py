@@ -13,12 +13,15 @@ from p2p.swarm import Swarm, SwarmConfig
 from p2p.swarm.events import ChunkArrived, Complete, PeerJoined, PeerLost
 from p2p.swarm.node import (
     EARLY_ANNOUNCE_GAP_S,
+    JOIN_TIMEOUT_S,
+    AbandonJoin,
     AnnounceAll,
     Announced,
     AnnounceFailed,
     AnnounceItem,
     ChunkStored,
     ContentCompleted,
+    JoinSent,
     Leave,
     Node,
     NodeAction,
@@ -173,3 +176,63 @@ def test_readers_of_a_removed_content_are_forgotten() -> None:
     n.handle(ReaderWaiting(X, 0), 0.0)
     n.remove(X)
     assert n.handle(ChunkStored(X, 0), 1.0) == []
+
+
+# ---- join time-outs -------------------------------------------------------------------
+
+
+def quiet(n: Node) -> Node:
+    """`n` with its first announce answered (A and B handed out): its timer is the
+    announce interval's."""
+    fire(n)
+    n.handle(Announced(100.0, handed_out=(A, B)), 0.0)
+    return n
+
+
+def test_a_join_unanswered_in_time_gives_the_peer_up() -> None:
+    n = quiet(node(x=swarm("00")))
+    n.handle(JoinSent(X, A), 1.0)
+    assert n.next_timer() == 1.0 + JOIN_TIMEOUT_S
+    assert n.handle_timer(1.0 + JOIN_TIMEOUT_S - 0.1) == []
+    assert fire(n) == [AbandonJoin(X, A)]
+    assert n.next_timer() == 100.0
+
+
+def test_a_join_answered_starts_no_time_out() -> None:
+    s = swarm("00")
+    n = quiet(node(x=s))
+    n.handle(JoinSent(X, A), 1.0)
+    join(s, A, 2.0)
+    n.handle(SwarmJoined(X, A), 2.0)
+    assert n.next_timer() == 100.0
+
+
+def test_a_join_on_a_second_link_to_a_joined_peer_starts_no_clock() -> None:
+    # Both sides dialled at once: the peer joined on one link, and we answer its Join
+    # on the other. The peer is one peer; the second Join is not a new question.
+    s = swarm("00")
+    n = quiet(node(x=s))
+    n.handle(JoinSent(X, A), 1.0)
+    join(s, A, 1.5)
+    n.handle(SwarmJoined(X, A), 1.5)
+    n.handle(JoinSent(X, A), 2.0)
+    assert n.next_timer() == 100.0
+
+
+def test_a_peer_joined_unheard_is_not_given_up() -> None:
+    s = swarm("00")
+    n = quiet(node(x=s))
+    n.handle(JoinSent(X, A), 1.0)
+    join(s, A, 2.0)  # the swarm has it; the node was not told
+    assert fire(n) == []
+
+
+def test_joins_of_a_removed_or_reopened_content_are_forgotten() -> None:
+    n = quiet(node(x=swarm("00"), y=swarm("0")))
+    n.handle(JoinSent(X, A), 1.0)
+    n.handle(JoinSent(Y, B), 1.0)
+    n.remove(X)
+    n.add(Y, swarm("0"), 2.0)
+    assert [type(a) for a in fire(n)] == [AnnounceAll]  # the reopened content's announce
+    n.handle(Announced(100.0), 2.0)
+    assert n.next_timer() == 102.0

@@ -25,6 +25,12 @@ so that the asyncio agent and the simulator make them with the same code:
 * Reader waiters. A reader blocked on a chunk is woken (`WakeReaders`) when
   the chunk is stored (`ChunkStored`), or at once if it is held already:
   never as a side effect of announcing the chunk to peers.
+* Join time-outs. A Join we send a peer for a content (`JoinSent`) must be
+  answered within `JOIN_TIMEOUT_S` by the peer joining that swarm, on any
+  link: two links to one peer (both sides dialled at once) are one peer
+  here, so a Join sent on the second link of a peer already joined on the
+  first starts no clock. Unanswered, the peer is given up (`AbandonJoin`:
+  the swarm hears it is lost, and may try it again later).
 
 What it deliberately does not know: sockets, futures, the tracker's wire
 format. It reads its swarms (held chunks, peers linked) but does not drive
@@ -45,6 +51,7 @@ from p2p.swarm import bits
 from p2p.swarm.swarm import Swarm
 
 EARLY_ANNOUNCE_GAP_S = 0.2  # announces prompted by new peers come no faster
+JOIN_TIMEOUT_S = 10.0  # a peer has this long to answer our Join with its own
 
 
 # ---- events -------------------------------------------------------------------
@@ -73,6 +80,14 @@ class SwarmJoined:
 
 
 @dataclass(frozen=True, slots=True)
+class JoinSent:
+    """We sent `peer` a Join for `content`."""
+
+    content: ContentId
+    peer: PeerId
+
+
+@dataclass(frozen=True, slots=True)
 class ContentCompleted:
     """The swarm of `content` said Complete."""
 
@@ -95,8 +110,8 @@ class ChunkStored:
     chunk: int
 
 
-NodeEvent = Announced | AnnounceFailed | SwarmJoined | ContentCompleted | ReaderWaiting | \
-    ChunkStored
+NodeEvent = Announced | AnnounceFailed | SwarmJoined | JoinSent | ContentCompleted | \
+    ReaderWaiting | ChunkStored
 
 
 # ---- actions ------------------------------------------------------------------
@@ -136,7 +151,16 @@ class WakeReaders:
     chunk: int
 
 
-NodeAction = AnnounceAll | Leave | WakeReaders
+@dataclass(frozen=True, slots=True)
+class AbandonJoin:
+    """`peer` did not answer our Join for `content` in time: tell its swarm the peer is
+    lost."""
+
+    content: ContentId
+    peer: PeerId
+
+
+NodeAction = AnnounceAll | Leave | WakeReaders | AbandonJoin
 
 
 def want(swarm: Swarm) -> int | None:
@@ -164,6 +188,7 @@ class Node:
         self._last_sent = float("-inf")
         self._handed_out: set[PeerId] = set()
         self._waiting: dict[ContentId, set[int]] = {}  # chunks readers are blocked on
+        self._joins: dict[tuple[ContentId, PeerId], float] = {}  # Joins sent -> deadline
 
     # ---- contents ---------------------------------------------------------------
 
@@ -174,12 +199,14 @@ class Node:
     def add(self, content: ContentId, swarm: Swarm, now: float) -> None:
         """Swarm on `content` (replacing a previous swarm for it); announced at once."""
         self._swarms[content] = swarm
+        self._forget_joins(content)  # a new swarm sends its own Joins
         self._announce_at(now)
 
     def remove(self, content: ContentId) -> list[NodeAction]:
         """Stop swarming on `content` (it failed or was evicted): leave its swarm.
         Its blocked readers are the caller's to fail."""
         self._waiting.pop(content, None)
+        self._forget_joins(content)
         if self._swarms.pop(content, None) is None:
             return []
         return [Leave(content)]
@@ -195,8 +222,13 @@ class Node:
             case AnnounceFailed():
                 self._answered(now)
             case SwarmJoined(content, peer):
+                self._joins.pop((content, peer), None)
                 if content in self._swarms and peer not in self._handed_out:
                     self._announce_at(max(now, self._last_sent + EARLY_ANNOUNCE_GAP_S))
+            case JoinSent(content, peer):
+                swarm = self._swarms.get(content)
+                if swarm is not None and not swarm.joined(peer):
+                    self._joins.setdefault((content, peer), now + JOIN_TIMEOUT_S)
             case ContentCompleted(content):
                 if content in self._swarms:
                     self._announce_at(now)
@@ -228,23 +260,42 @@ class Node:
 
     def next_timer(self) -> float | None:
         """When `handle_timer` must next run, on the caller's clock."""
+        times = list(self._joins.values())
+        if (announce := self._announce_due()) is not None:
+            times.append(announce)
+        return min(times, default=None)
+
+    def handle_timer(self, now: float) -> list[NodeAction]:
+        actions: list[NodeAction] = self._joins_due(now)
+        due = self._announce_due()
+        if due is None or now < due:
+            return actions
+        self._early = None
+        if not self._swarms:
+            self._due = now + self._interval_s
+            return actions
+        self._in_flight = True
+        self._last_sent = now
+        items = tuple(AnnounceItem(content, bits.count(swarm.have), swarm.complete, want(swarm))
+                      for content, swarm in self._swarms.items())
+        return [*actions, AnnounceAll(items)]
+
+    def _announce_due(self) -> float | None:
         if self._in_flight:
             return None  # the answer to the announce in flight comes as an event
         return self._due if self._early is None else min(self._due, self._early)
 
-    def handle_timer(self, now: float) -> list[NodeAction]:
-        due = self.next_timer()
-        if due is None or now < due:
-            return []
-        self._early = None
-        if not self._swarms:
-            self._due = now + self._interval_s
-            return []
-        self._in_flight = True
-        self._last_sent = now
-        return [AnnounceAll(tuple(
-            AnnounceItem(content, bits.count(swarm.have), swarm.complete, want(swarm))
-            for content, swarm in self._swarms.items()))]
+    def _joins_due(self, now: float) -> list[NodeAction]:
+        late = [key for key, deadline in self._joins.items() if deadline <= now]
+        for key in late:
+            del self._joins[key]
+        # A peer that joined without our hearing of it (no SwarmJoined) is not lost.
+        return [AbandonJoin(content, peer) for content, peer in late
+                if not self._swarms[content].joined(peer)]
+
+    def _forget_joins(self, content: ContentId) -> None:
+        for key in [k for k in self._joins if k[0] == content]:
+            del self._joins[key]
 
     def _answered(self, now: float) -> None:
         self._in_flight = False

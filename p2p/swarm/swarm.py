@@ -198,6 +198,10 @@ class Swarm:
         """Peers joined to this swarm (linked, their Join heard)."""
         return len(self._peers)
 
+    def joined(self, peer: PeerId) -> bool:
+        """Whether `peer` is joined to this swarm."""
+        return peer in self._peers
+
     def start(self, now: float) -> list[Action]:
         """The first actions: connect to known peers, fetch owned chunks."""
         if self.complete:
