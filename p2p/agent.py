@@ -52,6 +52,7 @@ from p2p.link import Link, UploadGate
 from p2p.metrics import AgentMetrics
 from p2p.origin import OriginError, OriginPool
 from p2p.peer import PeerConnection, PeerInfo, RateLimiter
+from p2p.ratelimit import BURST_BYTES
 from p2p.session import BufferPool, ContentFailed, Session
 from p2p.store import ChunkStore, CorruptChunk, MissingChunk, StoreError, UnknownContent
 from p2p.swarm import Swarm
@@ -102,7 +103,6 @@ from p2p.tracker_client import AnnounceReply, TrackerClient, TrackerError, Track
 from p2p.wire import Have, Join, Pending, Piece, RemoteProtocolError, pack_bits, unpack_bits
 
 log = logging.getLogger(__name__)
-BURST_BYTES = 4 << 20  # a chunk's worth: idle moments are not lost to the cap
 GOODBYE_S = 1.5  # of the 5 s a stop may take: the tracker hears "stopped" within this
 READ_ATTEMPTS = 3  # a chunk damaged this many times in a row during one read fails it
 

@@ -33,19 +33,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from p2p.content import PeerId
-from p2p.ratelimit import TokenBucket
+from p2p.ratelimit import BURST_BYTES, TokenBucket
 from p2p.swarm import Swarm
 from p2p.swarm.node import Node
-from p2p.swarm.uploads import UploadSlots
+from p2p.swarm.uploads import UPLOAD_ORDER, UPLOAD_SLOTS, UploadSlots
 
 ORIGIN = -1  # the `src` of a transfer from an origin
 
 TransferKey = tuple[int, int, int, int]  # (dst node, content, src node or ORIGIN, chunk)
 
 
-UPLOAD_SLOTS = 4  # p2p.config.AgentConfig.upload_slots (a test keeps them equal)
-UPLOAD_ORDER = "neediest_first"  # p2p.config.AgentConfig.upload_order (likewise)
-BURST_BYTES = 4 << 20  # p2p.agent.BURST_BYTES, the rate limiters' burst (likewise)
 
 
 @dataclass(frozen=True, slots=True)
