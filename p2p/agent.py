@@ -131,6 +131,7 @@ class Agent:
         self.port = self._conns.port
         self._announcer = Announcer(self, self.tracker)
         self._node_timer: asyncio.TimerHandle | None = None
+        self._node_timer_at: float | None = None
         self._stopping = False
 
     # ---- lifecycle ------------------------------------------------------------
@@ -153,6 +154,7 @@ class Agent:
         self._stopping = True
         if self._node_timer is not None:
             self._node_timer.cancel()
+            self._node_timer = None
         for session in list(self.sessions.values()):
             self._close_session(session)
         with contextlib.suppress(TrackerUnavailable, TrackerError, TimeoutError):
@@ -396,12 +398,16 @@ class Agent:
         self._rearm_node()
 
     def _rearm_node(self) -> None:
+        when = self.node.next_timer()
         if self._node_timer is not None:
+            if self._node_timer_at == when:
+                return  # most events (a chunk stored) leave it where it was
             self._node_timer.cancel()
             self._node_timer = None
-        when = self.node.next_timer()
         if when is not None and not self._stopping:
-            self._node_timer = self._loop.call_at(when, self._on_node_timer)
+            # (uvloop's timer handles cannot say when they are due: remember it here)
+            self._node_timer, self._node_timer_at = self._loop.call_at(
+                when, self._on_node_timer), when
 
     def _rearm(self, session: Session) -> None:
         if session.timer:

@@ -192,10 +192,6 @@ class Node:
 
     # ---- contents ---------------------------------------------------------------
 
-    @property
-    def contents(self) -> list[ContentId]:
-        return list(self._swarms)
-
     def add(self, content: ContentId, swarm: Swarm, now: float) -> None:
         """Swarm on `content` (replacing a previous swarm for it); announced at once."""
         self._swarms[content] = swarm
