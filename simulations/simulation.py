@@ -250,11 +250,11 @@ class Simulation:
         """The tracker answers at once; each content's answer goes to its swarm (a
         complete one ignores it), then the core hears that the announce is done."""
         now, limit = self.loop.now, self.scenario.tracker.handout_limit
+        states = [(i.content, i.have, i.complete, limit if i.want is None else i.want)
+                  for i in items]
         handed_out: list[PeerId] = []
-        for item in items:
-            found = self.tracker.announce(item.content, node.peer, node.rack, item.have,
-                                          item.complete, now,
-                                          limit if item.want is None else item.want)
+        for item, found in zip(items, self.tracker.announce(node.peer, node.rack, states, now),
+                               strict=True):
             handed_out += [hint.peer for hint in found.peers]
             if not item.complete:
                 self._deliver(node.index, self._content_index[item.content], found)

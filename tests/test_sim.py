@@ -222,11 +222,12 @@ def test_nodes_announce_as_the_agents_node_core_decides() -> None:
     seen: list[tuple[bool, int, bool]] = []  # (complete, want, as the core decides it)
     announce = sim.tracker.announce
 
-    def recording(content, peer, rack, have, complete, now, want):  # type: ignore[no-untyped-def]
-        swarm = sim.nodes[sim._index[peer]].swarms[sim._content_index[content]]
-        expected = 0 if swarm.complete or swarm.peer_count >= 4 else 30
-        seen.append((complete, want, want == expected))
-        return announce(content, peer, rack, have, complete, now, want)
+    def recording(peer, rack, items, now):  # type: ignore[no-untyped-def]
+        for content, _, complete, want in items:
+            swarm = sim.nodes[sim._index[peer]].swarms[sim._content_index[content]]
+            expected = 0 if swarm.complete or swarm.peer_count >= 4 else 30
+            seen.append((complete, want, want == expected))
+        return announce(peer, rack, items, now)
 
     sim.tracker.announce = recording  # type: ignore[method-assign]
     assert sim.run() == "complete"
