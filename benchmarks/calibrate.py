@@ -37,9 +37,10 @@ from pathlib import Path
 from typing import Any
 
 from p2p.swarm import SwarmConfig
+from p2p.swarm.uploads import UPLOAD_SLOTS
 from simulations import report
 from simulations.network import NetworkSpec, OriginSpec
-from simulations.node import UPLOAD_SLOTS, AgentSpec
+from simulations.node import AgentSpec
 from simulations.scenario import Scenario, parse_size
 from simulations.simulation import Simulation
 from simulations.tracker import TrackerSpec

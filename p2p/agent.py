@@ -23,9 +23,14 @@ request for the content opens a fresh session, so no failure is sticky.
 Two rooms of the agent's work live beside it. Peer connections (accepting,
 dialling, address bans, reports to the tracker) are p2p.connections': the
 swarms say which peers to connect to, and the agent hears when a dial ends
-(`dialled`, `dial_failed`). Announces are p2p.announcer's: one loop per
-node, one request for all sessions, whose replies the agent hands to each
-session's swarm (`tracker_replied`).
+(`dialled`, `dial_failed`).
+
+What spans contents is decided by the node core (p2p.swarm.node.Node), which
+the simulator drives too: when to announce and what to ask the tracker for
+(p2p.announcer carries the announces out and hands each session's swarm its
+reply, `tracker_replied`), and when a blocked reader may read its chunk (it
+is woken when the chunk is stored, not when it is announced to peers). The
+agent feeds the core its events and re-arms its one timer, as for swarms.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ from p2p.link import Link, UploadGate
 from p2p.metrics import AgentMetrics
 from p2p.origin import OriginError, OriginPool
 from p2p.peer import PeerConnection, PeerInfo, RateLimiter
+from p2p.ratelimit import BURST_BYTES
 from p2p.session import BufferPool, ContentFailed, Session
 from p2p.store import ChunkStore, CorruptChunk, MissingChunk, StoreError, UnknownContent
 from p2p.swarm import Swarm
@@ -77,12 +83,26 @@ from p2p.swarm.events import (
     WantedAll,
     Withdraw,
 )
+from p2p.swarm.node import (
+    AbandonJoin,
+    AnnounceAll,
+    Announced,
+    AnnounceFailed,
+    ChunkStored,
+    ContentCompleted,
+    JoinSent,
+    Leave,
+    Node,
+    NodeAction,
+    NodeEvent,
+    ReaderWaiting,
+    SwarmJoined,
+    WakeReaders,
+)
 from p2p.tracker_client import AnnounceReply, TrackerClient, TrackerError, TrackerUnavailable
 from p2p.wire import Have, Join, Pending, Piece, RemoteProtocolError, pack_bits, unpack_bits
 
 log = logging.getLogger(__name__)
-BURST_BYTES = 4 << 20  # a chunk's worth: idle moments are not lost to the cap
-JOIN_TIMEOUT_S = 10.0
 GOODBYE_S = 1.5  # of the 5 s a stop may take: the tracker hears "stopped" within this
 READ_ATTEMPTS = 3  # a chunk damaged this many times in a row during one read fails it
 
@@ -109,7 +129,10 @@ class Agent:
         self._conns = Connections(config, secret, self, new_link=self._new_link,
                                   tracker=self.tracker, metrics=self.metrics, spawn=self._spawn)
         self.port = self._conns.port
-        self._announcer = Announcer(self, self.tracker, config.announce_interval_s)
+        self._announcer = Announcer(self, self.tracker)
+        self._node_timer: asyncio.TimerHandle | None = None
+        self._node_timer_at: float | None = None
+        self._stopping = False
 
     # ---- lifecycle ------------------------------------------------------------
 
@@ -118,7 +141,8 @@ class Agent:
         peer = PeerId(self.config.resolved_peer_id(self.port))
         self.me = PeerInfo(peer, f"{self.config.host}:{self.port}", self.config.rack)
         self._conns.start(self.me)
-        self._spawn(self._announcer.run())
+        self.node = Node(self.config.announce_interval_s, self._loop.time())
+        self._rearm_node()
         for manifest in self.store.known():
             try:  # seed what survived a restart; whoever still wants it all asks again
                 await self._open_session(manifest, lazy=True)
@@ -127,6 +151,10 @@ class Agent:
 
     async def stop(self) -> None:
         """Fail every waiter at once, say goodbye within GOODBYE_S, cancel everything."""
+        self._stopping = True
+        if self._node_timer is not None:
+            self._node_timer.cancel()
+            self._node_timer = None
         for session in list(self.sessions.values()):
             self._close_session(session)
         with contextlib.suppress(TrackerUnavailable, TrackerError, TimeoutError):
@@ -220,6 +248,7 @@ class Agent:
         for _ in range(READ_ATTEMPTS):
             if not session.swarm.held(chunk):
                 waiter = session.waiter(chunk, self._loop)
+                self._node_event(ReaderWaiting(session.content, chunk))
                 self._feed(session, ReaderWants((chunk,)))
                 await waiter
             try:
@@ -252,8 +281,9 @@ class Agent:
         session = Session(manifest, swarm, self._new_done(), started=self._loop.time())
         self.sessions[manifest.content_id] = session
         self.metrics.contents.set(len(self.sessions))
+        self.node.add(manifest.content_id, swarm, self._loop.time())  # announced at once
+        self._rearm_node()
         self._execute(session, swarm.start(self._loop.time()))
-        self._announcer.soon(new_content=True)  # the node's one loop covers it now
         return session
 
     def _new_done(self) -> asyncio.Future[None]:
@@ -343,6 +373,42 @@ class Agent:
             return
         session.pinned = fetching
 
+    def _node_event(self, event: NodeEvent) -> None:
+        self._node_execute(self.node.handle(event, self._loop.time()))
+
+    def _on_node_timer(self) -> None:
+        self._node_timer = None
+        self._node_execute(self.node.handle_timer(self._loop.time()))
+
+    def _node_execute(self, actions: list[NodeAction]) -> None:
+        for action in actions:
+            match action:
+                case AnnounceAll(items):
+                    self._spawn(self._announcer.send(items))
+                case Leave(content):
+                    self._spawn(self._announcer.gone(content))
+                case WakeReaders(content, chunk):
+                    if (session := self.sessions.get(content)) is not None:
+                        session.wake(chunk)
+                case AbandonJoin(content, peer):
+                    if (session := self.sessions.get(content)) is not None:
+                        self._feed(session, PeerLost(peer, "no join reply"))
+                case _:
+                    assert_never(action)
+        self._rearm_node()
+
+    def _rearm_node(self) -> None:
+        when = self.node.next_timer()
+        if self._node_timer is not None:
+            if self._node_timer_at == when:
+                return  # most events (a chunk stored) leave it where it was
+            self._node_timer.cancel()
+            self._node_timer = None
+        if when is not None and not self._stopping:
+            # (uvloop's timer handles cannot say when they are due: remember it here)
+            self._node_timer, self._node_timer_at = self._loop.call_at(
+                when, self._on_node_timer), when
+
     def _rearm(self, session: Session) -> None:
         if session.timer:
             session.timer.cancel()
@@ -355,8 +421,7 @@ class Agent:
         session.finished = self._loop.time()
         if not session.done.done():
             session.done.set_result(None)
-        session.wake(range(session.manifest.chunks))
-        self._spawn(self._announcer.once(session.content))
+        self._node_event(ContentCompleted(session.content))
         log.info("content %s complete", session.content)
 
     def _evicted(self, content: ContentId) -> None:
@@ -366,7 +431,7 @@ class Agent:
             log.info("content %s evicted from the store; no longer serving it", content)
             self._close_session(session, f"content {content} was evicted from the store")
             self.metrics.contents.set(len(self.sessions))
-            self._spawn(self._announcer.gone(session))
+            self._node_execute(self.node.remove(content))
 
     def _failed(self, session: Session, reason: str) -> None:
         """The content cannot be completed now: say why, stop, unpin; the next request
@@ -377,7 +442,7 @@ class Agent:
         log.error("%s", message)
         session.failed = reason
         self._close_session(session, message)
-        self._spawn(self._announcer.gone(session))
+        self._node_execute(self.node.remove(session.content))
 
     def _damaged(self, content: ContentId, chunk: int) -> None:
         """The store deleted a chunk file that failed its check: fetch it again."""
@@ -408,11 +473,7 @@ class Agent:
         if session.content not in link.joined_out:
             link.joined_out.add(session.content)
             link.send_soon(self._join_msg(session))
-            self._loop.call_later(JOIN_TIMEOUT_S, self._join_timeout, session, link)
-
-    def _join_timeout(self, session: Session, link: Link) -> None:
-        if session.links.get(link.peer) is not link and self.sessions.get(session.content):
-            self._feed(session, PeerLost(link.peer, "no join reply"))
+            self._node_event(JoinSent(session.content, link.peer))
 
     def _request(self, session: Session, peer: PeerId, chunk: int) -> None:
         link = session.links.get(peer)
@@ -432,8 +493,6 @@ class Agent:
     def _advertise(self, session: Session, chunk: int, pending: bool) -> None:
         self._tell_joined(session, Pending(content=session.content, chunk=chunk) if pending
                           else Have(content=session.content, chunk=chunk))
-        if not pending:
-            session.wake([chunk])
 
     def _tell_joined(self, session: Session, msg: wire.Message) -> None:
         # Every link we sent our Join on, even before the peer's Join came back:
@@ -468,6 +527,10 @@ class Agent:
 
     # ---- AnnouncerOwner -------------------------------------------------------
 
+    def announced(self, interval_s: float | None, handed_out: tuple[PeerId, ...]) -> None:
+        self._node_event(AnnounceFailed() if interval_s is None
+                         else Announced(interval_s, handed_out))
+
     def tracker_replied(self, session: Session, reply: AnnounceReply) -> None:
         hints = []
         for info in reply.peers:
@@ -501,10 +564,9 @@ class Agent:
             return
         session.links[link.peer] = link
         self._send_join(session, link)
-        if not self._conns.known_by_tracker(link.peer):
-            self._announcer.soon()  # the swarm grew: learn our origin slot now
         self._feed(session, PeerJoined(link.peer, link.conn.remote.rack, tuple(have),
                                        tuple(msg.pending)))
+        self._node_event(SwarmJoined(content, link.peer))
 
     def _answer_join_from_store(self, link: Link, content: ContentId) -> None:
         """A peer asks about a content we hold but are not swarming on: seed it."""
@@ -600,6 +662,7 @@ class Agent:
             return
         self.metrics.chunks_verified.inc()
         self._feed(session, ChunkArrived(chunk, source, ok=True))
+        self._node_event(ChunkStored(session.content, chunk))
 
     async def _fetch_origin(self, session: Session, chunk: int) -> None:
         manifest = session.manifest

@@ -1,34 +1,30 @@
-"""Announcing the agent's contents to the tracker, and passing on what it hands out.
+"""Announcing the agent's contents to the tracker: the I/O of the node core's announces.
 
-Theory of operation. The agent has one announce loop (`run`), and each pass
-announces every open session's content in one request (the tracker's
-batched announce): what we hold of each, whether it is complete. Then it
-waits for the interval the tracker last asked for (the configured one before
-its first answer) unless `soon` wakes it first: a session opened, or a peer
-the tracker did not hand out joined, so a swarm grew and our origin-fetcher
-slot may have changed. Announces woken early come no faster than one per
-EARLY_ANNOUNCE_GAP_S. A content asks for peers only while it is incomplete
-and has fewer links than the swarm would open (`want: 0` otherwise, as the
-simulator assumes). Every content's reply (peers, origin slot) goes to the
-owner, which hands it to that content's swarm; a failed announce is logged
-and the loop goes on.
+Theory of operation. When to announce and what each content asks for are
+the node core's decisions (p2p.swarm.node: one request for all contents, at
+once when a content opens or completes, early when the swarm grows, `want`
+0 once a content needs no more peers). This module only carries them out:
+`send` makes the core's `AnnounceAll` one batched request, hands each
+content's answer (peers, origin slot) to the owner, which gives it to that
+content's swarm, and then tells the owner the announce is over (`announced`,
+with the interval the tracker asks for, or None if it failed: a failed
+announce is logged and the core tries again later).
 
 A content that fails or is evicted is announced "stopped" with nothing held
-(`gone`); a stopping agent says "stopped" for all its contents in one
-request (`goodbye`).
+(`gone`, the core's `Leave`); a stopping agent says "stopped" for all its
+contents in one request (`goodbye`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from typing import Protocol
 
-from p2p.content import ContentId
+from p2p.content import ContentId, PeerId
 from p2p.peer import PeerInfo
 from p2p.session import Session
-from p2p.swarm import bits
+from p2p.swarm.node import AnnounceItem
 from p2p.tracker_client import (
     AnnounceReply,
     ContentState,
@@ -38,7 +34,6 @@ from p2p.tracker_client import (
 )
 
 log = logging.getLogger(__name__)
-EARLY_ANNOUNCE_GAP_S = 0.2  # announces prompted by new peers come no faster
 
 
 class AnnouncerOwner(Protocol):
@@ -46,80 +41,50 @@ class AnnouncerOwner(Protocol):
     sessions: dict[ContentId, Session]
 
     def tracker_replied(self, session: Session, reply: AnnounceReply) -> None: ...
-
-
-def _want(session: Session) -> int | None:
-    """0 (no handout) once the content is complete or we hold as many links as the
-    swarm would open; else None, the tracker's limit. The simulator models exactly
-    this, and it spares the tracker most handouts of a running launch."""
-    swarm = session.swarm
-    return 0 if swarm.complete or len(session.links) >= swarm.config.max_peers else None
+    def announced(self, interval_s: float | None, handed_out: tuple[PeerId, ...]) -> None: ...
 
 
 class Announcer:
     """The agent's announces; see the module docstring."""
 
-    def __init__(self, owner: AnnouncerOwner, tracker: TrackerClient, interval_s: float) -> None:
+    def __init__(self, owner: AnnouncerOwner, tracker: TrackerClient) -> None:
         self._owner = owner
         self._tracker = tracker
-        self._interval_s = interval_s
-        self._wake = asyncio.Event()
-        self._urgent = False  # a content just opened: no gap before its first announce
 
-    async def run(self) -> None:
-        """The node's announce loop; runs until cancelled."""
-        loop = asyncio.get_running_loop()
-        interval = self._interval_s
-        while True:
-            self._wake.clear()
-            self._urgent = False
-            last = loop.time()
-            interval = await self._announce(list(self._owner.sessions)) or interval
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), interval)
-            gap = last + EARLY_ANNOUNCE_GAP_S - loop.time()
-            if gap > 0 and not self._urgent:
-                await asyncio.sleep(gap)
-
-    def soon(self, new_content: bool = False) -> None:
-        """Announce early (all contents: one request covers them). A content just opened
-        goes out at once: its launch waits on its first peers (an image opens six
-        contents one after another, and a gap for each cost 0.3 s of a 2.3 s launch);
-        other prompts (a peer joined) come no faster than EARLY_ANNOUNCE_GAP_S."""
-        self._urgent = self._urgent or new_content
-        self._wake.set()
-
-    async def once(self, content: ContentId, event: str | None = None) -> float | None:
-        """Announce `content`'s session alone, if it has one; the interval asked for."""
-        return await self._announce([content], event)
-
-    async def _announce(self, contents: list[ContentId],
-                        event: str | None = None) -> float | None:
-        me, sessions = self._owner.me, self._owner.sessions
-        states = [ContentState(c, bits.count(s.swarm.have), s.swarm.complete, event,
-                               want=_want(s), origin_bytes=s.origin_bytes)
-                  for c in contents if (s := sessions.get(c)) is not None]
-        if me is None or not states:
-            return None
+    async def send(self, items: tuple[AnnounceItem, ...]) -> None:
+        """One announce of `items`; the owner always hears that it ended."""
+        sessions = self._owner.sessions
+        states = [ContentState(i.content, i.have, i.complete, want=i.want,
+                               origin_bytes=s.origin_bytes if (s := sessions.get(i.content))
+                               else 0) for i in items]
         try:
-            replies = await self._tracker.announce_all(me.peer, me.addr, me.rack, states)
+            replies = await self._announce(states)
         except (TrackerUnavailable, TrackerError) as exc:
             log.warning("announce of %d contents failed: %s", len(states), exc)
-            return None
-        if event is not None:
-            return None
+            self._owner.announced(None, ())
+            return
+        except BaseException:  # a bug, or the agent stopping: the core must not wait forever
+            self._owner.announced(None, ())
+            raise
+        handed_out: list[PeerId] = []
         for state in states:
+            reply = replies[state.content]
+            handed_out += [info.peer for info in reply.peers]
             session = sessions.get(state.content)
             if session is not None:  # it may have closed while we waited
-                self._owner.tracker_replied(session, replies[state.content])
-        return next(iter(replies.values())).interval
+                self._owner.tracker_replied(session, reply)
+        self._owner.announced(next(iter(replies.values())).interval, tuple(handed_out))
 
     async def goodbye(self) -> None:
-        await self._announce(list(self._owner.sessions), event="stopped")
+        if self._owner.sessions:
+            await self._announce([ContentState(c, 0, False, "stopped")
+                                  for c in self._owner.sessions])
 
-    async def gone(self, session: Session) -> None:
+    async def gone(self, content: ContentId) -> None:
+        with contextlib.suppress(TrackerUnavailable, TrackerError):
+            await self._announce([ContentState(content, 0, False, "stopped")])
+
+    async def _announce(self, states: list[ContentState]) -> dict[ContentId, AnnounceReply]:
         me = self._owner.me
         assert me is not None
-        with contextlib.suppress(TrackerUnavailable, TrackerError):
-            await self._tracker.announce_all(me.peer, me.addr, me.rack,
-                                             [ContentState(session.content, 0, False, "stopped")])
+        return await self._tracker.announce_all(me.peer, me.addr, me.rack, states)

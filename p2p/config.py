@@ -19,7 +19,7 @@ from typing import Any
 
 from p2p.content import GiB
 from p2p.swarm import SwarmConfig
-from p2p.swarm.uploads import UPLOAD_ORDERS
+from p2p.swarm.uploads import UPLOAD_ORDER, UPLOAD_ORDERS, UPLOAD_SLOTS
 
 
 class ConfigError(Exception):
@@ -42,8 +42,8 @@ class AgentConfig:
     upload_mbps: float | None = None  # per-node cap on bytes served to peers (MB/s)
     download_mbps: float | None = None  # per-node cap on bytes fetched from peers and origins
     origin_concurrency: int = 4  # concurrent reads per origin from this node
-    upload_slots: int = 4  # pieces sent at once, over all peers
-    upload_order: str = "neediest_first"  # which waiting piece gets a free slot: the one
+    upload_slots: int = UPLOAD_SLOTS  # pieces sent at once, over all peers
+    upload_order: str = UPLOAD_ORDER  # which waiting piece gets a free slot: the one
     #                                       for the peer furthest behind, or "fifo"
     max_connections: int = 1024  # peer connections, authenticating or not, at once
     max_handshakes: int = 64  # unauthenticated peer connections at once (8 per address)

@@ -123,9 +123,6 @@ class Connections:
         self._addrs[peer] = addr
         self._known_by_tracker.add(peer)
 
-    def known_by_tracker(self, peer: PeerId) -> bool:
-        return peer in self._known_by_tracker
-
     def _known_host(self, peer: PeerId) -> str | None:
         """The host the tracker hands `peer` out at, if it does."""
         if peer in self._known_by_tracker and peer in self._addrs:

@@ -21,6 +21,10 @@ from __future__ import annotations
 
 from collections import Counter
 
+# The agent's rate limiters' burst, which the simulator models too: a chunk's
+# worth, so that idle moments are not lost to the cap.
+BURST_BYTES = 4 << 20
+
 
 class TokenBucket:
     """Bytes allowed per second, with bursts of up to `burst_bytes`.

@@ -41,21 +41,19 @@ class Session:
         return self.manifest.content_id
 
     def waiter(self, chunk: int, loop: asyncio.AbstractEventLoop) -> asyncio.Future[None]:
-        """A future that resolves when `chunk` is held, or fails with the session."""
+        """A future for a reader of `chunk`: `wake` resolves it (the node core says when),
+        or it fails with the session."""
         fut: asyncio.Future[None] = loop.create_future()
         if self.done.done() and self.done.exception() is not None:
             fut.set_exception(self.done.exception())  # type: ignore[arg-type]
-        elif self.swarm.held(chunk):
-            fut.set_result(None)
         else:
             self.waiters.setdefault(chunk, []).append(fut)
         return fut
 
-    def wake(self, chunks: range | list[int]) -> None:
-        for chunk in chunks:
-            for fut in self.waiters.pop(chunk, []):
-                if not fut.done():
-                    fut.set_result(None)
+    def wake(self, chunk: int) -> None:
+        for fut in self.waiters.pop(chunk, []):
+            if not fut.done():
+                fut.set_result(None)
 
     def status(self, now: float) -> dict[str, object]:
         """What `GET /v1/status` says of this content.

@@ -2,8 +2,9 @@
 
 Theory of operation
 -------------------
-A `SimNode` owns one `p2p.swarm.Swarm` per content it needs, exactly as an
-agent does, plus what the agent's I/O would hold: the set of open
+A `SimNode` owns one `p2p.swarm.Swarm` per content it needs and the agent's
+own node core (`p2p.swarm.node.Node`: the announce schedule and what it asks
+of the tracker), exactly as an agent does, plus what the agent's I/O would hold: the set of open
 connections per content, the chunks it is fetching from the origin (sent as
 `pending` when a peer joins), and the transfers it takes part in. It holds
 no policy: the simulation feeds its swarms events and carries out their
@@ -32,18 +33,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from p2p.content import PeerId
-from p2p.ratelimit import TokenBucket
+from p2p.ratelimit import BURST_BYTES, TokenBucket
 from p2p.swarm import Swarm
-from p2p.swarm.uploads import UploadSlots
+from p2p.swarm.node import Node
+from p2p.swarm.uploads import UPLOAD_ORDER, UPLOAD_SLOTS, UploadSlots
 
 ORIGIN = -1  # the `src` of a transfer from an origin
 
 TransferKey = tuple[int, int, int, int]  # (dst node, content, src node or ORIGIN, chunk)
 
 
-UPLOAD_SLOTS = 4  # p2p.config.AgentConfig.upload_slots (a test keeps them equal)
-UPLOAD_ORDER = "neediest_first"  # p2p.config.AgentConfig.upload_order (likewise)
-BURST_BYTES = 4 << 20  # p2p.agent.BURST_BYTES, the rate limiters' burst (likewise)
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,13 +186,14 @@ class Counters:
 
 
 class SimNode:
-    __slots__ = ("alive", "complete_s", "conns", "counters", "download", "fail_s", "finished",
-                 "hot_left", "index", "needs", "origin_pending", "peer", "rack", "rack_index",
-                 "ready_left", "ready_s", "start_s", "swarms", "timer_at", "transfers",
-                 "unfinished", "uploads")
+    __slots__ = ("alive", "complete_s", "conns", "core", "core_timer_at", "counters", "download",
+                 "fail_s", "finished", "hot_left", "index", "needs", "origin_pending", "peer",
+                 "rack", "rack_index", "ready_left", "ready_s", "start_s", "swarms", "timer_at",
+                 "transfers", "unfinished", "uploads")
 
     def __init__(self, index: int, rack_index: int, needs: tuple[int, ...], start_s: float,
-                 fail_s: float | None, agent: AgentSpec = AgentSpec(),
+                 fail_s: float | None, announce_interval_s: float,
+                 agent: AgentSpec = AgentSpec(),
                  upload_rank: Callable[[Transfer], int] = lambda t: 0) -> None:
         self.index = index
         self.peer = PeerId(f"n{index:06d}")
@@ -204,6 +204,8 @@ class SimNode:
         self.fail_s = fail_s
         self.alive = False
         self.swarms: dict[int, Swarm] = {}
+        self.core = Node(announce_interval_s, start_s)
+        self.core_timer_at: float | None = None  # the core's one live wake-up
         self.conns: dict[int, dict[int, None]] = {}  # content -> connected nodes, in order
         self.origin_pending: dict[int, int] = {}  # content -> mask of chunks from the origin
         self.transfers: dict[Transfer, None] = {}  # as sender or receiver, in start order

@@ -39,11 +39,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from p2p.ratelimit import BURST_BYTES
 from p2p.swarm import SwarmConfig
-from p2p.swarm.uploads import UPLOAD_ORDERS
+from p2p.swarm.uploads import UPLOAD_ORDER, UPLOAD_ORDERS, UPLOAD_SLOTS
 from simulations.cpu import CpuSpec
 from simulations.network import NetworkSpec, OriginSpec
-from simulations.node import BURST_BYTES, UPLOAD_ORDER, UPLOAD_SLOTS, AgentSpec
+from simulations.node import AgentSpec
 from simulations.strategy import STRATEGIES
 from simulations.tracker import TrackerSpec
 from simulations.workload import ContentKind, Workload

@@ -25,6 +25,14 @@ actions the swarm returns as scheduled callbacks and network flows:
 | Disconnect(p)       | PeerLost to the other side; their transfers stop          |
 | Report / Complete / Abort | counted / completion time / failure recorded        |
 
+Each node also runs the agent's node core (`p2p.swarm.node.Node`), which
+decides when the node announces and what each content asks of the tracker:
+an `AnnounceAll` is answered at once by the simulated tracker, each
+content's answer going to its swarm as `PeersFound`; a `Leave` (a content
+aborted) removes the node from that swarm at the tracker. The core hears
+when a peer joins one of the node's swarms and when a content completes,
+and has one wake-up of its own.
+
 Swarm timers: each swarm has at most one live wake-up. `next_timer()` is
 asked when none is pending, after each wake-up, and after events that can
 bring a deadline forward (see `_rearm`); a wake-up is never further than
@@ -41,7 +49,9 @@ from __future__ import annotations
 import gc
 import random
 from collections.abc import Callable
+from typing import assert_never
 
+from p2p.content import PeerId
 from p2p.swarm import Swarm
 from p2p.swarm.events import (
     Abort,
@@ -64,6 +74,18 @@ from p2p.swarm.events import (
     Report,
     Request,
     Withdraw,
+)
+from p2p.swarm.node import (
+    AbandonJoin,
+    AnnounceAll,
+    Announced,
+    AnnounceItem,
+    ContentCompleted,
+    Leave,
+    NodeAction,
+    NodeEvent,
+    SwarmJoined,
+    WakeReaders,
 )
 from simulations.cpu import CpuPool
 from simulations.engine import Loop
@@ -95,10 +117,12 @@ class Simulation:
         self._hot_mask = [sum(1 << c for c in content.hot) for content in self.contents]
         self.tracker = SimTracker(scenario.tracker, self.strategy.handout,
                                   random.Random(f"{scenario.seed}/tracker"))
+        interval = scenario.tracker.announce_interval_s
         self.nodes = [SimNode(i, self.top.rack_of[i], self.plan.needs[i], self.plan.start_s[i],
-                              self.plan.fail_s[i], scenario.agent, self._progress)
+                              self.plan.fail_s[i], interval, scenario.agent, self._progress)
                       for i in range(scenario.nodes)]
         self._index = {node.peer: node.index for node in self.nodes}
+        self._content_index = {content.id: c for c, content in enumerate(self.contents)}
         # held[c][chunk * nodes + n]: node n's swarm holds `chunk` of content c, or has
         # finished. Lets `_fan_out` skip haves that cannot change what a swarm does.
         self._held = [bytearray(content.chunks * scenario.nodes) for content in self.contents]
@@ -171,9 +195,12 @@ class Simulation:
             node.origin_pending[c] = 0
             if self.strategy.prefetch and content.hot:
                 node.hot_left[c] = len(content.hot)
+            if self.strategy.uses_tracker:
+                node.core.add(content.id, swarm, now)
+        if self.strategy.uses_tracker:
+            self._core_do(node, node.core.handle_timer(now))  # the first announce is due now
         for c in node.needs:
             if self.strategy.uses_tracker:
-                self._announce((n, c))
                 if c in node.hot_left:
                     self._deliver(n, c, PrefetchGiven(self.contents[c].hot))
             else:
@@ -184,19 +211,55 @@ class Simulation:
         swarm = self.nodes[transfer.dst].swarms.get(transfer.content)
         return 0 if swarm is None else swarm.have.bit_count()
 
-    def _announce(self, arg: tuple[int, int]) -> None:
-        n, c = arg
+    # ---- the node core: announces --------------------------------------------------
+
+    def _core_do(self, node: SimNode, actions: list[NodeAction]) -> None:
+        """Carry out the node core's actions, then re-arm its one timer."""
+        for action in actions:
+            match action:
+                case AnnounceAll(items):
+                    self._announce_all(node, items)
+                case Leave(content):
+                    self.tracker.leave(content, node.peer)
+                case WakeReaders():
+                    pass  # simulated nodes have no readers: hot lists stand for them
+                case AbandonJoin(content, peer):
+                    # Unreached: a simulated Join is answered in one latency, so the
+                    # simulation reports no JoinSent. Carried out as the agent does.
+                    self._deliver(node.index, self._content_index[content],
+                                  PeerLost(peer, "no join reply"))
+                case _:
+                    assert_never(action)
+        when = node.core.next_timer()
+        if when is not None and when != node.core_timer_at:
+            node.core_timer_at = when
+            self.loop.at(when, self._core_timer, (node.index, when))
+
+    def _core_timer(self, arg: tuple[int, float]) -> None:
+        n, when = arg
         node = self.nodes[n]
-        swarm = node.swarms.get(c)
-        if not node.alive or swarm is None or swarm.complete:
-            return
-        first = not node.conns[c]
-        want = self.scenario.tracker.handout_limit if (
-            first or len(node.conns[c]) < self.strategy.swarm.max_peers) else 0
-        found = self.tracker.announce(self.contents[c].id, node.peer, node.rack,
-                                      swarm.have.bit_count(), False, self.loop.now, want)
-        self._deliver(n, c, found)
-        self.loop.after(self.scenario.tracker.announce_interval_s, self._announce, arg)
+        if node.core_timer_at != when or not node.alive:
+            return  # superseded, or the node died
+        node.core_timer_at = None
+        self._core_do(node, node.core.handle_timer(self.loop.now))
+
+    def _core_event(self, node: SimNode, event: NodeEvent) -> None:
+        self._core_do(node, node.core.handle(event, self.loop.now))
+
+    def _announce_all(self, node: SimNode, items: tuple[AnnounceItem, ...]) -> None:
+        """The tracker answers at once; each content's answer goes to its swarm (a
+        complete one ignores it), then the core hears that the announce is done."""
+        now, limit = self.loop.now, self.scenario.tracker.handout_limit
+        states = [(i.content, i.have, i.complete, limit if i.want is None else i.want)
+                  for i in items]
+        handed_out: list[PeerId] = []
+        for item, found in zip(items, self.tracker.announce(node.peer, node.rack, states, now),
+                               strict=True):
+            handed_out += [hint.peer for hint in found.peers]
+            if not item.complete:
+                self._deliver(node.index, self._content_index[item.content], found)
+        node.core.handle(Announced(self.scenario.tracker.announce_interval_s,
+                                   tuple(handed_out)), now)
 
     def _fail(self, n: int) -> None:
         node = self.nodes[n]
@@ -312,6 +375,8 @@ class Simulation:
             case Abort():
                 node.counters.aborts += 1
                 self._finish(node, c)
+                if self.strategy.uses_tracker:
+                    self._core_do(node, node.core.remove(self.contents[c].id))
             case Withdraw(chunk):  # an origin fetch failed: take the pending mark back
                 event = PeerWithdrew(node.peer, chunk)
                 self.loop.after(self._control_latency, self._fan_out, (n, c, event, -1))
@@ -332,11 +397,14 @@ class Simulation:
             return  # the other side connected first; both swarms already know
         node.conns[c][p] = None
         other.conns[c][n] = None
+        content = self.contents[c].id
         self._deliver(n, c, PeerJoined(other.peer, other.rack, other.have_flags(c),
                                        other.pending_chunks(c)))
+        self._core_event(node, SwarmJoined(content, other.peer))
         if other.alive and node.alive:
             self._deliver(p, c, PeerJoined(node.peer, node.rack, node.have_flags(c),
                                            node.pending_chunks(c)))
+            self._core_event(other, SwarmJoined(content, node.peer))
 
     def _disconnect(self, n: int, c: int, p: int) -> None:
         node, other = self.nodes[n], self.nodes[p]
@@ -571,9 +639,7 @@ class Simulation:
             self._content_ready(node, c)
         node.unfinished -= 1
         if self.strategy.uses_tracker:
-            swarm = node.swarms[c]
-            self.tracker.announce(self.contents[c].id, node.peer, node.rack, swarm.chunks,
-                                  True, self.loop.now, want=0)
+            self._core_event(node, ContentCompleted(self.contents[c].id))
         if node.unfinished == 0:
             node.complete_s = self.loop.now
             self.unfinished -= 1

@@ -3,7 +3,8 @@
 Theory of operation
 -------------------
 An announce here is the op `tracker.app` makes of one HTTP announce, minus
-HTTP, applied by the same `tracker.machine.Machine`: it refreshes the member
+HTTP, applied by the same `tracker.machine.Machine`: one op for all of a
+node's contents, as the agent's batched announce is. it refreshes the member
 in `tracker.registry.Registry`, draws a handout from the named policy in
 `tracker.handout.HANDOUT_POLICIES` over the registry's candidates, and reads
 the member's origin slot (the first `origin_fetchers` incomplete members to
@@ -30,6 +31,8 @@ from tracker.handout import get_policy
 from tracker.machine import Announce, ContentAnnounce, Machine
 from tracker.registry import Registry
 
+ContentState = tuple[ContentId, int, bool, int]  # content, chunks held, complete, want
+
 
 @dataclass(frozen=True, slots=True)
 class TrackerSpec:
@@ -50,17 +53,20 @@ class SimTracker:
         self.announces = 0
         self.handouts = 0
 
-    def announce(self, content: ContentId, peer: PeerId, rack: str, have: int, complete: bool,
-                 now: float, want: int) -> PeersFound:
-        self.announces += 1
-        limit = min(want, self.spec.handout_limit)
-        self.handouts += limit > 0
-        item = ContentAnnounce(content, have, complete, limit, None)
-        reply = self.machine.apply(Announce(peer, "", peer, rack, (item,)), now, self.rng)
-        got = reply[content]
-        return PeersFound(tuple(PeerHint(p["peer"], p["rack"]) for p in got["peers"]),
-                          origin_slot=got["origin_slot"], origin_slots=got["origin_slots"],
-                          origin_filled=got["origin_filled"])
+    def announce(self, peer: PeerId, rack: str, items: list[ContentState],
+                 now: float) -> list[PeersFound]:
+        """One node's announce of `items`; the answer for each, in order."""
+        checked = []
+        for content, have, complete, want in items:
+            limit = min(want, self.spec.handout_limit)
+            self.handouts += limit > 0
+            checked.append(ContentAnnounce(content, have, complete, limit, None))
+        self.announces += len(items)
+        reply = self.machine.apply(Announce(peer, "", peer, rack, tuple(checked)), now, self.rng)
+        return [PeersFound(tuple(PeerHint(p["peer"], p["rack"]) for p in got["peers"]),
+                           origin_slot=got["origin_slot"], origin_slots=got["origin_slots"],
+                           origin_filled=got["origin_filled"])
+                for got in (reply[item.content] for item in checked)]
 
     def leave(self, content: ContentId, peer: PeerId) -> None:
         self.registry.leave(content, peer)

@@ -212,3 +212,26 @@ def test_cancel_on_wire_drops_cancelled_requests_at_the_sender() -> None:
     assert 0 < today["wasted_bytes"] < before["wasted_bytes"]  # type: ignore[operator]
     assert today["uploaded_bytes"] == (today["same_rack_bytes"]  # type: ignore[operator]
                                        + today["cross_rack_bytes"])
+
+
+def test_nodes_announce_as_the_agents_node_core_decides() -> None:
+    """The simulator runs p2p.swarm.node.Node: every announce carries the core's `want`
+    (none once complete or linked to max_peers), and a content that completes is
+    announced at once."""
+    sim = Simulation(scenario("[swarm]\nmax_peers = 4\n"))
+    seen: list[tuple[bool, int, bool]] = []  # (complete, want, as the core decides it)
+    announce = sim.tracker.announce
+
+    def recording(peer, rack, items, now):  # type: ignore[no-untyped-def]
+        for content, _, complete, want in items:
+            swarm = sim.nodes[sim._index[peer]].swarms[sim._content_index[content]]
+            expected = 0 if swarm.complete or swarm.peer_count >= 4 else 30
+            seen.append((complete, want, want == expected))
+        return announce(peer, rack, items, now)
+
+    sim.tracker.announce = recording  # type: ignore[method-assign]
+    assert sim.run() == "complete"
+    assert all(agrees for _, _, agrees in seen)
+    assert any(want == 0 and not complete for complete, want, _ in seen)  # linked enough
+    # Each node's completion is announced, but the last one's: the run ends with it.
+    assert sum(complete for complete, _, _ in seen) == len(sim.nodes) - 1

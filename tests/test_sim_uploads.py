@@ -4,16 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-import p2p.agent
-from p2p.config import AgentConfig
 from p2p.swarm.uploads import UploadSlots
 from simulations.node import (
-    BURST_BYTES,
     QUEUED,
     READY,
     SENDING,
-    UPLOAD_ORDER,
-    UPLOAD_SLOTS,
     Transfer,
     Uploads,
 )
@@ -21,12 +16,6 @@ from simulations.node import (
 
 def t(dst: int, chunk: int) -> Transfer:
     return Transfer(dst, 0, 9, chunk, 100)
-
-
-def test_the_default_slots_and_burst_are_the_agents() -> None:
-    assert AgentConfig().upload_slots == UPLOAD_SLOTS
-    assert AgentConfig().upload_order == UPLOAD_ORDER
-    assert p2p.agent.BURST_BYTES == BURST_BYTES
 
 
 def test_one_piece_at_a_time_per_link_and_slots_across_links() -> None:

@@ -1,10 +1,13 @@
 """The no-I/O swarm core: events in, actions out, `now` and a seeded rng passed in.
 
+`Swarm` decides for one content; `Node` for what spans a node's contents.
+
 May import only the standard library and `p2p.content`. The agent (asyncio)
 and the simulator (virtual time) both drive these objects unchanged.
 """
 
 from p2p.swarm.config import SwarmConfig
+from p2p.swarm.node import Node
 from p2p.swarm.swarm import Swarm
 
-__all__ = ["Swarm", "SwarmConfig"]
+__all__ = ["Node", "Swarm", "SwarmConfig"]

@@ -193,6 +193,15 @@ class Swarm:
     def peers(self) -> list[PeerId]:
         return sorted(self._peers)
 
+    @property
+    def peer_count(self) -> int:
+        """Peers joined to this swarm (linked, their Join heard)."""
+        return len(self._peers)
+
+    def joined(self, peer: PeerId) -> bool:
+        """Whether `peer` is joined to this swarm."""
+        return peer in self._peers
+
     def start(self, now: float) -> list[Action]:
         """The first actions: connect to known peers, fetch owned chunks."""
         if self.complete:

@@ -31,12 +31,15 @@ from typing import Generic, TypeVar
 K = TypeVar("K", bound=Hashable)
 
 UPLOAD_ORDERS = ("neediest_first", "fifo")
+# The agent's defaults (p2p.config.AgentConfig), which the simulator models (AgentSpec).
+UPLOAD_SLOTS = 4  # pieces sent at once, over all peers
+UPLOAD_ORDER = "neediest_first"
 
 
 class UploadSlots(Generic[K]):
     """At most `slots` uploads at once; the waiters in the named order (module docstring)."""
 
-    def __init__(self, slots: int, order: str = "neediest_first") -> None:
+    def __init__(self, slots: int, order: str = UPLOAD_ORDER) -> None:
         if slots < 1:
             raise ValueError("upload slots must be >= 1")
         if order not in UPLOAD_ORDERS:

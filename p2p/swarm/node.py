@@ -1,0 +1,301 @@
+"""One node and all its contents: the decisions that span a node's swarms.
+
+Theory of operation
+-------------------
+A `Swarm` decides for one content. A node swarms on several at once, and a
+few decisions belong to the node, not to any one content. They live here,
+so that the asyncio agent and the simulator make them with the same code:
+
+* The announce schedule. One announce covers every open content (the
+  tracker's batched announce), and at most one is in flight: the driver
+  answers each `AnnounceAll` with `Announced` or `AnnounceFailed`. The next
+  is due `interval` after that answer (the tracker's interval once it has
+  given one, the configured one before), or sooner: at once when a content
+  opens or completes (a launch waits on a new content's first peers; an
+  image opens six contents one after another, and a gap for each cost
+  0.3 s of a 2.3 s launch), and no sooner than `EARLY_ANNOUNCE_GAP_S` after
+  the last announce when a peer the tracker did not hand us joins one of our
+  swarms (the swarm grew, so our origin-fetcher slot may have changed).
+* What each content asks of the tracker (`want`): 0, no handout, once it is
+  complete or its swarm is linked to as many peers as it would open itself;
+  else None, the tracker's own limit. This spares the tracker most handouts
+  of a running launch.
+* Leaving: a content that fails or is evicted is removed (`remove`), which
+  tells the tracker we stopped (`Leave`), and is announced no more.
+* Reader waiters. A reader blocked on a chunk is woken (`WakeReaders`) when
+  the chunk is stored (`ChunkStored`), or at once if it is held already:
+  never as a side effect of announcing the chunk to peers.
+* Join time-outs. A Join we send a peer for a content (`JoinSent`) must be
+  answered within `JOIN_TIMEOUT_S` by the peer joining that swarm, on any
+  link: two links to one peer (both sides dialled at once) are one peer
+  here, so a Join sent on the second link of a peer already joined on the
+  first starts no clock. Unanswered, the peer is given up (`AbandonJoin`:
+  the swarm hears it is lost, and may try it again later).
+
+What it deliberately does not know: sockets, futures, the tracker's wire
+format. It reads its swarms (held chunks, peers linked) but does not drive
+them yet; the caller still feeds each `Swarm` its own events and timer.
+
+Time enters only as `now`, on the caller's clock; `next_timer` says when
+`handle_timer` must next run. It never reads a clock, touches a socket or a
+file, or uses the global random module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import assert_never
+
+from p2p.content import ContentId, PeerId
+from p2p.swarm import bits
+from p2p.swarm.swarm import Swarm
+
+EARLY_ANNOUNCE_GAP_S = 0.2  # announces prompted by new peers come no faster
+JOIN_TIMEOUT_S = 10.0  # a peer has this long to answer our Join with its own
+
+
+# ---- events -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Announced:
+    """The tracker answered our `AnnounceAll`: the next is due in `interval_s`, and
+    these peers were handed out (in any content)."""
+
+    interval_s: float
+    handed_out: tuple[PeerId, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class AnnounceFailed:
+    """Our `AnnounceAll` got no answer (the tracker is down or refused it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SwarmJoined:
+    """`peer` joined our swarm for `content` (its Join was accepted)."""
+
+    content: ContentId
+    peer: PeerId
+
+
+@dataclass(frozen=True, slots=True)
+class JoinSent:
+    """We sent `peer` a Join for `content`."""
+
+    content: ContentId
+    peer: PeerId
+
+
+@dataclass(frozen=True, slots=True)
+class ContentCompleted:
+    """The swarm of `content` said Complete."""
+
+    content: ContentId
+
+
+@dataclass(frozen=True, slots=True)
+class ReaderWaiting:
+    """A reader is blocked on `chunk` of `content`."""
+
+    content: ContentId
+    chunk: int
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkStored:
+    """`chunk` of `content` is verified and on disk: a reader may read it now."""
+
+    content: ContentId
+    chunk: int
+
+
+NodeEvent = Announced | AnnounceFailed | SwarmJoined | JoinSent | ContentCompleted | \
+    ReaderWaiting | ChunkStored
+
+
+# ---- actions ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AnnounceItem:
+    """One content's line of an announce. `want`: peers to hand out; 0 none, None as
+    many as the tracker gives."""
+
+    content: ContentId
+    have: int  # chunks held
+    complete: bool
+    want: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class AnnounceAll:
+    """Announce these contents in one request; answer with `Announced` or
+    `AnnounceFailed`, and hand each content's peers to its swarm."""
+
+    items: tuple[AnnounceItem, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Leave:
+    """Tell the tracker we stopped swarming on `content`."""
+
+    content: ContentId
+
+
+@dataclass(frozen=True, slots=True)
+class WakeReaders:
+    """Readers blocked on `chunk` of `content` may read it now."""
+
+    content: ContentId
+    chunk: int
+
+
+@dataclass(frozen=True, slots=True)
+class AbandonJoin:
+    """`peer` did not answer our Join for `content` in time: tell its swarm the peer is
+    lost."""
+
+    content: ContentId
+    peer: PeerId
+
+
+NodeAction = AnnounceAll | Leave | WakeReaders | AbandonJoin
+
+
+def want(swarm: Swarm) -> int | None:
+    """What a content asks of the tracker; see the module docstring."""
+    if swarm.complete or swarm.peer_count >= swarm.config.max_peers:
+        return 0
+    return None
+
+
+class Node:
+    """One node's contents; see the module docstring.
+
+    Driven by events (`handle`) and by time (`handle_timer`, due at
+    `next_timer`); contents come and go with `add` and `remove`. Every call
+    takes `now` in seconds on the caller's clock and returns the actions the
+    caller must carry out.
+    """
+
+    def __init__(self, announce_interval_s: float, now: float) -> None:
+        self._swarms: dict[ContentId, Swarm] = {}
+        self._interval_s = announce_interval_s
+        self._due = now  # the next periodic announce: the first one at once
+        self._early: float | None = None  # an announce due before `_due`
+        self._in_flight = False
+        self._last_sent = float("-inf")
+        self._handed_out: set[PeerId] = set()
+        self._waiting: dict[ContentId, set[int]] = {}  # chunks readers are blocked on
+        self._joins: dict[tuple[ContentId, PeerId], float] = {}  # Joins sent -> deadline
+
+    # ---- contents ---------------------------------------------------------------
+
+    def add(self, content: ContentId, swarm: Swarm, now: float) -> None:
+        """Swarm on `content` (replacing a previous swarm for it); announced at once."""
+        self._swarms[content] = swarm
+        self._forget_joins(content)  # a new swarm sends its own Joins
+        self._announce_at(now)
+
+    def remove(self, content: ContentId) -> list[NodeAction]:
+        """Stop swarming on `content` (it failed or was evicted): leave its swarm.
+        Its blocked readers are the caller's to fail."""
+        self._waiting.pop(content, None)
+        self._forget_joins(content)
+        if self._swarms.pop(content, None) is None:
+            return []
+        return [Leave(content)]
+
+    # ---- events -----------------------------------------------------------------
+
+    def handle(self, event: NodeEvent, now: float) -> list[NodeAction]:
+        match event:
+            case Announced(interval_s, handed_out):
+                self._handed_out.update(handed_out)
+                self._interval_s = interval_s
+                self._answered(now)
+            case AnnounceFailed():
+                self._answered(now)
+            case SwarmJoined(content, peer):
+                self._joins.pop((content, peer), None)
+                if content in self._swarms and peer not in self._handed_out:
+                    self._announce_at(max(now, self._last_sent + EARLY_ANNOUNCE_GAP_S))
+            case JoinSent(content, peer):
+                swarm = self._swarms.get(content)
+                if swarm is not None and not swarm.joined(peer):
+                    self._joins.setdefault((content, peer), now + JOIN_TIMEOUT_S)
+            case ContentCompleted(content):
+                if content in self._swarms:
+                    self._announce_at(now)
+            case ReaderWaiting(content, chunk):
+                return self._reader_waiting(content, chunk)
+            case ChunkStored(content, chunk):
+                return self._chunk_stored(content, chunk)
+            case _:
+                assert_never(event)
+        return []
+
+    def _reader_waiting(self, content: ContentId, chunk: int) -> list[NodeAction]:
+        swarm = self._swarms.get(content)
+        if swarm is not None and swarm.held(chunk):
+            return [WakeReaders(content, chunk)]
+        self._waiting.setdefault(content, set()).add(chunk)
+        return []
+
+    def _chunk_stored(self, content: ContentId, chunk: int) -> list[NodeAction]:
+        waiting = self._waiting.get(content)
+        if waiting is None or chunk not in waiting:
+            return []
+        waiting.discard(chunk)
+        if not waiting:
+            del self._waiting[content]
+        return [WakeReaders(content, chunk)]
+
+    # ---- time -------------------------------------------------------------------
+
+    def next_timer(self) -> float | None:
+        """When `handle_timer` must next run, on the caller's clock."""
+        times = list(self._joins.values())
+        if (announce := self._announce_due()) is not None:
+            times.append(announce)
+        return min(times, default=None)
+
+    def handle_timer(self, now: float) -> list[NodeAction]:
+        actions: list[NodeAction] = self._joins_due(now)
+        due = self._announce_due()
+        if due is None or now < due:
+            return actions
+        self._early = None
+        if not self._swarms:
+            self._due = now + self._interval_s
+            return actions
+        self._in_flight = True
+        self._last_sent = now
+        items = tuple(AnnounceItem(content, bits.count(swarm.have), swarm.complete, want(swarm))
+                      for content, swarm in self._swarms.items())
+        return [*actions, AnnounceAll(items)]
+
+    def _announce_due(self) -> float | None:
+        if self._in_flight:
+            return None  # the answer to the announce in flight comes as an event
+        return self._due if self._early is None else min(self._due, self._early)
+
+    def _joins_due(self, now: float) -> list[NodeAction]:
+        late = [key for key, deadline in self._joins.items() if deadline <= now]
+        for key in late:
+            del self._joins[key]
+        # A peer that joined without our hearing of it (no SwarmJoined) is not lost.
+        return [AbandonJoin(content, peer) for content, peer in late
+                if not self._swarms[content].joined(peer)]
+
+    def _forget_joins(self, content: ContentId) -> None:
+        for key in [k for k in self._joins if k[0] == content]:
+            del self._joins[key]
+
+    def _answered(self, now: float) -> None:
+        self._in_flight = False
+        self._due = now + self._interval_s
+
+    def _announce_at(self, when: float) -> None:
+        self._early = when if self._early is None else min(self._early, when)

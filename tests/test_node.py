@@ -1,0 +1,238 @@
+"""The node core, driven by hand: no sockets, no event loop, explicit `now`.
+
+These were the agent's announce loop and reader waiters; what they check
+now holds for the simulator too, since it drives the same `Node`.
+"""
+
+from __future__ import annotations
+
+import random
+
+from p2p.content import ContentId, PeerId
+from p2p.swarm import Swarm, SwarmConfig
+from p2p.swarm.events import ChunkArrived, Complete, PeerJoined, PeerLost
+from p2p.swarm.node import (
+    EARLY_ANNOUNCE_GAP_S,
+    JOIN_TIMEOUT_S,
+    AbandonJoin,
+    AnnounceAll,
+    Announced,
+    AnnounceFailed,
+    AnnounceItem,
+    ChunkStored,
+    ContentCompleted,
+    JoinSent,
+    Leave,
+    Node,
+    NodeAction,
+    ReaderWaiting,
+    SwarmJoined,
+    WakeReaders,
+)
+
+X, Y = ContentId("x"), ContentId("y")
+A, B = PeerId("a"), PeerId("b")
+INTERVAL = 2.0
+
+
+def swarm(mine: str, max_peers: int = 30) -> Swarm:
+    return Swarm(PeerId("me"), "r1", len(mine), [c == "1" for c in mine], 100,
+                 SwarmConfig(max_peers=max_peers), random.Random(1), now=0.0)
+
+
+def node(**swarms: Swarm) -> Node:
+    n = Node(INTERVAL, now=0.0)
+    for content, s in swarms.items():
+        n.add(ContentId(content), s, 0.0)
+    return n
+
+
+def fire(n: Node) -> list[NodeAction]:
+    """Run the node's timer when it is due."""
+    when = n.next_timer()
+    assert when is not None
+    return n.handle_timer(when)
+
+
+def announced(actions: list[NodeAction]) -> list[AnnounceItem]:
+    [action] = actions
+    assert isinstance(action, AnnounceAll)
+    return list(action.items)
+
+
+def join(s: Swarm, peer: PeerId, now: float = 0.0) -> None:
+    s.handle(PeerJoined(peer, "r1", (False,) * s.chunks), now)
+
+
+# ---- the announce schedule ----------------------------------------------------------
+
+
+def test_one_announce_covers_every_content_at_once() -> None:
+    n = node(x=swarm("10"), y=swarm("11"))
+    assert n.next_timer() == 0.0
+    assert announced(n.handle_timer(0.0)) == [AnnounceItem(X, 1, False, None),
+                                              AnnounceItem(Y, 2, True, 0)]
+
+
+def test_no_second_announce_while_one_is_in_flight() -> None:
+    n = node(x=swarm("00"))
+    announced(fire(n))
+    assert n.next_timer() is None
+    assert n.handle_timer(100.0) == []
+    n.handle(ContentCompleted(X), 1.0)  # due at once, but after the answer
+    assert n.next_timer() is None
+    n.handle(Announced(INTERVAL), 1.5)
+    assert n.next_timer() == 1.0
+    assert len(announced(n.handle_timer(1.5))) == 1
+
+
+def test_the_next_announce_comes_the_trackers_interval_after_its_answer() -> None:
+    n = node(x=swarm("00"))
+    fire(n)
+    n.handle(Announced(7.0), 0.5)
+    assert n.next_timer() == 7.5
+    assert n.handle_timer(7.4) == []
+    fire(n)
+    n.handle(AnnounceFailed(), 8.0)  # the last interval still holds
+    assert n.next_timer() == 15.0
+
+
+def test_a_content_that_opens_is_announced_at_once() -> None:
+    n = node(x=swarm("00"))
+    fire(n)
+    n.handle(Announced(INTERVAL), 0.1)
+    n.add(Y, swarm("0"), 0.15)  # no early-announce gap for a new content
+    assert n.next_timer() == 0.15
+    assert [i.content for i in announced(fire(n))] == [X, Y]
+
+
+def test_a_peer_the_tracker_did_not_hand_out_brings_the_announce_forward_but_not_too_far() -> None:
+    n = node(x=swarm("00"))
+    fire(n)
+    n.handle(Announced(INTERVAL, handed_out=(A,)), 0.05)
+    assert n.handle(SwarmJoined(X, A), 0.06) == []
+    assert n.next_timer() == 0.05 + INTERVAL  # A came from the tracker: nothing new
+    n.handle(SwarmJoined(X, B), 0.1)
+    assert n.next_timer() == EARLY_ANNOUNCE_GAP_S  # the gap counts from the last announce
+    n.handle(SwarmJoined(X, B), 1.0)
+    assert fire(n) and n.next_timer() is None
+
+
+def test_a_completed_content_is_announced_at_once_and_asks_for_no_peers() -> None:
+    s = swarm("0")
+    n = node(x=s)
+    fire(n)
+    n.handle(Announced(INTERVAL), 0.0)
+    assert s.handle(ChunkArrived(0, None, ok=True), 1.0)[-1] == Complete()
+    n.handle(ContentCompleted(X), 1.0)
+    assert n.next_timer() == 1.0
+    assert announced(fire(n)) == [AnnounceItem(X, 1, True, 0)]
+
+
+def test_want_is_0_once_the_swarm_has_as_many_peers_as_it_would_open() -> None:
+    s = swarm("00", max_peers=2)
+    n = node(x=s)
+    join(s, A)
+    assert announced(fire(n)) == [AnnounceItem(X, 0, False, None)]
+    join(s, B)
+    n.handle(Announced(INTERVAL), 0.0)
+    assert announced(fire(n)) == [AnnounceItem(X, 0, False, 0)]
+    s.handle(PeerLost(B, "gone"), 2.0)
+    n.handle(Announced(INTERVAL), 2.0)
+    assert announced(fire(n)) == [AnnounceItem(X, 0, False, None)]
+
+
+def test_a_removed_content_is_left_and_announced_no_more() -> None:
+    n = node(x=swarm("0"), y=swarm("0"))
+    assert n.remove(X) == [Leave(X)]
+    assert n.remove(X) == []
+    assert [i.content for i in announced(fire(n))] == [Y]
+    n.remove(Y)
+    n.handle(Announced(INTERVAL), 1.0)
+    assert n.handle_timer(3.0) == []  # nothing to announce: wait another interval
+    assert n.next_timer() == 3.0 + INTERVAL
+
+
+# ---- reader waiters -----------------------------------------------------------------
+
+
+def test_a_reader_of_a_held_chunk_is_woken_at_once() -> None:
+    n = node(x=swarm("10"))
+    assert n.handle(ReaderWaiting(X, 0), 0.0) == [WakeReaders(X, 0)]
+
+
+def test_a_blocked_reader_is_woken_when_its_chunk_is_stored_and_only_then() -> None:
+    s = swarm("00")
+    n = node(x=s)
+    assert n.handle(ReaderWaiting(X, 1), 0.0) == []
+    assert n.handle(ReaderWaiting(X, 1), 0.0) == []  # a second reader of the same chunk
+    assert n.handle(ChunkStored(X, 0), 1.0) == []
+    assert n.handle(ChunkStored(X, 1), 2.0) == [WakeReaders(X, 1)]
+    assert n.handle(ChunkStored(X, 1), 3.0) == []  # woken once
+
+
+def test_readers_of_a_removed_content_are_forgotten() -> None:
+    n = node(x=swarm("0"))
+    n.handle(ReaderWaiting(X, 0), 0.0)
+    n.remove(X)
+    assert n.handle(ChunkStored(X, 0), 1.0) == []
+
+
+# ---- join time-outs -------------------------------------------------------------------
+
+
+def quiet(n: Node) -> Node:
+    """`n` with its first announce answered (A and B handed out): its timer is the
+    announce interval's."""
+    fire(n)
+    n.handle(Announced(100.0, handed_out=(A, B)), 0.0)
+    return n
+
+
+def test_a_join_unanswered_in_time_gives_the_peer_up() -> None:
+    n = quiet(node(x=swarm("00")))
+    n.handle(JoinSent(X, A), 1.0)
+    assert n.next_timer() == 1.0 + JOIN_TIMEOUT_S
+    assert n.handle_timer(1.0 + JOIN_TIMEOUT_S - 0.1) == []
+    assert fire(n) == [AbandonJoin(X, A)]
+    assert n.next_timer() == 100.0
+
+
+def test_a_join_answered_starts_no_time_out() -> None:
+    s = swarm("00")
+    n = quiet(node(x=s))
+    n.handle(JoinSent(X, A), 1.0)
+    join(s, A, 2.0)
+    n.handle(SwarmJoined(X, A), 2.0)
+    assert n.next_timer() == 100.0
+
+
+def test_a_join_on_a_second_link_to_a_joined_peer_starts_no_clock() -> None:
+    # Both sides dialled at once: the peer joined on one link, and we answer its Join
+    # on the other. The peer is one peer; the second Join is not a new question.
+    s = swarm("00")
+    n = quiet(node(x=s))
+    n.handle(JoinSent(X, A), 1.0)
+    join(s, A, 1.5)
+    n.handle(SwarmJoined(X, A), 1.5)
+    n.handle(JoinSent(X, A), 2.0)
+    assert n.next_timer() == 100.0
+
+
+def test_a_peer_joined_unheard_is_not_given_up() -> None:
+    s = swarm("00")
+    n = quiet(node(x=s))
+    n.handle(JoinSent(X, A), 1.0)
+    join(s, A, 2.0)  # the swarm has it; the node was not told
+    assert fire(n) == []
+
+
+def test_joins_of_a_removed_or_reopened_content_are_forgotten() -> None:
+    n = quiet(node(x=swarm("00"), y=swarm("0")))
+    n.handle(JoinSent(X, A), 1.0)
+    n.handle(JoinSent(Y, B), 1.0)
+    n.remove(X)
+    n.add(Y, swarm("0"), 2.0)
+    assert [type(a) for a in fire(n)] == [AnnounceAll]  # the reopened content's announce
+    n.handle(Announced(100.0), 2.0)
+    assert n.next_timer() == 102.0
