@@ -84,7 +84,8 @@ def collect(sim: Simulation, stop: str, wall_s: float) -> Result:
     unique = sum(content.size for content in sim.contents)
     bound = run_floor(sim)
     egress = sum(o.egress_bytes for o in sim.origins)
-    failed = sum(1 for node in nodes if node.fail_s is not None and not node.alive)
+    # A node that died after it completed was ready: its launch did not fail.
+    failed = sum(1 for node in nodes if not node.alive and node.complete_s is None)
     summary: dict[str, Any] = {
         "scenario": sim.scenario.name, "strategy": sim.strategy.name, "seed": sim.scenario.seed,
         "nodes": len(nodes), "failed_nodes": failed, "ready_nodes": len(times),
