@@ -318,7 +318,11 @@ def test_first_fetcher_covers_vacant_slots() -> None:
     s = Swarm(PeerId("me"), "r1", 8, have("0" * 8), 100, SwarmConfig(max_origin_inflight=8),
               random.Random(1), 0.0)
     acts = s.handle(PeersFound((), origin_slot=0, origin_slots=4, origin_filled=2), 0.0)
-    assert sorted(origin_fetches(acts)) == [0, 2, 3, 4, 6, 7]  # slot 1 has its own fetcher
+    assert sorted(origin_fetches(acts)) == [0, 4]  # its own now; the vacant ones after a grace
+    grace = s.next_timer()
+    assert grace == SwarmConfig().vacant_grace_s
+    acts = s.handle_timer(grace)
+    assert sorted(origin_fetches(acts)) == [2, 3, 6, 7]  # slot 1 has its own fetcher
 
 
 def test_later_fetcher_owns_only_its_residue() -> None:
@@ -398,6 +402,39 @@ def test_origin_order_lists_each_chunk_once_demand_first_then_from_region() -> N
     assert owned_chunks(8, 2, 4, filled=4) == 0b01000100
     assert owned_chunks(8, 0, 4, filled=2) == 0b11011101
     assert owned_chunks(8, None, 4, filled=2) == 0
+
+
+def test_fetcher_zero_takes_the_vacant_slots_chunks_last_from_the_end_down() -> None:
+    from p2p.swarm.origin import origin_order, vacant_chunks
+
+    vacant = vacant_chunks(8, 0, 4, filled=2)
+    assert vacant == 0b11001100  # residues 2 and 3: nobody's yet
+    assert vacant_chunks(8, 1, 4, filled=2) == 0 and vacant_chunks(8, 0, 4, filled=4) == 0
+    assert origin_order(0b11011101, [], start=0, limit=8, vacant=vacant) == [0, 4, 7, 6, 3, 2]
+    assert origin_order(0b11011101, [], start=0, limit=2, vacant=vacant) == [0, 4]
+    assert origin_order(0b11011101, [6], start=0, limit=3, vacant=vacant) == [6, 0, 4]
+
+
+def test_fetcher_zero_waits_for_newcomers_before_it_covers_their_slots() -> None:
+    # Fetcher 0 of 1 (of 4 slots) covers all 5 chunks. Nodes that start with it are
+    # appointed a moment later; their chunks wait out the grace, unless a newcomer's
+    # pending mark or the tracker says it has them, and are then read from the end down.
+    s = swarm("00000", max_origin_inflight=2)
+    acts = s.handle(PeersFound((), origin_slot=0, origin_slots=4, origin_filled=1), 0.0)
+    assert origin_fetches(acts) == [0, 4]
+    assert origin_fetches(s.handle(ChunkArrived(0, None, ok=True), 0.1)) == []
+    join(s, A, "00000", now=0.2)
+    s.handle(PeerPending(A, 1), 0.2)  # fetcher 1 started on chunk 1
+    assert s.next_timer() == SwarmConfig().vacant_grace_s
+    assert origin_fetches(s.handle_timer(0.5)) == [3]
+    assert origin_fetches(s.handle(ChunkArrived(3, None, ok=True), 0.6)) == [2]
+
+
+def test_prefetched_chunks_are_not_held_back_by_the_grace() -> None:
+    s = swarm("00000", max_origin_inflight=2)
+    s.handle(PrefetchGiven((2,)), 0.0)
+    acts = s.handle(PeersFound((), origin_slot=0, origin_slots=4, origin_filled=1), 0.0)
+    assert origin_fetches(acts) == [2, 0]  # the launch's hot list first, vacant or not
 
 
 # ---- a chunk lost from the store; a content with no source --------------------------

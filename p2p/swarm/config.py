@@ -28,6 +28,11 @@ class SwarmConfig:
     origin_patience_s: float = 3.0  # starved this long, tracker silent -> go to the origin
     appointed_patience_s: float = 20.0  # the same, when the tracker appointed others
     settle_s: float = 0.5  # wait this long to hear peers' pending lists before fetching
+    # Fetcher 0 leaves the vacant fetcher slots' chunks alone this long after it first
+    # covers them: nodes that start together are appointed a moment apart, and it hears
+    # of the others (their pending marks, its early announce) within about this long.
+    # A node alone pays it once per content (p2p.swarm.origin has the measurements).
+    vacant_grace_s: float = 0.25
     pending_ttl_s: float = 30.0  # how long a peer's "fetching from origin" counts
     backoff_base_s: float = 0.5
     backoff_max_s: float = 30.0

@@ -9,6 +9,21 @@ vacant ones.
 Each fetcher reads upwards from its own region of the content (`slot * n /
 slots`), after reader demand and the prefetch list: a region reaches peers in
 order, and fetchers that briefly disagree about the fetcher set start apart.
+Nodes that start together are appointed a moment apart (the first is
+fetcher 0 of one, the next fetcher 1 of two, ...), and fetcher 0 learns of
+the others only at its next announce, so for a moment it covers chunks that
+their owners fetch too. Two rules keep it off them: it leaves the vacant
+slots' chunks alone for `vacant_grace_s` after it first covers them (the
+swarm's rule: by then it has heard the newcomers' pending marks, or the
+tracker's new count), unless they are on the prefetch list; and it takes them
+last, from the end of the content down, while the newcomers take theirs from
+their regions up. Measured, 8 agents ensuring nine contents of 1-7 chunks at
+once, the origin served 1.0-1.27x the bytes (9 runs) with neither rule,
+1.0-1.10x (6 runs) with the order alone, and with both 1.0x in 5 of 6 runs
+(1.012x in the sixth) at a 0.25 s grace, 1.0x in 6 of 6 at 0.5 s. The price
+is paid by a node alone: its contents of two chunks or more finish up to the
+grace later (64 MiB from a loopback origin: 0.36 s before, 0.55 s after), so
+the grace is the shorter one.
 """
 
 from __future__ import annotations
@@ -23,12 +38,20 @@ def owned_chunks(chunks: int, slot: int | None, slots: int, filled: int | None) 
     if slot is None:
         return 0
     slots = max(1, slots)
+    return bits.every_kth(chunks, slots, slot % slots) | \
+        vacant_chunks(chunks, slot, slots, filled)
+
+
+def vacant_chunks(chunks: int, slot: int | None, slots: int, filled: int | None) -> int:
+    """The chunks of vacant slots that fetcher `slot` covers: fetcher 0's only."""
+    slots = max(1, slots)
+    if slot is None or slot % slots != 0:
+        return 0
     filled = slots if filled is None else max(1, filled)
-    residues = [slot % slots] + (list(range(filled, slots)) if slot % slots == 0 else [])
-    owned = 0
-    for residue in residues:
-        owned |= bits.every_kth(chunks, slots, residue)
-    return owned
+    vacant = 0
+    for residue in range(filled, slots):
+        vacant |= bits.every_kth(chunks, slots, residue)
+    return vacant
 
 
 def region_start(chunks: int, slot: int, slots: int) -> int:
@@ -36,8 +59,10 @@ def region_start(chunks: int, slot: int, slots: int) -> int:
     return slot % slots * chunks // slots
 
 
-def origin_order(todo: int, first: Sequence[int], start: int, limit: int) -> list[int]:
-    """Up to `limit` chunks of `todo`: those listed in `first`, then upwards from `start`."""
+def origin_order(todo: int, first: Sequence[int], start: int, limit: int,
+                 vacant: int = 0) -> list[int]:
+    """Up to `limit` chunks of `todo`: those listed in `first`, then upwards from `start`,
+    then those in `vacant` from the last one down."""
     head: list[int] = []
     for chunk in first:
         if len(head) == limit:
@@ -45,6 +70,10 @@ def origin_order(todo: int, first: Sequence[int], start: int, limit: int) -> lis
         if todo >> chunk & 1:
             head.append(chunk)
             todo &= ~(1 << chunk)
+    last = todo & vacant
+    todo &= ~vacant
     upper = todo >> start << start
     rest = [*bits.indices(upper), *bits.indices(todo & ~upper)]
+    if len(head) + len(rest) < limit:
+        rest += list(bits.indices(last))[::-1]
     return head + rest[:limit - len(head)]

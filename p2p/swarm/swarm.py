@@ -36,7 +36,9 @@ After every event it fills free request slots:
    That is how each byte leaves the origin about once, whatever the swarm size.
    A new fetcher first hears from the peers the tracker named (their Join
    lists what they are fetching), for at most `settle_s`, so fetchers that
-   still disagree about their count do not start on the same chunks.
+   still disagree about their count do not start on the same chunks, and
+   fetcher 0 covers the vacant fetchers' chunks only `vacant_grace_s` after it
+   is appointed, last and from the end down (p2p.swarm.origin says why).
    A lazy swarm differs in one rule: a chunk a reader is blocked on that no
    connected peer holds, is fetching, or has pending goes to the origin as soon
    as the swarm has settled, owned or not; prefetched chunks follow the rules
@@ -95,7 +97,7 @@ from p2p.swarm.events import (
     WantedAll,
     Withdraw,
 )
-from p2p.swarm.origin import origin_order, owned_chunks, region_start
+from p2p.swarm.origin import origin_order, owned_chunks, region_start, vacant_chunks
 from p2p.swarm.peers import PeerState, PeerTable
 from p2p.swarm.policy import CHUNK_PICKERS, PEER_CHOOSERS, PeerLoad
 from p2p.swarm.stall import Stall
@@ -137,6 +139,8 @@ class Swarm:
         # all fetch the same first chunks. If the tracker never answers, the
         # patience rule still sends us to the origin.
         self._owned = 0
+        self._vacant = 0  # of `_owned`: the vacant fetcher slots' chunks (fetcher 0)
+        self._vacant_from = 0.0  # ... which it fetches from this time on
         self._settle_until: float | None = None  # set by the first PeersFound
         self._fetchers_appointed = False
         self._unheard: set[PeerId] = set()
@@ -286,6 +290,11 @@ class Swarm:
             self._settle_until = now + self.config.settle_s if self._unheard else now
         self._owned = owned_chunks(self.chunks, event.origin_slot, event.origin_slots,
                                    event.origin_filled)
+        vacant = vacant_chunks(self.chunks, event.origin_slot, event.origin_slots,
+                               event.origin_filled)
+        if vacant and not self._vacant:
+            self._vacant_from = now + self.config.vacant_grace_s
+        self._vacant = vacant
         self._fetchers_appointed = event.origin_filled is None or event.origin_filled > 0
         if event.origin_slot is not None:
             self._origin_start = region_start(self.chunks, event.origin_slot, event.origin_slots)
@@ -419,7 +428,8 @@ class Swarm:
                 else 0.0
             times = chain(bookkeeping, (s.backoff_until for s in peers),
                           (self._origin_backoff_until, self._last_progress + self._patience(),
-                           settle, self._stall.due))
+                           settle, self._vacant_from if self._vacant else 0.0,
+                           self._stall.due))
         else:  # an idle lazy swarm: nothing to fetch, so nothing to be patient about
             times = bookkeeping
         return min((t for t in times if t > self._now), default=None)
@@ -588,17 +598,24 @@ class Swarm:
                 # A lazy swarm's reader is blocked: no one we see can give it the chunk,
                 # so waiting out the patience would only stall the reader.
                 demand = bits.from_indices(self._demand) if self.lazy else 0
-                todo &= self._owned | demand
+                todo &= self._owned_now(now) | demand
         if not todo:
             return []
         actions: list[Action] = []
         for chunk in origin_order(todo, self._demand + self._prefetch, self._origin_start,
-                                  room):
+                                  room, self._vacant):
             self._origin[chunk] = now + self.config.origin_timeout_s
             actions.append(FetchFromOrigin(chunk))
             if self.config.use_peers:
                 actions.append(Advertise(chunk, pending=True))
         return actions
+
+    def _owned_now(self, now: float) -> int:
+        """The chunks we fetch as an appointed fetcher now: the vacant slots' only once
+        their grace is over, or if they are on the prefetch list (a launch's hot list)."""
+        if now >= self._vacant_from:
+            return self._owned
+        return self._owned & ~(self._vacant & ~bits.from_indices(self._prefetch))
 
     def _patience(self) -> float:
         """How long to wait without progress before reading from the origin ourselves."""
