@@ -4,9 +4,10 @@ Theory of operation
 -------------------
 A `SimNode` owns one `p2p.swarm.Swarm` per content it needs and the agent's
 own node core (`p2p.swarm.node.Node`: the announce schedule and what it asks
-of the tracker), exactly as an agent does, plus what the agent's I/O would hold: the set of open
-connections per content, the chunks it is fetching from the origin (sent as
-`pending` when a peer joins), and the transfers it takes part in. It holds
+of the tracker), exactly as an agent does, plus what the agent's I/O would
+hold: the set of open connections per content, the chunks it is fetching
+from the origin (sent as `pending` when a peer joins), and the transfers it
+takes part in. It holds
 no policy: the simulation feeds its swarms events and carries out their
 actions (see `simulations.simulation`).
 
@@ -41,8 +42,6 @@ from p2p.swarm.uploads import UPLOAD_ORDER, UPLOAD_SLOTS, UploadSlots
 ORIGIN = -1  # the `src` of a transfer from an origin
 
 TransferKey = tuple[int, int, int, int]  # (dst node, content, src node or ORIGIN, chunk)
-
-
 
 
 @dataclass(frozen=True, slots=True)
