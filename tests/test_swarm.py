@@ -30,6 +30,7 @@ from p2p.swarm.events import (
     ReaderWants,
     Report,
     Request,
+    WantedAll,
     Withdraw,
 )
 
@@ -425,9 +426,46 @@ def test_fetcher_zero_waits_for_newcomers_before_it_covers_their_slots() -> None
     assert origin_fetches(s.handle(ChunkArrived(0, None, ok=True), 0.1)) == []
     join(s, A, "00000", now=0.2)
     s.handle(PeerPending(A, 1), 0.2)  # fetcher 1 started on chunk 1
-    assert s.next_timer() == SwarmConfig().vacant_grace_s
+    assert s.next_timer() == 0.2 + SwarmConfig().vacant_grace_s  # a joiner puts it off
     assert origin_fetches(s.handle_timer(0.5)) == [3]
     assert origin_fetches(s.handle(ChunkArrived(3, None, ok=True), 0.6)) == [2]
+
+
+def test_a_lazy_content_ensured_later_gets_its_grace_from_then() -> None:
+    # A launch attaches its checkpoint lazily when it mounts it and ensures it a
+    # moment later, as do the nodes that started with it: the grace counts from
+    # then, or fetcher 0 reads the newcomers' chunks as they do (seen: HDFS served a
+    # 2-stripe file 1.5 times over to 2 nodes).
+    s = Swarm(PeerId("me"), "r1", 4, have("0000"), 100, SwarmConfig(max_origin_inflight=4),
+              random.Random(1), now=0.0, lazy=True)
+    assert origin_fetches(s.handle(PeersFound((), origin_slot=0, origin_slots=2,
+                                              origin_filled=1), 0.0)) == []
+    assert origin_fetches(s.handle(WantedAll(), 5.0)) == [0, 2]
+    assert s.next_timer() == 5.0 + SwarmConfig().vacant_grace_s
+    join(s, A, "0000", now=5.1)
+    s.handle(PeerPending(A, 1), 5.1)  # fetcher 1 ensured it too
+    assert origin_fetches(s.handle_timer(5.1 + SwarmConfig().vacant_grace_s)) == [3]
+
+
+def test_a_peer_joining_during_the_grace_puts_it_off_for_its_pending_marks() -> None:
+    # Seen on a loaded machine: fetcher 1 joined 0.02 s before fetcher 0's grace ended,
+    # with nothing pending yet; its mark for chunk 1 came 0.13 s later, after fetcher 0
+    # had sent itself to the origin for chunk 1 as well.
+    grace = SwarmConfig().vacant_grace_s
+    s = swarm("00", max_origin_inflight=2)
+    assert origin_fetches(s.handle(PeersFound((), origin_slot=0, origin_slots=4,
+                                              origin_filled=1), 0.0)) == [0]
+    join(s, A, "00", now=grace - 0.02)
+    assert s.next_timer() == 2 * grace - 0.02
+    s.handle(PeerPending(A, 1), grace + 0.11)
+    assert origin_fetches(s.handle_timer(2 * grace)) == []
+    # ... and no later than twice the grace from its start, whoever else joins.
+    t = swarm("00", max_origin_inflight=2)
+    t.handle(PeersFound((), origin_slot=0, origin_slots=4, origin_filled=1), 0.0)
+    join(t, A, "00", now=0.2)
+    join(t, B, "00", now=0.4)
+    assert t.next_timer() == 2 * grace
+    assert origin_fetches(t.handle_timer(2 * grace)) == [1]
 
 
 def test_prefetched_chunks_are_not_held_back_by_the_grace() -> None:

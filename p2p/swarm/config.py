@@ -29,8 +29,9 @@ class SwarmConfig:
     appointed_patience_s: float = 20.0  # the same, when the tracker appointed others
     settle_s: float = 0.5  # wait this long to hear peers' pending lists before fetching
     # Fetcher 0 leaves the vacant fetcher slots' chunks alone this long after it first
-    # covers them: nodes that start together are appointed a moment apart, and it hears
-    # of the others (their pending marks, its early announce) within about this long.
+    # covers and wants them (a peer joining meanwhile puts it off, up to twice this):
+    # nodes that start together are appointed a moment apart, and it hears of the
+    # others (their pending marks, its early announce) within about this long.
     # A node alone pays it once per content (p2p.swarm.origin has the measurements).
     vacant_grace_s: float = 0.25
     pending_ttl_s: float = 30.0  # how long a peer's "fetching from origin" counts

@@ -38,7 +38,8 @@ After every event it fills free request slots:
    lists what they are fetching), for at most `settle_s`, so fetchers that
    still disagree about their count do not start on the same chunks, and
    fetcher 0 covers the vacant fetchers' chunks only `vacant_grace_s` after it
-   is appointed, last and from the end down (p2p.swarm.origin says why).
+   is appointed and wants them (longer if peers join meanwhile), last and from
+   the end down (p2p.swarm.origin says why).
    A lazy swarm differs in one rule: a chunk a reader is blocked on that no
    connected peer holds, is fetching, or has pending goes to the origin as soon
    as the swarm has settled, owned or not; prefetched chunks follow the rules
@@ -141,6 +142,7 @@ class Swarm:
         self._owned = 0
         self._vacant = 0  # of `_owned`: the vacant fetcher slots' chunks (fetcher 0)
         self._vacant_from = 0.0  # ... which it fetches from this time on
+        self._vacant_latest = 0.0  # ... or this one at the latest (peers joining put it off)
         self._settle_until: float | None = None  # set by the first PeersFound
         self._fetchers_appointed = False
         self._unheard: set[PeerId] = set()
@@ -268,7 +270,17 @@ class Swarm:
             # from the last arrival, which may be hours old.
             self._last_progress = now
             self._stall.progressed(now)
+        if chunks & self._vacant & ~self._have and not self._missing() & self._vacant:
+            self._start_grace(now)
         self._wanted |= chunks
+
+    def _start_grace(self, now: float) -> None:
+        """Fetcher 0 leaves the vacant slots' chunks alone until `vacant_grace_s` from now:
+        from its appointment, or from when it first wants them if that is later (a lazy
+        content attached at mount time and ensured when the launch needs it: the nodes
+        that attached with it ensure it at about the same moment, too)."""
+        self._vacant_from = now + self.config.vacant_grace_s
+        self._vacant_latest = now + 2 * self.config.vacant_grace_s
 
     def _on_chunk_lost(self, chunk: int, now: float) -> list[Action]:
         if self._aborted or not 0 <= chunk < self.chunks or not self.held(chunk):
@@ -292,8 +304,8 @@ class Swarm:
                                    event.origin_filled)
         vacant = vacant_chunks(self.chunks, event.origin_slot, event.origin_slots,
                                event.origin_filled)
-        if vacant and not self._vacant:
-            self._vacant_from = now + self.config.vacant_grace_s
+        if vacant & self._missing() and not self._vacant:
+            self._start_grace(now)
         self._vacant = vacant
         self._fetchers_appointed = event.origin_filled is None or event.origin_filled > 0
         if event.origin_slot is not None:
@@ -312,6 +324,11 @@ class Swarm:
         self._table.add(peer, PeerState(event.rack, bits.from_bools(event.have)), event.pending,
                         now + self.config.pending_ttl_s)
         self._known.setdefault(peer, event.rack)
+        if self._vacant and now < self._vacant_from:
+            # Likely a node that started with us, appointed to a vacant slot this moment:
+            # its pending marks come right after its Join (seen: 0.13 s later on a loaded
+            # machine, after our grace had sent us to the origin for its chunk too).
+            self._vacant_from = min(now + self.config.vacant_grace_s, self._vacant_latest)
         return []
 
     def _may_request(self, peer: PeerId, chunk: int, now: float) -> bool:
