@@ -190,8 +190,10 @@ class MiniHdfs:
         workdir.mkdir(parents=True, exist_ok=True)
         log_path = workdir / "minicluster.log"
         hosts = _loopback_hosts(workdir / "hosts")
-        launcher = [java, *JVM_FLAGS, f"-Djdk.net.hosts.file={hosts}", "-cp", classpath,
-                    "bootseer.Launcher"]
+        tmp = workdir / "tmp"  # Jetty's work directories: not left behind in /tmp
+        tmp.mkdir(exist_ok=True)
+        launcher = [java, *JVM_FLAGS, f"-Djdk.net.hosts.file={hosts}",
+                    f"-Djava.io.tmpdir={tmp}", "-cp", classpath, "bootseer.Launcher"]
         with open(log_path, "ab") as err:
             proc = await asyncio.create_subprocess_exec(
                 *launcher, str(workdir / "dfs"),
