@@ -189,7 +189,7 @@ class SimNode:
     __slots__ = ("alive", "complete_s", "conns", "core", "counters", "download", "fail_s",
                  "finished", "hot_left", "index", "needs", "origin_pending", "peer", "rack",
                  "rack_index", "ready_left", "ready_s", "start_s", "swarms", "transfers",
-                 "unfinished", "uploads", "wake_at")
+                 "unfinished", "uploads", "wakes")
 
     def __init__(self, index: int, rack_index: int, needs: tuple[int, ...], start_s: float,
                  fail_s: float | None, announce_interval_s: float,
@@ -205,7 +205,7 @@ class SimNode:
         self.alive = False
         self.swarms: dict[int, Swarm] = {}
         self.core = Node(announce_interval_s, start_s, timer_slack_s=TIMER_SLACK_S)
-        self.wake_at: float | None = None  # the core's one live wake-up, for all its swarms
+        self.wakes: set[float] = set()  # when the core (and so its swarms) will be woken
         self.conns: dict[int, dict[int, None]] = {}  # content -> connected nodes, in order
         self.origin_pending: dict[int, int] = {}  # content -> mask of chunks from the origin
         self.transfers: dict[Transfer, None] = {}  # as sender or receiver, in start order

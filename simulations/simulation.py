@@ -34,10 +34,11 @@ its swarm as `PeersFound`; a `Leave` (a content aborted) removes the node
 from that swarm at the tracker. The core hears when a peer joins one of the
 node's swarms, and sees a content complete in its swarm's actions.
 
-Timers: a node has at most one live wake-up, for its core and all its
-swarms, at the core's `next_timer()`; it is re-armed after every call into
-the core if that is earlier, and one that is superseded is ignored when it
-comes due (a later one is simply early: nothing is due, it re-arms). The
+Timers: a node's wake-ups serve its core and all its swarms. After every
+call into the core, one is scheduled at the core's `next_timer()` if that is
+earlier than every one pending; one that comes before anything is due runs
+nothing and re-arms, and one pending for a deadline that an earlier wake-up
+has moved keeps its place instead of being scheduled again. The
 core asks a swarm for its next timer only when it must, and never takes one
 further than `TIMER_SLACK_S` ahead (simulations.node gives it as the core's
 `timer_slack_s`): that keeps `Swarm.next_timer`, which costs O(peers), off
@@ -242,21 +243,20 @@ class Simulation:
                     assert_never(action)
 
     def _arm(self, node: SimNode) -> None:
-        """Schedule the node's wake-up, if its core's next timer is earlier than the one
-        pending."""
+        """Schedule a wake-up for the node if its core's next timer is earlier than every
+        one pending."""
         when = node.core.next_timer()
-        if when is not None and (node.wake_at is None or when < node.wake_at):
-            node.wake_at = when
+        if when is not None and (not node.wakes or when < min(node.wakes)):
+            node.wakes.add(when)
             self.loop.at(when, self._wake, (node.index, when))
 
     def _wake(self, arg: tuple[int, float]) -> None:
         n, when = arg
         node = self.nodes[n]
-        if node.wake_at != when or not node.alive:
-            return  # superseded, or the node died
-        node.wake_at = None
-        self._node_do(node, node.core.handle_timer(self.loop.now))
-        self._arm(node)
+        node.wakes.discard(when)
+        if node.alive:
+            self._node_do(node, node.core.handle_timer(self.loop.now))
+            self._arm(node)
 
     def _core_event(self, node: SimNode, event: NodeEvent) -> None:
         self._node_do(node, node.core.handle(event, self.loop.now))
