@@ -2,12 +2,12 @@
 
 For each content it serves or fetches, the agent keeps a `Session`: the
 trusted manifest, the chunk store's view of it, and a `Swarm` that makes every
-decision. The agent feeds the swarm events (a peer joined, a chunk arrived, a
-timer fired) with `now = loop.time()` and carries out the actions it returns
-in `_execute`; it re-arms one timer per session after each call. Peer
-connections (`Link`) are shared by all sessions; origins are read through a
-per-origin concurrency limit; every byte in and out passes the node's rate
-limits.
+decision for that content. The swarms are driven through the node core
+(p2p.swarm.node.Node): the agent hands it each swarm's events (a peer joined,
+a chunk arrived) with `now = loop.time()`, and carries out the actions the
+swarm returns, tagged with their content, in `_execute`. Peer connections
+(`Link`) are shared by all sessions; origins are read through a per-origin
+concurrency limit; every byte in and out passes the node's rate limits.
 
 A chunk's bytes are verified by the store before they are stored, served or
 read, whatever their source. Peers that send bad bytes are dropped and
@@ -25,12 +25,14 @@ dialling, address bans, reports to the tracker) are p2p.connections': the
 swarms say which peers to connect to, and the agent hears when a dial ends
 (`dialled`, `dial_failed`).
 
-What spans contents is decided by the node core (p2p.swarm.node.Node), which
-the simulator drives too: when to announce and what to ask the tracker for
+What spans contents is decided by the node core too, which the simulator
+drives the same way: when to announce and what to ask the tracker for
 (p2p.announcer carries the announces out and hands each session's swarm its
 reply, `tracker_replied`), and when a blocked reader may read its chunk (it
 is woken when the chunk is stored, not when it is announced to peers). The
-agent feeds the core its events and re-arms its one timer, as for swarms.
+core reacts to its swarms' actions itself (a content complete is announced
+at once, one that aborts is left), and has one timer for itself and all its
+swarms: the agent keeps one timer handle, re-armed after every call.
 """
 
 from __future__ import annotations
@@ -84,18 +86,17 @@ from p2p.swarm.events import (
     Withdraw,
 )
 from p2p.swarm.node import (
-    AbandonJoin,
     AnnounceAll,
     Announced,
     AnnounceFailed,
     ChunkStored,
-    ContentCompleted,
     JoinSent,
     Leave,
     Node,
     NodeAction,
     NodeEvent,
     ReaderWaiting,
+    SwarmActions,
     SwarmJoined,
     WakeReaders,
 )
@@ -282,8 +283,7 @@ class Agent:
         self.sessions[manifest.content_id] = session
         self.metrics.contents.set(len(self.sessions))
         self.node.add(manifest.content_id, swarm, self._loop.time())  # announced at once
-        self._rearm_node()
-        self._execute(session, swarm.start(self._loop.time()))
+        self._node_execute(self.node.start(manifest.content_id, self._loop.time()))
         return session
 
     def _new_done(self) -> asyncio.Future[None]:
@@ -293,9 +293,6 @@ class Agent:
 
     def _close_session(self, session: Session, why: str = "the agent is stopping") -> None:
         """Stop the session's work and fail whoever still waits on it."""
-        if session.timer:
-            session.timer.cancel()
-            session.timer = None
         current = asyncio.current_task()
         for task in session.origin_tasks.values():
             if task is not current:
@@ -315,11 +312,11 @@ class Agent:
                 self.store.detach(session.content)
 
     def _feed(self, session: Session, event: Event) -> None:
-        self._execute(session, session.swarm.handle(event, self._loop.time()))
-
-    def _on_timer(self, session: Session) -> None:
-        session.timer = None
-        self._execute(session, session.swarm.handle_timer(self._loop.time()))
+        """Hand `event` to the session's swarm, through the node core; a session that
+        was replaced (its callbacks may still come) hears nothing more."""
+        if self.sessions.get(session.content) is session:
+            self._node_execute(self.node.swarm_event(session.content, event,
+                                                     self._loop.time()))
 
     def _execute(self, session: Session, actions: list[Action]) -> None:
         content = session.content
@@ -349,7 +346,6 @@ class Agent:
                 case _:
                     assert_never(action)
         self._pin_while_fetching(session)
-        self._rearm(session)
 
     def _pin_while_fetching(self, session: Session) -> None:
         """Pin the content in the store while its swarm fetches, and only then.
@@ -390,9 +386,9 @@ class Agent:
                 case WakeReaders(content, chunk):
                     if (session := self.sessions.get(content)) is not None:
                         session.wake(chunk)
-                case AbandonJoin(content, peer):
+                case SwarmActions(content, swarm_actions):
                     if (session := self.sessions.get(content)) is not None:
-                        self._feed(session, PeerLost(peer, "no join reply"))
+                        self._execute(session, swarm_actions)
                 case _:
                     assert_never(action)
         self._rearm_node()
@@ -409,19 +405,10 @@ class Agent:
             self._node_timer, self._node_timer_at = self._loop.call_at(
                 when, self._on_node_timer), when
 
-    def _rearm(self, session: Session) -> None:
-        if session.timer:
-            session.timer.cancel()
-            session.timer = None
-        when = session.swarm.next_timer()
-        if when is not None and session.failed is None:  # a failed session stays stopped
-            session.timer = self._loop.call_at(when, self._on_timer, session)
-
     def _completed(self, session: Session) -> None:
         session.finished = self._loop.time()
         if not session.done.done():
             session.done.set_result(None)
-        self._node_event(ContentCompleted(session.content))
         log.info("content %s complete", session.content)
 
     def _evicted(self, content: ContentId) -> None:

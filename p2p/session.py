@@ -28,7 +28,6 @@ class Session:
     links: dict[PeerId, Link] = field(default_factory=dict)
     waiters: dict[int, list[asyncio.Future[None]]] = field(default_factory=dict)
     origin_tasks: dict[int, asyncio.Task[None]] = field(default_factory=dict)
-    timer: asyncio.TimerHandle | None = None
     origin_bytes: int = 0
     peer_bytes: int = 0
     started: float = 0.0

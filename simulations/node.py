@@ -3,12 +3,12 @@
 Theory of operation
 -------------------
 A `SimNode` owns one `p2p.swarm.Swarm` per content it needs and the agent's
-own node core (`p2p.swarm.node.Node`: the announce schedule and what it asks
-of the tracker), exactly as an agent does, plus what the agent's I/O would
-hold: the set of open connections per content, the chunks it is fetching
-from the origin (sent as `pending` when a peer joins), and the transfers it
-takes part in. It holds
-no policy: the simulation feeds its swarms events and carries out their
+own node core (`p2p.swarm.node.Node`: the announce schedule, what it asks of
+the tracker, and the one timer of all its swarms), exactly as an agent does,
+plus what the agent's I/O would hold: the set of open connections per
+content, the chunks it is fetching from the origin (sent as `pending` when a
+peer joins), and the transfers it takes part in. It holds no policy: the
+simulation feeds its swarms events through the core and carries out their
 actions (see `simulations.simulation`).
 
 A `Transfer` is one chunk in flight, from a peer or an origin. It waits one
@@ -40,6 +40,7 @@ from p2p.swarm.node import Node
 from p2p.swarm.uploads import UPLOAD_ORDER, UPLOAD_SLOTS, UploadSlots
 
 ORIGIN = -1  # the `src` of a transfer from an origin
+TIMER_SLACK_S = 5.0  # a swarm's wake-up is never further away than this (p2p.swarm.node)
 
 TransferKey = tuple[int, int, int, int]  # (dst node, content, src node or ORIGIN, chunk)
 
@@ -185,10 +186,10 @@ class Counters:
 
 
 class SimNode:
-    __slots__ = ("alive", "complete_s", "conns", "core", "core_timer_at", "counters", "download",
-                 "fail_s", "finished", "hot_left", "index", "needs", "origin_pending", "peer",
-                 "rack", "rack_index", "ready_left", "ready_s", "start_s", "swarms", "timer_at",
-                 "transfers", "unfinished", "uploads")
+    __slots__ = ("alive", "complete_s", "conns", "core", "counters", "download", "fail_s",
+                 "finished", "hot_left", "index", "needs", "origin_pending", "peer", "rack",
+                 "rack_index", "ready_left", "ready_s", "start_s", "swarms", "transfers",
+                 "unfinished", "uploads", "wakes")
 
     def __init__(self, index: int, rack_index: int, needs: tuple[int, ...], start_s: float,
                  fail_s: float | None, announce_interval_s: float,
@@ -203,15 +204,14 @@ class SimNode:
         self.fail_s = fail_s
         self.alive = False
         self.swarms: dict[int, Swarm] = {}
-        self.core = Node(announce_interval_s, start_s)
-        self.core_timer_at: float | None = None  # the core's one live wake-up
+        self.core = Node(announce_interval_s, start_s, timer_slack_s=TIMER_SLACK_S)
+        self.wakes: set[float] = set()  # when the core (and so its swarms) will be woken
         self.conns: dict[int, dict[int, None]] = {}  # content -> connected nodes, in order
         self.origin_pending: dict[int, int] = {}  # content -> mask of chunks from the origin
         self.transfers: dict[Transfer, None] = {}  # as sender or receiver, in start order
         self.uploads = Uploads(agent.upload_slots, agent.upload_order, upload_rank)
         self.download = (None if agent.download_cap_Bps is None
                          else TokenBucket(agent.download_cap_Bps, agent.burst_bytes))
-        self.timer_at: dict[int, float] = {}
         self.finished: set[int] = set()  # contents whose swarm finished (complete or aborted)
         self.hot_left: dict[int, int] = {}  # content -> hot chunks still missing (prefetch)
         self.ready_left = len(needs)  # contents not yet ready to start on

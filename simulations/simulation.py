@@ -25,18 +25,24 @@ actions the swarm returns as scheduled callbacks and network flows:
 | Disconnect(p)       | PeerLost to the other side; their transfers stop          |
 | Report / Complete / Abort | counted / completion time / failure recorded        |
 
-Each node also runs the agent's node core (`p2p.swarm.node.Node`), which
-decides when the node announces and what each content asks of the tracker:
-an `AnnounceAll` is answered at once by the simulated tracker, each
-content's answer going to its swarm as `PeersFound`; a `Leave` (a content
-aborted) removes the node from that swarm at the tracker. The core hears
-when a peer joins one of the node's swarms and when a content completes,
-and has one wake-up of its own.
+Each node also runs the agent's node core (`p2p.swarm.node.Node`), and
+every swarm event goes through it (`swarm_event`), which calls the swarm
+and returns its actions tagged with the content. The core decides when the
+node announces and what each content asks of the tracker: an `AnnounceAll`
+is answered at once by the simulated tracker, each content's answer going to
+its swarm as `PeersFound`; a `Leave` (a content aborted) removes the node
+from that swarm at the tracker. The core hears when a peer joins one of the
+node's swarms, and sees a content complete in its swarm's actions.
 
-Swarm timers: each swarm has at most one live wake-up. `next_timer()` is
-asked when none is pending, after each wake-up, and after events that can
-bring a deadline forward (see `_rearm`); a wake-up is never further than
-`TIMER_SLACK_S` ahead, and a superseded one is ignored when it comes due.
+Timers: a node's wake-ups serve its core and all its swarms. After every
+call into the core, one is scheduled at the core's `next_timer()` if that is
+earlier than every one pending; one that comes before anything is due runs
+nothing and re-arms, and one pending for a deadline that an earlier wake-up
+has moved keeps its place instead of being scheduled again. The
+core asks a swarm for its next timer only when it must, and never takes one
+further than `TIMER_SLACK_S` ahead (simulations.node gives it as the core's
+`timer_slack_s`): that keeps `Swarm.next_timer`, which costs O(peers), off
+the path of most events.
 
 The run ends when every live node holds everything, or stops with a reason:
 no chunk arrived anywhere for `stall_after_s` of virtual time (e.g. every
@@ -76,14 +82,13 @@ from p2p.swarm.events import (
     Withdraw,
 )
 from p2p.swarm.node import (
-    AbandonJoin,
     AnnounceAll,
     Announced,
     AnnounceItem,
-    ContentCompleted,
     Leave,
     NodeAction,
     NodeEvent,
+    SwarmActions,
     SwarmJoined,
     WakeReaders,
 )
@@ -95,9 +100,6 @@ from simulations.scenario import Scenario
 from simulations.strategy import get_strategy
 from simulations.tracker import SimTracker
 from simulations.workload import Plan, plan
-
-TIMER_SLACK_S = 5.0  # a swarm's wake-up is never further away than this
-_MAY_ADVANCE_TIMER = (ChunkFailed, PeerLost)  # they start back-offs and retry timers
 
 
 class Simulation:
@@ -131,12 +133,16 @@ class Simulation:
         self._by_flow: dict[int, Transfer] = {}
         self.unfinished = scenario.nodes  # live nodes that still lack something
         self.last_progress = 0.0
-        self.events_delivered = 0
         self._control_latency = scenario.network.cross_rack_latency_s
         self.ready = 0
         self.egress_curve: list[tuple[int, float]] = []  # (nodes ready, origin bytes so far)
         self._pools: dict[int, CpuPool] = {}  # node index (or -1: shared) -> its CPU
         self._cpu_jobs = 0
+
+    @property
+    def events_delivered(self) -> int:
+        """Swarm calls made so far (events and timers), by every node."""
+        return sum(node.core.swarm_calls for node in self.nodes)
 
     # ---- running ----------------------------------------------------------------
 
@@ -195,16 +201,16 @@ class Simulation:
             node.origin_pending[c] = 0
             if self.strategy.prefetch and content.hot:
                 node.hot_left[c] = len(content.hot)
-            if self.strategy.uses_tracker:
-                node.core.add(content.id, swarm, now)
+            node.core.add(content.id, swarm, now)
         if self.strategy.uses_tracker:
-            self._core_do(node, node.core.handle_timer(now))  # the first announce is due now
+            self._node_do(node, node.core.handle_timer(now))  # the first announce is due now
         for c in node.needs:
             if self.strategy.uses_tracker:
                 if c in node.hot_left:
                     self._deliver(n, c, PrefetchGiven(self.contents[c].hot))
             else:
-                self._execute(n, c, node.swarms[c].start(now))
+                self._node_do(node, node.core.start(self.contents[c].id, now))
+        self._arm(node)
 
     def _progress(self, transfer: Transfer) -> int:
         """A request's rank for its sender's upload slots: chunks its receiver holds."""
@@ -213,38 +219,48 @@ class Simulation:
 
     # ---- the node core: announces --------------------------------------------------
 
-    def _core_do(self, node: SimNode, actions: list[NodeAction]) -> None:
-        """Carry out the node core's actions, then re-arm its one timer."""
+    def _node_do(self, node: SimNode, actions: list[NodeAction]) -> None:
+        """Carry out the node core's actions (its swarms' among them). The caller then
+        re-arms the node's timer (`_arm`)."""
         for action in actions:
+            if type(action) is SwarmActions:  # most of them: skip the match
+                self._execute(node.index, self._content_index[action.content], action.actions)
+                continue
             match action:
                 case AnnounceAll(items):
-                    self._announce_all(node, items)
+                    # Without a tracker, the announce goes unanswered: the core waits
+                    # for the answer for good, and announces no more.
+                    if self.strategy.uses_tracker:
+                        self._announce_all(node, items)
                 case Leave(content):
-                    self.tracker.leave(content, node.peer)
+                    if self.strategy.uses_tracker:
+                        self.tracker.leave(content, node.peer)
                 case WakeReaders():
                     pass  # simulated nodes have no readers: hot lists stand for them
-                case AbandonJoin(content, peer):
-                    # Unreached: a simulated Join is answered in one latency, so the
-                    # simulation reports no JoinSent. Carried out as the agent does.
-                    self._deliver(node.index, self._content_index[content],
-                                  PeerLost(peer, "no join reply"))
+                case SwarmActions():
+                    pass  # carried out above
                 case _:
                     assert_never(action)
-        when = node.core.next_timer()
-        if when is not None and when != node.core_timer_at:
-            node.core_timer_at = when
-            self.loop.at(when, self._core_timer, (node.index, when))
 
-    def _core_timer(self, arg: tuple[int, float]) -> None:
+    def _arm(self, node: SimNode) -> None:
+        """Schedule a wake-up for the node if its core's next timer is earlier than every
+        one pending."""
+        when = node.core.next_timer()
+        if when is not None and (not node.wakes or when < min(node.wakes)):
+            node.wakes.add(when)
+            self.loop.at(when, self._wake, (node.index, when))
+
+    def _wake(self, arg: tuple[int, float]) -> None:
         n, when = arg
         node = self.nodes[n]
-        if node.core_timer_at != when or not node.alive:
-            return  # superseded, or the node died
-        node.core_timer_at = None
-        self._core_do(node, node.core.handle_timer(self.loop.now))
+        node.wakes.discard(when)
+        if node.alive:
+            self._node_do(node, node.core.handle_timer(self.loop.now))
+            self._arm(node)
 
     def _core_event(self, node: SimNode, event: NodeEvent) -> None:
-        self._core_do(node, node.core.handle(event, self.loop.now))
+        self._node_do(node, node.core.handle(event, self.loop.now))
+        self._arm(node)
 
     def _announce_all(self, node: SimNode, items: tuple[AnnounceItem, ...]) -> None:
         """The tracker answers at once; each content's answer goes to its swarm (a
@@ -293,45 +309,10 @@ class Simulation:
         node = self.nodes[n]
         if not node.alive:
             return
-        swarm = node.swarms[c]
-        self.events_delivered += 1
-        actions = swarm.handle(event, self.loop.now)
+        actions = node.core.swarm_event(self.contents[c].id, event, self.loop.now)
         if actions:
-            self._execute(n, c, actions)
-        if c not in node.timer_at or type(event) in _MAY_ADVANCE_TIMER:
-            self._rearm(node, c, swarm)
-
-    def _rearm(self, node: SimNode, c: int, swarm: Swarm) -> None:
-        """Schedule the swarm's next wake-up, if earlier than the one pending.
-
-        `next_timer` costs O(peers), so it is asked only when no wake-up is
-        pending, after a wake-up, and after events that can bring a deadline
-        forward (failures start back-offs). Other events only add deadlines
-        later than the pending wake-up, which is never more than
-        `TIMER_SLACK_S` away (the patience deadline is always among them).
-        """
-        when = swarm.next_timer()
-        if when is None:
-            return
-        when = min(when, self.loop.now + TIMER_SLACK_S)
-        armed = node.timer_at.get(c)
-        if armed is not None and armed <= when:
-            return
-        node.timer_at[c] = when
-        self.loop.at(when, self._timer, (node.index, c, when))
-
-    def _timer(self, arg: tuple[int, int, float]) -> None:
-        n, c, when = arg
-        node = self.nodes[n]
-        if node.timer_at.get(c) != when or not node.alive:
-            return
-        del node.timer_at[c]
-        swarm = node.swarms[c]
-        self.events_delivered += 1
-        actions = swarm.handle_timer(self.loop.now)
-        if actions:
-            self._execute(n, c, actions)
-        self._rearm(node, c, swarm)
+            self._node_do(node, actions)
+        self._arm(node)
 
     def _execute(self, n: int, c: int, actions: list[Action]) -> None:
         for action in actions:
@@ -367,16 +348,12 @@ class Simulation:
                 self._completed(node, c)
             case Disconnect(peer, _):
                 self._disconnect(n, c, self._index[peer])
-                node.timer_at.pop(c, None)  # the swarm set a retry time: ask again
             case Report(peer, reason):
                 node.counters.reports += 1
-                node.timer_at.pop(c, None)
                 self.tracker.report(peer, node.peer, reason, self.loop.now)
-            case Abort():
+            case Abort():  # the core removes the content (Leave)
                 node.counters.aborts += 1
                 self._finish(node, c)
-                if self.strategy.uses_tracker:
-                    self._core_do(node, node.core.remove(self.contents[c].id))
             case Withdraw(chunk):  # an origin fetch failed: take the pending mark back
                 event = PeerWithdrew(node.peer, chunk)
                 self.loop.after(self._control_latency, self._fan_out, (n, c, event, -1))
@@ -444,7 +421,7 @@ class Simulation:
         nodes = self.nodes
         if not nodes[n].alive:
             return
-        now, calls = self.loop.now, 0
+        now, content = self.loop.now, self.contents[c].id
         held, base = self._held[c], skip * len(nodes)
         for q in list(nodes[n].conns[c]):
             if skip >= 0 and held[base + q]:
@@ -452,14 +429,10 @@ class Simulation:
             other = nodes[q]
             if c in other.finished or not other.alive:
                 continue
-            swarm = other.swarms[c]
-            calls += 1
-            actions = swarm.handle(event, now)
+            actions = other.core.swarm_event(content, event, now)
             if actions:
-                self._execute(q, c, actions)
-            if c not in other.timer_at:
-                self._rearm(other, c, swarm)
-        self.events_delivered += calls
+                self._node_do(other, actions)
+            self._arm(other)
 
     # ---- transfers -----------------------------------------------------------------
 
@@ -637,9 +610,7 @@ class Simulation:
         self._finish(node, c)
         if c not in node.hot_left:
             self._content_ready(node, c)
-        node.unfinished -= 1
-        if self.strategy.uses_tracker:
-            self._core_event(node, ContentCompleted(self.contents[c].id))
+        node.unfinished -= 1  # (its core brought the next announce forward)
         if node.unfinished == 0:
             node.complete_s = self.loop.now
             self.unfinished -= 1

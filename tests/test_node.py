@@ -1,7 +1,8 @@
 """The node core, driven by hand: no sockets, no event loop, explicit `now`.
 
-These were the agent's announce loop and reader waiters; what they check
-now holds for the simulator too, since it drives the same `Node`.
+These were the agent's announce loop, reader waiters and per-swarm timers;
+what they check now holds for the simulator too, since it drives the same
+`Node`.
 """
 
 from __future__ import annotations
@@ -10,22 +11,32 @@ import random
 
 from p2p.content import ContentId, PeerId
 from p2p.swarm import Swarm, SwarmConfig
-from p2p.swarm.events import ChunkArrived, Complete, PeerJoined, PeerLost
+from p2p.swarm.events import (
+    Abort,
+    Action,
+    Advertise,
+    ChunkArrived,
+    Complete,
+    Connect,
+    PeerHint,
+    PeerJoined,
+    PeerLost,
+    PeersFound,
+)
 from p2p.swarm.node import (
     EARLY_ANNOUNCE_GAP_S,
     JOIN_TIMEOUT_S,
-    AbandonJoin,
     AnnounceAll,
     Announced,
     AnnounceFailed,
     AnnounceItem,
     ChunkStored,
-    ContentCompleted,
     JoinSent,
     Leave,
     Node,
     NodeAction,
     ReaderWaiting,
+    SwarmActions,
     SwarmJoined,
     WakeReaders,
 )
@@ -35,9 +46,10 @@ A, B = PeerId("a"), PeerId("b")
 INTERVAL = 2.0
 
 
-def swarm(mine: str, max_peers: int = 30) -> Swarm:
+def swarm(mine: str, max_peers: int = 30, max_origin_corrupt: int = 3) -> Swarm:
     return Swarm(PeerId("me"), "r1", len(mine), [c == "1" for c in mine], 100,
-                 SwarmConfig(max_peers=max_peers), random.Random(1), now=0.0)
+                 SwarmConfig(max_peers=max_peers, max_origin_corrupt=max_origin_corrupt),
+                 random.Random(1), now=0.0)
 
 
 def node(**swarms: Swarm) -> Node:
@@ -79,7 +91,7 @@ def test_no_second_announce_while_one_is_in_flight() -> None:
     announced(fire(n))
     assert n.next_timer() is None
     assert n.handle_timer(100.0) == []
-    n.handle(ContentCompleted(X), 1.0)  # due at once, but after the answer
+    n.handle(SwarmJoined(X, A), 1.0)  # due at once, but after the answer
     assert n.next_timer() is None
     n.handle(Announced(INTERVAL), 1.5)
     assert n.next_timer() == 1.0
@@ -123,8 +135,8 @@ def test_a_completed_content_is_announced_at_once_and_asks_for_no_peers() -> Non
     n = node(x=s)
     fire(n)
     n.handle(Announced(INTERVAL), 0.0)
-    assert s.handle(ChunkArrived(0, None, ok=True), 1.0)[-1] == Complete()
-    n.handle(ContentCompleted(X), 1.0)
+    assert n.swarm_event(X, ChunkArrived(0, None, ok=True), 1.0) == [
+        SwarmActions(X, [Advertise(0), Complete()])]  # the node heard it: no event needed
     assert n.next_timer() == 1.0
     assert announced(fire(n)) == [AnnounceItem(X, 1, True, 0)]
 
@@ -190,12 +202,13 @@ def quiet(n: Node) -> Node:
 
 
 def test_a_join_unanswered_in_time_gives_the_peer_up() -> None:
-    n = quiet(node(x=swarm("00")))
+    n, alone = quiet(node(x=swarm("00"))), swarm("00")
     n.handle(JoinSent(X, A), 1.0)
     assert n.next_timer() == 1.0 + JOIN_TIMEOUT_S
     assert n.handle_timer(1.0 + JOIN_TIMEOUT_S - 0.1) == []
-    assert fire(n) == [AbandonJoin(X, A)]
-    assert n.next_timer() == 100.0
+    lost = alone.handle(PeerLost(A, "no join reply"), 1.0 + JOIN_TIMEOUT_S)
+    assert fire(n) == tagged(X, lost)  # its swarm heard that A is lost
+    assert n.swarm_calls == 1
 
 
 def test_a_join_answered_starts_no_time_out() -> None:
@@ -225,6 +238,7 @@ def test_a_peer_joined_unheard_is_not_given_up() -> None:
     n.handle(JoinSent(X, A), 1.0)
     join(s, A, 2.0)  # the swarm has it; the node was not told
     assert fire(n) == []
+    assert n.swarm_calls == 0
 
 
 def test_joins_of_a_removed_or_reopened_content_are_forgotten() -> None:
@@ -236,3 +250,86 @@ def test_joins_of_a_removed_or_reopened_content_are_forgotten() -> None:
     assert [type(a) for a in fire(n)] == [AnnounceAll]  # the reopened content's announce
     n.handle(Announced(100.0), 2.0)
     assert n.next_timer() == 102.0
+
+
+# ---- driving the swarms -------------------------------------------------------------
+
+
+def found(*peers: PeerId) -> PeersFound:
+    return PeersFound(tuple(PeerHint(p, "r1") for p in peers))
+
+
+def tagged(content: ContentId, actions: list[Action]) -> list[NodeAction]:
+    return [SwarmActions(content, actions)] if actions else []
+
+
+def test_a_swarm_event_returns_the_swarms_actions_tagged_with_its_content() -> None:
+    alone = swarm("00")
+    n = quiet(node(x=swarm("00")))
+    expected = alone.handle(found(A, B), 1.0)
+    assert expected == [Connect(A), Connect(B)]
+    assert n.swarm_event(X, found(A, B), 1.0) == [SwarmActions(X, expected)]
+    assert n.swarm_calls == 1
+
+
+def test_an_event_for_a_content_the_node_does_not_have_is_ignored() -> None:
+    n = quiet(node(x=swarm("00")))
+    assert n.swarm_event(Y, found(A), 1.0) == []
+    n.remove(X)
+    assert n.swarm_event(X, found(A), 1.0) == []
+    assert n.start(X, 1.0) == []
+    assert n.swarm_calls == 0
+    assert n.next_timer() == 100.0
+
+
+def test_a_swarm_timer_due_before_the_announce_is_the_nodes_timer() -> None:
+    s, alone = swarm("00"), swarm("00")
+    n = quiet(node(x=s))
+    assert n.next_timer() == 100.0  # a swarm the node never called has no timer yet
+    n.swarm_event(X, found(A), 1.0)
+    alone.handle(found(A), 1.0)
+    when = alone.next_timer()
+    assert when is not None and when < 100.0
+    assert n.next_timer() == when
+    assert n.handle_timer(when - 0.01) == []
+    assert n.handle_timer(when) == tagged(X, alone.handle_timer(when))
+    assert n.swarm_calls == 2
+    assert n.next_timer() == alone.next_timer()
+
+
+def test_a_removed_contents_timer_is_forgotten() -> None:
+    n = quiet(node(x=swarm("00")))
+    n.swarm_event(X, found(A), 1.0)
+    assert n.next_timer() != 100.0
+    n.remove(X)
+    assert n.next_timer() == 100.0
+
+
+def test_due_swarms_run_before_the_announce() -> None:
+    n = node(x=swarm("00"), y=swarm("00"))
+    n.swarm_event(Y, found(A), 0.0)  # settles at 0.5
+    n.swarm_event(X, found(A), 0.2)  # settles at 0.7
+    assert n.next_timer() == 0.0  # the first announce
+    assert [type(a) for a in n.handle_timer(1.0)] == [AnnounceAll]
+    assert n.swarm_calls == 4  # both swarms' timers ran
+
+
+def test_a_swarm_timer_is_no_further_ahead_than_the_slack() -> None:
+    n = Node(100.0, now=0.0, timer_slack_s=0.1)
+    s = swarm("00")
+    n.add(X, s, 0.0)
+    fire(n)
+    n.handle(Announced(100.0), 0.0)
+    n.swarm_event(X, found(A), 1.0)
+    assert s.next_timer() == 1.5
+    assert n.next_timer() == 1.1
+
+
+def test_a_swarm_that_aborts_is_left_by_the_node() -> None:
+    n = quiet(node(x=swarm("00", max_origin_corrupt=1)))
+    n.swarm_event(X, PeersFound((), origin_slot=0, origin_slots=1), 1.0)
+    actions = n.swarm_event(X, ChunkArrived(0, None, ok=False), 2.0)
+    assert [type(a) for a in actions] == [SwarmActions, Leave]
+    assert isinstance(actions[0], SwarmActions) and type(actions[0].actions[-1]) is Abort
+    assert n.remove(X) == []  # gone already: the caller's own remove is harmless
+    assert n.swarm_event(X, found(A), 3.0) == []

@@ -1,6 +1,7 @@
 """The no-I/O swarm core: events in, actions out, `now` and a seeded rng passed in.
 
-`Swarm` decides for one content; `Node` for what spans a node's contents.
+`Swarm` decides for one content; `Node` for what spans a node's contents, and
+it drives its swarms (their events and one timer for them all).
 
 May import only the standard library and `p2p.content`. The agent (asyncio)
 and the simulator (virtual time) both drive these objects unchanged.

@@ -21,7 +21,8 @@ so that the asyncio agent and the simulator make them with the same code:
   else None, the tracker's own limit. This spares the tracker most handouts
   of a running launch.
 * Leaving: a content that fails or is evicted is removed (`remove`), which
-  tells the tracker we stopped (`Leave`), and is announced no more.
+  tells the tracker we stopped (`Leave`), and is announced no more. A swarm
+  that aborts is removed by the node itself.
 * Reader waiters. A reader blocked on a chunk is woken (`WakeReaders`) when
   the chunk is stored (`ChunkStored`), or at once if it is held already:
   never as a side effect of announcing the chunk to peers.
@@ -29,16 +30,34 @@ so that the asyncio agent and the simulator make them with the same code:
   answered within `JOIN_TIMEOUT_S` by the peer joining that swarm, on any
   link: two links to one peer (both sides dialled at once) are one peer
   here, so a Join sent on the second link of a peer already joined on the
-  first starts no clock. Unanswered, the peer is given up (`AbandonJoin`:
-  the swarm hears it is lost, and may try it again later).
+  first starts no clock. Unanswered, the peer is given up: its swarm hears
+  it is lost (`PeerLost`), and may try it again later.
+* Driving the swarms. The caller hands each swarm's events to the node
+  (`swarm_event`, and `start` once a content is added); the node calls that
+  content's `Swarm` and returns its actions tagged with the content
+  (`SwarmActions`), then reacts to them itself: a `Complete` brings the
+  announce forward, an `Abort` removes the content (`Leave`). An event for
+  a content the node does not have (removed, never added) is ignored.
 
 What it deliberately does not know: sockets, futures, the tracker's wire
-format. It reads its swarms (held chunks, peers linked) but does not drive
-them yet; the caller still feeds each `Swarm` its own events and timer.
+format, and what the swarms' actions mean to the network: those are the
+caller's to carry out.
 
-Time enters only as `now`, on the caller's clock; `next_timer` says when
-`handle_timer` must next run. It never reads a clock, touches a socket or a
-file, or uses the global random module.
+Time enters only as `now`, on the caller's clock. One timer covers the node:
+`next_timer` is the earliest of its own deadlines and of its swarms' timers,
+and `handle_timer` runs the swarms that are due (earliest first), then its
+own deadlines. A swarm's timer is cached, and asked again only after the
+swarm was called (an event, its timer, `start`): a swarm the node never
+called has none yet. Without `timer_slack_s` (the agent) it is asked after
+every call, exactly. With it (the simulator, for speed: asking costs
+O(peers)) it is asked only when none is cached, after the swarm's timer ran,
+or after an event or action that can bring a deadline forward (failures and
+lost peers start back-offs, disconnections and reports retry times), and is
+never taken further than `timer_slack_s` ahead; a deadline that another
+event brings forward is met late, by less than `timer_slack_s`.
+
+The node never reads a clock, touches a socket or a file, or uses the
+global random module.
 """
 
 from __future__ import annotations
@@ -48,6 +67,16 @@ from typing import assert_never
 
 from p2p.content import ContentId, PeerId
 from p2p.swarm import bits
+from p2p.swarm.events import (
+    Abort,
+    Action,
+    ChunkFailed,
+    Complete,
+    Disconnect,
+    Event,
+    PeerLost,
+    Report,
+)
 from p2p.swarm.swarm import Swarm
 
 EARLY_ANNOUNCE_GAP_S = 0.2  # announces prompted by new peers come no faster
@@ -88,13 +117,6 @@ class JoinSent:
 
 
 @dataclass(frozen=True, slots=True)
-class ContentCompleted:
-    """The swarm of `content` said Complete."""
-
-    content: ContentId
-
-
-@dataclass(frozen=True, slots=True)
 class ReaderWaiting:
     """A reader is blocked on `chunk` of `content`."""
 
@@ -110,8 +132,7 @@ class ChunkStored:
     chunk: int
 
 
-NodeEvent = Announced | AnnounceFailed | SwarmJoined | JoinSent | ContentCompleted | \
-    ReaderWaiting | ChunkStored
+NodeEvent = Announced | AnnounceFailed | SwarmJoined | JoinSent | ReaderWaiting | ChunkStored
 
 
 # ---- actions ------------------------------------------------------------------
@@ -152,15 +173,20 @@ class WakeReaders:
 
 
 @dataclass(frozen=True, slots=True)
-class AbandonJoin:
-    """`peer` did not answer our Join for `content` in time: tell its swarm the peer is
-    lost."""
+class SwarmActions:
+    """What the swarm of `content` asks for, in its order: carry them out for that
+    content."""
 
     content: ContentId
-    peer: PeerId
+    actions: list[Action]
 
 
-NodeAction = AnnounceAll | Leave | WakeReaders | AbandonJoin
+NodeAction = AnnounceAll | Leave | WakeReaders | SwarmActions
+
+# After these events or actions a swarm may have a deadline earlier than the cached
+# one: back-offs of failures and lost peers, retry times of disconnections and reports.
+_MAY_ADVANCE_TIMER = (ChunkFailed, PeerLost)
+_RESETS_TIMER = (Disconnect, Report)
 
 
 def want(swarm: Swarm) -> int | None:
@@ -173,13 +199,15 @@ def want(swarm: Swarm) -> int | None:
 class Node:
     """One node's contents; see the module docstring.
 
-    Driven by events (`handle`) and by time (`handle_timer`, due at
-    `next_timer`); contents come and go with `add` and `remove`. Every call
-    takes `now` in seconds on the caller's clock and returns the actions the
-    caller must carry out.
+    Driven by events (`handle`, and `swarm_event` for one content's swarm) and by
+    time (`handle_timer`, due at `next_timer`); contents come and go with `add`
+    and `remove`. Every call takes `now` in seconds on the caller's clock and
+    returns the actions the caller must carry out. `swarm_calls` counts the
+    swarm calls made (events and timers).
     """
 
-    def __init__(self, announce_interval_s: float, now: float) -> None:
+    def __init__(self, announce_interval_s: float, now: float, *,
+                 timer_slack_s: float | None = None) -> None:
         self._swarms: dict[ContentId, Swarm] = {}
         self._interval_s = announce_interval_s
         self._due = now  # the next periodic announce: the first one at once
@@ -189,20 +217,34 @@ class Node:
         self._handed_out: set[PeerId] = set()
         self._waiting: dict[ContentId, set[int]] = {}  # chunks readers are blocked on
         self._joins: dict[tuple[ContentId, PeerId], float] = {}  # Joins sent -> deadline
+        self._slack_s = timer_slack_s
+        # Each swarm's cached next timer, in the order they were set: ties run in it.
+        self._swarm_due: dict[ContentId, float] = {}
+        self.swarm_calls = 0
 
     # ---- contents ---------------------------------------------------------------
 
     def add(self, content: ContentId, swarm: Swarm, now: float) -> None:
         """Swarm on `content` (replacing a previous swarm for it); announced at once."""
         self._swarms[content] = swarm
+        self._swarm_due.pop(content, None)
         self._forget_joins(content)  # a new swarm sends its own Joins
         self._announce_at(now)
+
+    def start(self, content: ContentId, now: float) -> list[NodeAction]:
+        """The first actions of the swarm of `content`: connects, owned fetches, or
+        Complete if it holds every chunk already."""
+        swarm = self._swarms.get(content)
+        if swarm is None:
+            return []
+        return self._swarm_did(content, swarm, swarm.start(now), False, now)
 
     def remove(self, content: ContentId) -> list[NodeAction]:
         """Stop swarming on `content` (it failed or was evicted): leave its swarm.
         Its blocked readers are the caller's to fail."""
         self._waiting.pop(content, None)
         self._forget_joins(content)
+        self._swarm_due.pop(content, None)
         if self._swarms.pop(content, None) is None:
             return []
         return [Leave(content)]
@@ -225,9 +267,6 @@ class Node:
                 swarm = self._swarms.get(content)
                 if swarm is not None and not swarm.joined(peer):
                     self._joins.setdefault((content, peer), now + JOIN_TIMEOUT_S)
-            case ContentCompleted(content):
-                if content in self._swarms:
-                    self._announce_at(now)
             case ReaderWaiting(content, chunk):
                 return self._reader_waiting(content, chunk)
             case ChunkStored(content, chunk):
@@ -235,6 +274,39 @@ class Node:
             case _:
                 assert_never(event)
         return []
+
+    def swarm_event(self, content: ContentId, event: Event, now: float) -> list[NodeAction]:
+        """Hand `event` to the swarm of `content`; nothing if the node has none."""
+        swarm = self._swarms.get(content)
+        if swarm is None:
+            return []
+        self.swarm_calls += 1
+        actions = swarm.handle(event, now)
+        advance = type(event) in _MAY_ADVANCE_TIMER
+        if not actions and not advance and self._slack_s is not None \
+                and content in self._swarm_due:
+            return []  # most events of a big simulation: nothing to do, timer kept
+        return self._swarm_did(content, swarm, actions, advance, now)
+
+    def _swarm_did(self, content: ContentId, swarm: Swarm, actions: list[Action],
+                   advance: bool, now: float) -> list[NodeAction]:
+        """The node's share of a swarm call: tag its actions, react to them, and ask
+        for its next timer again if need be."""
+        if not actions:
+            self._refresh(content, swarm, advance, now)
+            return []
+        done: list[NodeAction] = [SwarmActions(content, actions)]
+        for action in actions:
+            kind = type(action)
+            if kind is Complete:
+                self._announce_at(now)
+            elif kind is Abort:
+                done += self.remove(content)
+                return done
+            elif kind in _RESETS_TIMER:
+                self._swarm_due.pop(content, None)
+        self._refresh(content, swarm, advance, now)
+        return done
 
     def _reader_waiting(self, content: ContentId, chunk: int) -> list[NodeAction]:
         swarm = self._swarms.get(content)
@@ -255,14 +327,23 @@ class Node:
     # ---- time -------------------------------------------------------------------
 
     def next_timer(self) -> float | None:
-        """When `handle_timer` must next run, on the caller's clock."""
-        times = list(self._joins.values())
-        if (announce := self._announce_due()) is not None:
-            times.append(announce)
-        return min(times, default=None)
+        """When `handle_timer` must next run, on the caller's clock: the earliest of
+        the node's own deadlines and its swarms' timers."""
+        when = self._announce_due()
+        if self._swarm_due:
+            swarms = min(self._swarm_due.values())
+            if when is None or swarms < when:
+                when = swarms
+        if self._joins:
+            joins = min(self._joins.values())
+            if when is None or joins < when:
+                when = joins
+        return when
 
     def handle_timer(self, now: float) -> list[NodeAction]:
-        actions: list[NodeAction] = self._joins_due(now)
+        """Run the swarms that are due, then the node's own deadlines."""
+        actions = self._swarm_timers(now)
+        actions += self._joins_due(now)
         due = self._announce_due()
         if due is None or now < due:
             return actions
@@ -276,6 +357,39 @@ class Node:
                       for content, swarm in self._swarms.items())
         return [*actions, AnnounceAll(items)]
 
+    def _swarm_timers(self, now: float) -> list[NodeAction]:
+        due = [content for content, when in self._swarm_due.items() if when <= now]
+        due.sort(key=self._swarm_due.__getitem__)  # stable: ties in the order they were set
+        actions: list[NodeAction] = []
+        for content in due:
+            del self._swarm_due[content]
+            swarm = self._swarms[content]
+            self.swarm_calls += 1
+            actions += self._swarm_did(content, swarm, swarm.handle_timer(now), False, now)
+        return actions
+
+    def _refresh(self, content: ContentId, swarm: Swarm, advance: bool, now: float) -> None:
+        """Ask the swarm for its next timer again, as the module docstring says when."""
+        if content not in self._swarms:
+            return  # removed meanwhile (it aborted)
+        if self._slack_s is None:
+            when = swarm.next_timer()
+            if when is None:
+                self._swarm_due.pop(content, None)
+            else:
+                self._swarm_due[content] = when
+            return
+        armed = self._swarm_due.get(content)
+        if armed is not None and not advance:
+            return
+        when = swarm.next_timer()
+        if when is None:
+            return
+        when = min(when, now + self._slack_s)
+        if armed is None or when < armed:
+            self._swarm_due.pop(content, None)  # set anew: it goes last among ties
+            self._swarm_due[content] = when
+
     def _announce_due(self) -> float | None:
         if self._in_flight:
             return None  # the answer to the announce in flight comes as an event
@@ -285,9 +399,12 @@ class Node:
         late = [key for key, deadline in self._joins.items() if deadline <= now]
         for key in late:
             del self._joins[key]
-        # A peer that joined without our hearing of it (no SwarmJoined) is not lost.
-        return [AbandonJoin(content, peer) for content, peer in late
-                if not self._swarms[content].joined(peer)]
+        actions: list[NodeAction] = []
+        for content, peer in late:
+            # A peer that joined without our hearing of it (no SwarmJoined) is not lost.
+            if content in self._swarms and not self._swarms[content].joined(peer):
+                actions += self.swarm_event(content, PeerLost(peer, "no join reply"), now)
+        return actions
 
     def _forget_joins(self, content: ContentId) -> None:
         for key in [k for k in self._joins if k[0] == content]:
