@@ -109,7 +109,8 @@ class Simulation:
         self.scenario = scenario
         self.strategy = get_strategy(scenario.strategy, scenario.swarm_overrides)
         self.loop = Loop()
-        self.top = Topology(scenario.network, scenario.nodes, scenario.agent.upload_cap_Bps)
+        self.top = Topology(scenario.network, scenario.nodes, scenario.agent.upload_cap_Bps,
+                            scenario.agent.burst_bytes)
         self.flows = Flows(self.top, self.loop)
         self.origins = [Origin(i, o) for i, o in enumerate(scenario.network.origins)]
         rng = random.Random(f"{scenario.seed}/workload")

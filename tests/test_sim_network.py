@@ -82,3 +82,45 @@ def test_cancel_reports_the_bytes_moved() -> None:
     loop.run()
     assert moved == [pytest.approx(0.5 * GB)]
     assert flows.active == 0
+
+
+def capped(burst: float) -> tuple[Loop, Topology, Flows]:
+    """Node 0 uploads through a 0.1 GB/s cap with a `burst` bucket; its NIC does 2 GB/s."""
+    loop = Loop()
+    top = Topology(spec(), nodes=4, upload_cap_Bps=0.1 * GB, upload_burst_bytes=int(burst))
+    return loop, top, Flows(top, loop)
+
+
+def test_a_capped_uploader_sends_its_burst_at_nic_speed_then_the_cap() -> None:
+    loop, top, flows = capped(0.1 * GB)
+    done: list[float] = []
+    flows.start(top.peer_links(0, 1), 1.1 * GB, 0.0, lambda f: done.append(loop.now))
+    loop.run()
+    # 0.1 GB of burst at up to 2 GB/s, then 1 GB at 0.1 GB/s: 10 s (11 s without the burst)
+    assert done == [pytest.approx(10.0, abs=0.1)]
+
+
+def test_the_burst_comes_back_only_after_idling() -> None:
+    loop, top, flows = capped(0.1 * GB)
+    done: dict[str, float] = {}
+
+    def start(name: str, after: str | None = None) -> None:
+        flows.start(top.peer_links(0, 1 + len(done) % 3), 0.1 * GB, loop.now,
+                    lambda f: (done.setdefault(name, loop.now),
+                               after and loop.at(loop.now, lambda _: start(after), 0)))
+
+    start("first", "right_after")
+    loop.at(5.0, lambda _: start("rested"), 0)
+    loop.run()
+    assert done["first"] < 0.1  # the full bucket
+    # then the cap: what the bucket refilled while the first went out, and 1 s for the rest
+    assert done["right_after"] == pytest.approx(1.0, abs=0.02)
+    assert done["rested"] - 5.0 < 0.1  # refilled while idle
+
+
+def test_without_a_burst_a_capped_uploader_is_a_slower_nic() -> None:
+    loop, top, flows = capped(0)
+    done: list[float] = []
+    flows.start(top.peer_links(0, 1), 1 * GB, 0.0, lambda f: done.append(loop.now))
+    loop.run()
+    assert done == [pytest.approx(10.0, abs=0.011)]
