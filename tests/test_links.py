@@ -73,7 +73,7 @@ def test_a_peer_with_no_link_is_dialled_once_and_its_link_carries_every_waiting_
     assert n.connect(X, A, 1.0) == []  # a dial is under way
     assert n.handle(LinkOpened(L1, A, dialled=True), 2.0) == [SendJoin(L1, X), SendJoin(L1, Y)]
     assert n.links.told(X) == [L1] and n.links.told(Y) == [L1]
-    assert n.links.next_deadline() == 2.0 + JOIN_TIMEOUT_S  # both wait for an answer
+    assert min(n.links.deadlines.values()) == 2.0 + JOIN_TIMEOUT_S  # both wait for an answer
 
 
 def test_a_link_the_peer_opened_carries_no_join_for_a_dial_under_way() -> None:
@@ -201,7 +201,7 @@ def test_a_peer_the_swarm_disconnects_is_dropped_and_joined_again_when_it_connec
     # Asked to connect again, our Join goes out again on the same link (the peer
     # takes it as a restart and answers), and waits for its answer.
     assert n.connect(X, A, 100.0) == [SendJoin(L1, X)]
-    assert n.links.next_deadline() == 100.0 + JOIN_TIMEOUT_S
+    assert min(n.links.deadlines.values()) == 100.0 + JOIN_TIMEOUT_S
 
 
 def test_a_peer_disconnected_after_joining_on_two_links_gets_our_join_again() -> None:

@@ -224,7 +224,7 @@ def test_a_join_answered_starts_no_time_out() -> None:
     n.connect(X, A, 1.0)
     assert n.handle(heard(X, A, L1), 2.0) == []  # our Join went out on L1 already
     assert s.joined(A)
-    assert n.links.next_deadline() is None
+    assert not n.links.deadlines
 
 
 def test_a_join_answered_on_another_link_stops_the_clock_too() -> None:
@@ -234,7 +234,7 @@ def test_a_join_answered_on_another_link_stops_the_clock_too() -> None:
     n.handle(LinkOpened(L1, A, dialled=False), 1.0)
     n.connect(X, A, 1.0)
     assert n.handle(heard(X, A, L2), 1.5)[0] == SendJoin(L2, X)
-    assert n.links.next_deadline() is None
+    assert not n.links.deadlines
 
 
 def test_a_join_on_a_second_link_to_a_joined_peer_starts_no_clock() -> None:
@@ -243,7 +243,7 @@ def test_a_join_on_a_second_link_to_a_joined_peer_starts_no_clock() -> None:
     n = quiet(node(x=swarm("00")))
     n.handle(heard(X, A, L1), 1.5)
     assert n.handle(heard(X, A, L2), 2.0) == [SendJoin(L2, X)]
-    assert n.links.next_deadline() is None
+    assert not n.links.deadlines
 
 
 def test_joins_of_a_removed_or_reopened_content_are_forgotten() -> None:

@@ -146,7 +146,10 @@ class Links:
         self._joined: dict[ContentId, dict[PeerId, LinkId]] = {}
         # Per content, the links our Join went out on that its peer has not joined on.
         self._unanswered: dict[ContentId, dict[LinkId, PeerId]] = {}
-        self._deadlines: dict[tuple[ContentId, PeerId], float] = {}  # Joins unanswered
+        # Joins unanswered -> when the peer is given up. Read it (the node's timer asks
+        # whether it is empty on every call, and the simulator never fills it); only
+        # the table changes it.
+        self.deadlines: dict[tuple[ContentId, PeerId], float] = {}
         self._dial_for: dict[PeerId, set[ContentId]] = {}  # dials under way -> contents
 
     # ---- questions ----------------------------------------------------------------
@@ -182,9 +185,6 @@ class Links:
         """Every open link to `peer`, oldest first."""
         return [link for link, p in self._peer_of.items() if p == peer]
 
-    def next_deadline(self) -> float | None:
-        return min(self._deadlines.values()) if self._deadlines else None
-
     # ---- contents -----------------------------------------------------------------
 
     def forget(self, content: ContentId) -> None:
@@ -192,8 +192,8 @@ class Links:
         forgotten (a new swarm introduces itself again). Dials it waits on go on."""
         self._joined.pop(content, None)
         self._unanswered.pop(content, None)
-        for key in [k for k in self._deadlines if k[0] == content]:
-            del self._deadlines[key]
+        for key in [k for k in self.deadlines if k[0] == content]:
+            del self.deadlines[key]
 
     # ---- what happened ------------------------------------------------------------
 
@@ -234,7 +234,7 @@ class Links:
         current = joined.get(peer)
         if current is not None and current != link:
             return self._send_join(content, peer, link, now), False  # a second link
-        self._deadlines.pop((content, peer), None)
+        self.deadlines.pop((content, peer), None)
         answered = self._unanswered.get(content, {}).pop(link, None) is not None
         joined[peer] = link
         if current is None and answered:
@@ -269,9 +269,9 @@ class Links:
     def due(self, now: float) -> list[tuple[ContentId, PeerId]]:
         """The Joins unanswered past their deadline (a peer's Join, on any link, stops
         its clock): those peers are lost to their contents' swarms."""
-        late = [key for key, deadline in self._deadlines.items() if deadline <= now]
+        late = [key for key, deadline in self.deadlines.items() if deadline <= now]
         for key in late:
-            del self._deadlines[key]
+            del self.deadlines[key]
         return late
 
     def _send_join(self, content: ContentId, peer: PeerId, link: LinkId,
@@ -280,5 +280,5 @@ class Links:
             return []  # it went out there already
         self._unanswered.setdefault(content, {})[link] = peer
         if not self.joined(content, peer):
-            self._deadlines.setdefault((content, peer), now + JOIN_TIMEOUT_S)
+            self.deadlines.setdefault((content, peer), now + JOIN_TIMEOUT_S)
         return [SendJoin(link, content)]
