@@ -21,9 +21,11 @@ deadline) says why to every waiter, stops, and unpins its bytes; the next
 request for the content opens a fresh session, so no failure is sticky.
 
 Two rooms of the agent's work live beside it. Peer connections (accepting,
-dialling, address bans, reports to the tracker) are p2p.connections': the
-swarms say which peers to connect to, and the agent hears when a dial ends
-(`dialled`, `dial_failed`).
+dialling, address bans, reports to the tracker) are p2p.connections'. Who is
+joined for which content, on which link, is the node core's join table
+(p2p.swarm.links): the agent tells it of links opened and closed, dials
+failed and Joins heard, names each link by its `id`, carries out the
+core's `Dial` and `SendJoin`, and asks it where a request or a have goes.
 
 What spans contents is decided by the node core too, which the simulator
 drives the same way: when to announce and what to ask the tracker for
@@ -39,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import random
 from collections.abc import AsyncIterator, Coroutine
@@ -73,8 +76,6 @@ from p2p.swarm.events import (
     FetchFromOrigin,
     PeerHas,
     PeerHint,
-    PeerJoined,
-    PeerLost,
     PeerPending,
     PeersFound,
     PeerWithdrew,
@@ -85,22 +86,36 @@ from p2p.swarm.events import (
     WantedAll,
     Withdraw,
 )
+from p2p.swarm.links import (
+    Dial,
+    DialFailed,
+    JoinHeard,
+    LinkClosed,
+    LinkId,
+    LinkOpened,
+    ReportUnreachable,
+    SendJoin,
+)
 from p2p.swarm.node import (
     AnnounceAll,
     Announced,
     AnnounceFailed,
     ChunkStored,
-    JoinSent,
     Leave,
     Node,
     NodeAction,
     NodeEvent,
     ReaderWaiting,
     SwarmActions,
-    SwarmJoined,
     WakeReaders,
 )
-from p2p.tracker_client import AnnounceReply, TrackerClient, TrackerError, TrackerUnavailable
+from p2p.tracker_client import (
+    UNREACHABLE,
+    AnnounceReply,
+    TrackerClient,
+    TrackerError,
+    TrackerUnavailable,
+)
 from p2p.wire import Have, Join, Pending, Piece, RemoteProtocolError, pack_bits, unpack_bits
 
 log = logging.getLogger(__name__)
@@ -124,6 +139,7 @@ class Agent:
         self._buffers = BufferPool()
         self._origins = OriginPool(config.origin_concurrency)
         self._rng = random.Random()
+        self._link_ids = itertools.count(1)
         # Tracker requests leave from our own address, as peer dials do.
         self.tracker = TrackerClient(config.tracker, secret, bind_host=config.host)
         self.me: PeerInfo | None = None
@@ -272,9 +288,7 @@ class Agent:
         present = await asyncio.to_thread(self.store.attach, manifest)
         old = self.sessions.get(manifest.content_id)
         if old is not None:
-            self._close_session(old)
-            for link in self._conns.links.values():  # the new session introduces itself again
-                link.joined_out.discard(manifest.content_id)
+            self._close_session(old)  # (the node core forgets its joins when it is replaced)
         assert self.me is not None
         swarm = Swarm(self.me.peer, self.config.rack, manifest.chunks, present,
                       manifest.chunk_size, self.config.swarm, random.Random(self._rng.random()),
@@ -323,16 +337,16 @@ class Agent:
         for action in actions:
             match action:
                 case Connect(peer):
-                    self._connect(session, peer)
+                    self._node_execute(self.node.connect(content, peer, self._loop.time()))
                 case Request(peer, chunk):
                     self._request(session, peer, chunk)
                 case FetchFromOrigin(chunk):
                     session.origin_tasks[chunk] = self._spawn(self._fetch_origin(session, chunk))
                 case Cancel(peer, chunk):
-                    if (link := session.links.get(peer)) is not None:
+                    if (link := self._joined_link(content, peer)) is not None:
                         link.cancel(content, chunk)
                 case Disconnect(peer, reason, hostile):
-                    self._disconnect(session, peer, reason, hostile)
+                    self._disconnect(peer, reason, hostile)
                 case Report(peer, reason):
                     self._spawn(self._conns.report(content, peer, reason))
                 case Advertise(chunk, pending):
@@ -389,6 +403,14 @@ class Agent:
                 case SwarmActions(content, swarm_actions):
                     if (session := self.sessions.get(content)) is not None:
                         self._execute(session, swarm_actions)
+                case SendJoin(link_id, content):
+                    link = self._conns.links.get(link_id)
+                    if link is not None and (session := self.sessions.get(content)) is not None:
+                        link.send_soon(self._join_msg(session))
+                case Dial(peer):
+                    self._conns.dial(peer)
+                case ReportUnreachable(content, peer):  # it may hold an origin-fetcher slot
+                    self._spawn(self._conns.report(content, peer, UNREACHABLE))
                 case _:
                     assert_never(action)
         self._rearm_node()
@@ -449,32 +471,26 @@ class Agent:
         return Join(content=session.content, have=pack_bits(have),
                     pending=tuple(sorted(session.origin_tasks)))
 
-    def _connect(self, session: Session, peer: PeerId) -> None:
-        link = self._conns.live(peer)
-        if link is None:
-            self._conns.dial(peer, session.content)
-        else:
-            self._send_join(session, link)
-
-    def _send_join(self, session: Session, link: Link) -> None:
-        if session.content not in link.joined_out:
-            link.joined_out.add(session.content)
-            link.send_soon(self._join_msg(session))
-            self._node_event(JoinSent(session.content, link.peer))
+    def _joined_link(self, content: ContentId, peer: PeerId) -> Link | None:
+        """The link `peer` is joined on for `content`, if it is."""
+        link_id = self.node.links.link_of(content, peer)
+        return None if link_id is None else self._conns.links.get(link_id)
 
     def _request(self, session: Session, peer: PeerId, chunk: int) -> None:
-        link = session.links.get(peer)
+        link = self._joined_link(session.content, peer)
         if link is None or link.closed:
             self._loop.call_soon(self._feed, session, ChunkFailed(chunk, peer, "no link"))
             return
         link.request(session.content, chunk, session.manifest.chunk_length(chunk),
                      self._download)
 
-    def _disconnect(self, session: Session, peer: PeerId, reason: str, hostile: bool) -> None:
-        """Leave the peer out of this content; close its link if it misbehaved."""
-        link = session.links.pop(peer, None) or self._conns.links.get(peer)
-        if link is not None and hostile:
+    def _disconnect(self, peer: PeerId, reason: str, hostile: bool) -> None:
+        """The node core left the peer out of this content; if it misbehaved, cut it off
+        altogether: close every link to it."""
+        links = [self._conns.links[i] for i in self.node.links.links_to(peer)] if hostile else []
+        if links:
             log.warning("dropping peer %s: %s", peer, reason)
+        for link in links:
             link.close(reason, hostile=True)
 
     def _advertise(self, session: Session, chunk: int, pending: bool) -> None:
@@ -482,35 +498,24 @@ class Agent:
                           else Have(content=session.content, chunk=chunk))
 
     def _tell_joined(self, session: Session, msg: wire.Message) -> None:
-        # Every link we sent our Join on, even before the peer's Join came back:
-        # otherwise a chunk finished in that window would never be announced.
-        for link in self._links_joined(session.content):
-            link.send_soon(msg)
-
-    def _links_joined(self, content: ContentId) -> list[Link]:
-        links = {id(link): link for link in self._conns.links.values()}
-        for session_link in self.sessions[content].links.values():
-            links.setdefault(id(session_link), session_link)
-        return [link for link in links.values()
-                if content in link.joined_out and not link.closed]
-
-    def _sessions_of(self, contents: set[ContentId]) -> list[Session]:
-        return [self.sessions[c] for c in sorted(contents) if c in self.sessions]
+        # Every peer we sent our Join to, even before its Join came back (the core
+        # says on which link): otherwise a chunk finished in that window would
+        # never be announced to it.
+        for link_id in self.node.links.told(session.content):
+            if (link := self._conns.links.get(link_id)) is not None:
+                link.send_soon(msg)
 
     def _new_link(self, conn: PeerConnection) -> Link:
-        return Link(conn, self, self.store, self._upload, self._upload_slots)
+        return Link(conn, LinkId(next(self._link_ids)), self, self.store, self._upload,
+                    self._upload_slots)
 
     # ---- ConnectionsOwner -----------------------------------------------------
 
-    def dialled(self, link: Link, contents: set[ContentId]) -> None:
-        for session in self._sessions_of(contents):
-            self._send_join(session, link)
+    def link_opened(self, link: Link, dialled: bool) -> None:
+        self._node_event(LinkOpened(link.id, link.peer, dialled))
 
-    def dial_failed(self, peer: PeerId, contents: set[ContentId], reason: str,
-                    hostile: bool) -> None:
-        for session in self._sessions_of(contents):
-            if peer not in session.links:
-                self._feed(session, PeerLost(peer, reason, hostile))
+    def dial_failed(self, peer: PeerId, reason: str, hostile: bool, unreachable: bool) -> None:
+        self._node_event(DialFailed(peer, reason, hostile, unreachable))
 
     # ---- AnnouncerOwner -------------------------------------------------------
 
@@ -532,48 +537,37 @@ class Agent:
         content = ContentId(msg.content)
         session = self.sessions.get(content)
         if session is None:
-            self._answer_join_from_store(link, content)
+            self._answer_join_from_store(link, msg)
             return
         try:
             have = unpack_bits(msg.have, session.manifest.chunks)
         except ValueError:
             have = []  # wrong length: the swarm treats it as a bad join
-        current = session.links.get(link.peer)
-        if current is link:
-            # A Join again on the same link: the peer restarted its session for this
-            # content (it failed and reopened). Its state starts afresh, and its new
-            # session needs our bits again.
-            link.joined_out.discard(content)
-        elif current is not None and not current.closed:
-            # A second link to the same peer (both sides dialled at once): answer on
-            # it, keep requesting on the first, and do not restart the peer's state.
-            self._send_join(session, link)
-            return
-        session.links[link.peer] = link
-        self._send_join(session, link)
-        self._feed(session, PeerJoined(link.peer, link.conn.remote.rack, tuple(have),
-                                       tuple(msg.pending)))
-        self._node_event(SwarmJoined(content, link.peer))
+        # The core tells a join from a restart (again on this link) and from a second
+        # link to a peer joined already (both sides dialled at once).
+        self._node_event(JoinHeard(content, link.peer, link.id, link.conn.remote.rack,
+                                   tuple(have), tuple(msg.pending)))
 
-    def _answer_join_from_store(self, link: Link, content: ContentId) -> None:
+    def _answer_join_from_store(self, link: Link, msg: Join) -> None:
         """A peer asks about a content we hold but are not swarming on: seed it."""
         manifests = {m.content_id: m for m in self.store.known()}
-        if content in manifests:
-            self._spawn(self._seed_from_store(link, manifests[content]))
+        if msg.content in manifests:
+            self._spawn(self._seed_from_store(link, manifests[ContentId(msg.content)], msg))
 
-    async def _seed_from_store(self, link: Link, manifest: Manifest) -> None:
+    async def _seed_from_store(self, link: Link, manifest: Manifest, msg: Join) -> None:
         try:
-            session = await self.ensure(manifest.content_id, manifest, lazy=True)
+            await self.ensure(manifest.content_id, manifest, lazy=True)
         except StoreError as exc:
             log.error("cannot seed %s: %s", manifest.content_id, exc)
             return
         if not link.closed:
-            self._send_join(session, link)
+            self.on_join(link, msg)  # heard now: the peer joins, and hears our Join
 
     def on_have(self, link: Link, msg: Have | Pending | wire.Withdraw) -> None:
-        session = self.sessions.get(ContentId(msg.content))
-        if session is None or link.peer not in session.links:
+        content = ContentId(msg.content)
+        if content not in self.sessions or not self.node.links.joined(content, link.peer):
             return
+        session = self.sessions[content]
         event = PeerHas if isinstance(msg, Have) else \
             PeerPending if isinstance(msg, Pending) else PeerWithdrew
         if event is PeerWithdrew:
@@ -623,10 +617,7 @@ class Agent:
 
     def link_closed(self, link: Link, reason: str, hostile: bool) -> None:
         self._conns.link_closed(link, hostile)
-        for session in list(self.sessions.values()):
-            if session.links.get(link.peer) is link:
-                del session.links[link.peer]
-                self._feed(session, PeerLost(link.peer, reason, hostile))
+        self._node_event(LinkClosed(link.id, reason, hostile))
 
     # ---- chunks ---------------------------------------------------------------
 
@@ -682,9 +673,10 @@ class Agent:
 
     def status(self) -> dict[str, object]:
         now = self._loop.time()
-        contents = {content: s.status(now) for content, s in self.sessions.items()}
+        contents = {content: s.status(now, self.node.links.peer_count(content))
+                    for content, s in self.sessions.items()}
         return {"peer": self.me.peer if self.me else None, "port": self.port,
-                "rack": self.config.rack, "peers_connected": len(self._conns.links),
+                "rack": self.config.rack, "peers_connected": self._conns.peer_count,
                 "contents": contents}
 
 

@@ -1,9 +1,10 @@
 """The agent's peer connections: accepting, dialling, bans and reports.
 
-Theory of operation. Every content's swarm shares one `Link` per peer; this
-module opens them and knows where each peer is. The agent owns it, decides
-which peers to connect to (its swarms do), and hears back through
-`ConnectionsOwner` once a dial has ended either way.
+Theory of operation. Every content's swarm shares the links to a peer; this
+module opens them and knows where each peer is. The agent owns it; which
+peers to dial, which link carries what, and who is joined is the node
+core's (p2p.swarm.links). The owner hears of every link opened (dialled or
+accepted) and of every dial that failed, through `ConnectionsOwner`.
 
 Admission. An inbound connection is admitted or refused by a
 `ConnectionGuard` (p2p.guard) right after accept, before its handshake costs
@@ -24,8 +25,9 @@ from it; a dial to a banned address is not even tried.
 
 Reports. The tracker hears about a peer that misbehaved (the swarm's
 decision) or that it handed out and we cannot dial (it may hold an
-origin-fetcher slot), naming the address we saw it at; at most one report
-per peer, content and kind every REPORT_EVERY_S.
+origin-fetcher slot: `dial_failed` says whether it is that), naming the
+address we saw it at; at most one report per peer, content and kind every
+REPORT_EVERY_S.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from p2p.peer import (
     listen_socket,
 )
 from p2p.ratelimit import LogLimiter
+from p2p.swarm.links import LinkId
 from p2p.tracker_client import UNREACHABLE, TrackerClient, TrackerError, TrackerUnavailable
 from p2p.wire import RemoteProtocolError, normal_ip
 
@@ -68,11 +71,12 @@ Spawn = Callable[[Coroutine[Any, Any, Any]], asyncio.Task[Any]]
 
 
 class ConnectionsOwner(Protocol):
-    """What a dial's end is told to: the contents that were waiting on it."""
+    """Who hears of links opened and dials failed. `unreachable`: the tracker handed
+    the peer out and it cannot be reached there (report it)."""
 
-    def dialled(self, link: Link, contents: set[ContentId]) -> None: ...
-    def dial_failed(self, peer: PeerId, contents: set[ContentId], reason: str,
-                    hostile: bool) -> None: ...
+    def link_opened(self, link: Link, dialled: bool) -> None: ...
+    def dial_failed(self, peer: PeerId, reason: str, hostile: bool,
+                    unreachable: bool) -> None: ...
 
 
 class Connections:
@@ -81,7 +85,7 @@ class Connections:
     def __init__(self, config: AgentConfig, secret: bytes, owner: ConnectionsOwner, *,
                  new_link: Callable[[PeerConnection], Link], tracker: TrackerClient,
                  metrics: AgentMetrics, spawn: Spawn) -> None:
-        self.links: dict[PeerId, Link] = {}  # the agent reads it; only we change it
+        self.links: dict[LinkId, Link] = {}  # open links; the agent reads it, we change it
         self._config = config
         self._secret = secret
         self._owner = owner
@@ -99,8 +103,6 @@ class Connections:
         self._me: PeerInfo | None = None
         self._addrs: dict[PeerId, str] = {}
         self._known_by_tracker: set[PeerId] = set()
-        self._dialing: dict[PeerId, asyncio.Task[None]] = {}
-        self._dial_for: dict[PeerId, set[ContentId]] = {}  # contents waiting on a dial
         self._seen_at: OrderedDict[PeerId, str] = OrderedDict()  # peer -> IP last seen at
         self._reported: dict[tuple[PeerId, ContentId, str], float] = {}  # -> quiet until
 
@@ -131,15 +133,15 @@ class Connections:
 
     # ---- dialling -------------------------------------------------------------
 
-    def live(self, peer: PeerId) -> Link | None:
-        link = self.links.get(peer)
-        return link if link is not None and not link.closed else None
+    @property
+    def peer_count(self) -> int:
+        """Peers with an open link (two links to one peer are one peer)."""
+        return len({link.peer for link in self.links.values()})
 
-    def dial(self, peer: PeerId, content: ContentId) -> None:
-        """Dial `peer` for `content`, unless a dial to it is already under way."""
-        self._dial_for.setdefault(peer, set()).add(content)
-        if peer not in self._dialing:
-            self._dialing[peer] = self._spawn(self._dial(peer))
+    def dial(self, peer: PeerId) -> None:
+        """Dial `peer` (the node core asks once per peer at a time); the owner hears
+        `link_opened` or `dial_failed`."""
+        self._spawn(self._dial(peer))
 
     async def _dial(self, peer: PeerId) -> None:
         try:
@@ -147,10 +149,7 @@ class Connections:
         except Exception as exc:  # any dial failure is a lost peer
             self._dial_failed(peer, exc)
             return
-        finally:
-            self._dialing.pop(peer, None)
-        link = self._adopt(conn)
-        self._owner.dialled(link, self._dial_for.pop(peer, set()))
+        self._adopt(conn, dialled=True)
 
     async def _dial_checked(self, peer: PeerId) -> PeerConnection:
         """A connection to `peer` from our own address, unless its address is banned here."""
@@ -169,13 +168,10 @@ class Connections:
         hostile = isinstance(exc, AuthError | RemoteProtocolError)
         log.log(logging.WARNING if hostile else logging.DEBUG,
                 "cannot connect to %s: %s", peer, exc)
-        contents = self._dial_for.pop(peer, set())
         if isinstance(exc, IdentityError) and (ip := self._seen_at.get(peer)):
             self._ban(ip, f"{peer}: {exc}")
-        if isinstance(exc, OSError | WrongPeer) and peer in self._known_by_tracker:
-            for content in sorted(contents):  # it may hold an origin-fetcher slot
-                self._spawn(self.report(content, peer, UNREACHABLE))
-        self._owner.dial_failed(peer, contents, f"connect failed: {exc}", hostile)
+        unreachable = isinstance(exc, OSError | WrongPeer) and peer in self._known_by_tracker
+        self._owner.dial_failed(peer, f"connect failed: {exc}", hostile, unreachable)
 
     # ---- accepting ------------------------------------------------------------
 
@@ -239,22 +235,19 @@ class Connections:
         if self._guard.banned(ip, self._loop.time()):  # banned while it authenticated
             conn.close()
             return
-        self._adopt(conn)
+        self._adopt(conn, dialled=False)
 
     # ---- links ----------------------------------------------------------------
 
-    def _adopt(self, conn: PeerConnection) -> Link:
+    def _adopt(self, conn: PeerConnection, dialled: bool) -> None:
         link = self._new_link(conn)
         self._guard.link_opened()
         self._saw(link.peer, conn.remote_ip)
-        old = self.links.get(link.peer)
-        self.links[link.peer] = link
+        self.links[link.id] = link
         self._addrs.setdefault(link.peer, conn.remote.addr)
-        self._metrics.peers_connected.set(len(self.links))
+        self._metrics.peers_connected.set(self.peer_count)
         link.start()
-        if old is not None and old.closed:
-            self.links[link.peer] = link
-        return link
+        self._owner.link_opened(link, dialled)
 
     def link_ending(self, link: Link, reason: str, hostile: bool) -> None:
         self._guard.link_closed()
@@ -262,9 +255,8 @@ class Connections:
             self._ban(link.conn.remote_ip, f"{link.peer}: {reason}")
 
     def link_closed(self, link: Link, hostile: bool) -> None:
-        if self.links.get(link.peer) is link:
-            del self.links[link.peer]
-        self._metrics.peers_connected.set(len(self.links))
+        self.links.pop(link.id, None)
+        self._metrics.peers_connected.set(self.peer_count)
         if hostile:
             self._metrics.peers_dropped.inc()
 

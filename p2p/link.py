@@ -41,6 +41,7 @@ from typing import Any, Protocol
 from p2p.content import ContentId, PeerId
 from p2p.peer import ConnectionClosed, PeerConnection, RateLimiter
 from p2p.store import ChunkStore, DamagedChunk, MissingChunk
+from p2p.swarm.links import LinkId
 from p2p.swarm.uploads import UploadSlots
 from p2p.wire import (
     Bye,
@@ -113,11 +114,11 @@ class LinkOwner(Protocol):
 
 
 class Link:
-    def __init__(self, conn: PeerConnection, owner: LinkOwner, store: ChunkStore,
-                 upload: RateLimiter, upload_slots: UploadGate) -> None:
+    def __init__(self, conn: PeerConnection, link_id: LinkId, owner: LinkOwner,
+                 store: ChunkStore, upload: RateLimiter, upload_slots: UploadGate) -> None:
         self.conn = conn
+        self.id = link_id  # how the node core (p2p.swarm.links) names it
         self.peer: PeerId = conn.remote.peer
-        self.joined_out: set[ContentId] = set()  # contents we sent Join for
         self._owner = owner
         self._store = store
         self._upload = upload

@@ -11,8 +11,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from p2p.content import ContentId, Manifest, PeerId
-from p2p.link import Link
+from p2p.content import ContentId, Manifest
 from p2p.swarm import Swarm, bits
 
 
@@ -25,7 +24,6 @@ class Session:
     manifest: Manifest
     swarm: Swarm
     done: asyncio.Future[None]
-    links: dict[PeerId, Link] = field(default_factory=dict)
     waiters: dict[int, list[asyncio.Future[None]]] = field(default_factory=dict)
     origin_tasks: dict[int, asyncio.Task[None]] = field(default_factory=dict)
     origin_bytes: int = 0
@@ -54,13 +52,13 @@ class Session:
             if not fut.done():
                 fut.set_result(None)
 
-    def status(self, now: float) -> dict[str, object]:
+    def status(self, now: float, peers: int) -> dict[str, object]:
         """What `GET /v1/status` says of this content.
 
         `have` counts held chunks, `wanted` the chunks the swarm fetches (all of them
         unless `mode` is "lazy"); `peer_bytes` and `origin_bytes` count what this
         session received from peers (duplicates of the end game included) and read
-        from the origin."""
+        from the origin; `peers` counts the peers joined for it (the node core's)."""
         swarm = self.swarm
         return {
             "size": self.manifest.size,
@@ -73,7 +71,7 @@ class Session:
             "failure": self.failed,
             "origin_bytes": self.origin_bytes,
             "peer_bytes": self.peer_bytes,
-            "peers": len(self.links),
+            "peers": peers,
             "seconds": round((self.finished or now) - self.started, 3),
         }
 

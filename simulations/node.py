@@ -4,9 +4,9 @@ Theory of operation
 -------------------
 A `SimNode` owns one `p2p.swarm.Swarm` per content it needs and the agent's
 own node core (`p2p.swarm.node.Node`: the announce schedule, what it asks of
-the tracker, and the one timer of all its swarms), exactly as an agent does,
-plus what the agent's I/O would hold: the set of open connections per
-content, the chunks it is fetching from the origin (sent as `pending` when a
+the tracker, which peers are joined for each content, and the one timer of
+all its swarms), exactly as an agent does, plus what the agent's I/O would
+hold: the chunks it is fetching from the origin (sent as `pending` when a
 peer joins), and the transfers it takes part in. It holds no policy: the
 simulation feeds its swarms events through the core and carries out their
 actions (see `simulations.simulation`).
@@ -186,7 +186,7 @@ class Counters:
 
 
 class SimNode:
-    __slots__ = ("alive", "complete_s", "conns", "core", "counters", "download", "fail_s",
+    __slots__ = ("alive", "complete_s", "core", "counters", "download", "fail_s",
                  "finished", "hot_left", "index", "needs", "origin_pending", "peer", "rack",
                  "rack_index", "ready_left", "ready_s", "start_s", "swarms", "transfers",
                  "unfinished", "uploads", "wakes")
@@ -206,7 +206,6 @@ class SimNode:
         self.swarms: dict[int, Swarm] = {}
         self.core = Node(announce_interval_s, start_s, timer_slack_s=TIMER_SLACK_S)
         self.wakes: set[float] = set()  # when the core (and so its swarms) will be woken
-        self.conns: dict[int, dict[int, None]] = {}  # content -> connected nodes, in order
         self.origin_pending: dict[int, int] = {}  # content -> mask of chunks from the origin
         self.transfers: dict[Transfer, None] = {}  # as sender or receiver, in start order
         self.uploads = Uploads(agent.upload_slots, agent.upload_order, upload_rank)

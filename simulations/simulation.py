@@ -9,7 +9,8 @@ actions the swarm returns as scheduled callbacks and network flows:
 
 | action              | what happens                                             |
 |---------------------|----------------------------------------------------------|
-| Connect(p)          | after one latency, PeerJoined to both sides (or PeerLost) |
+| Connect(p)          | after one latency, each side hears the other's Join (or   |
+|                     | PeerLost): one step for the agent's dial and Join exchange |
 | Request(p, c)       | once the node's download cap (if any) has room for it,    |
 |                     | after one latency, a place in p's uploads (one piece at a |
 |                     | time per link, `upload_slots` per node; p must hold c),   |
@@ -22,12 +23,18 @@ actions the swarm returns as scheduled callbacks and network flows:
 | Cancel(p, c)        | not sent if still paced; else a cancel travels to p,      |
 |                     | which skips the request if it has not started sending it; |
 |                     | a piece sent anyway counts as wasted bytes                |
-| Disconnect(p)       | PeerLost to the other side; their transfers stop          |
+| Disconnect(p)       | the other side drops the join at once and hears PeerLost  |
+|                     | one latency later; their transfers stop                   |
 | Report / Complete / Abort | counted / completion time / failure recorded        |
 
 Each node also runs the agent's node core (`p2p.swarm.node.Node`), and
 every swarm event goes through it (`swarm_event`), which calls the swarm
-and returns its actions tagged with the content. The core decides when the
+and returns its actions tagged with the content. Who is joined for each
+content is the core's join table (p2p.swarm.links), as in the agent: a Join
+heard (`JoinHeard`, on a "link" named by the other node's index) joins the
+peer and tells the swarm, a Disconnect drops it, and haves go to the peers
+it lists. The sim's Join exchange is one step, so it carries out no
+`SendJoin` of its own. The core decides when the
 node announces and what each content asks of the tracker: an `AnnounceAll`
 is answered at once by the simulated tracker, each content's answer going to
 its swarm as `PeersFound`; a `Leave` (a content aborted) removes the node
@@ -57,7 +64,7 @@ import random
 from collections.abc import Callable
 from typing import assert_never
 
-from p2p.content import PeerId
+from p2p.content import ContentId, PeerId
 from p2p.swarm import Swarm
 from p2p.swarm.events import (
     Abort,
@@ -72,7 +79,6 @@ from p2p.swarm.events import (
     Event,
     FetchFromOrigin,
     PeerHas,
-    PeerJoined,
     PeerLost,
     PeerPending,
     PeerWithdrew,
@@ -81,6 +87,7 @@ from p2p.swarm.events import (
     Request,
     Withdraw,
 )
+from p2p.swarm.links import Dial, JoinHeard, LinkId, ReportUnreachable, SendJoin
 from p2p.swarm.node import (
     AnnounceAll,
     Announced,
@@ -89,7 +96,6 @@ from p2p.swarm.node import (
     NodeAction,
     NodeEvent,
     SwarmActions,
-    SwarmJoined,
     WakeReaders,
 )
 from simulations.cpu import CpuPool
@@ -198,7 +204,6 @@ class Simulation:
             swarm = Swarm(node.peer, node.rack, content.chunks, [False] * content.chunks,
                           content.chunk_size, cfg, rng, now)
             node.swarms[c] = swarm
-            node.conns[c] = {}
             node.origin_pending[c] = 0
             if self.strategy.prefetch and content.hot:
                 node.hot_left[c] = len(content.hot)
@@ -238,6 +243,10 @@ class Simulation:
                         self.tracker.leave(content, node.peer)
                 case WakeReaders():
                     pass  # simulated nodes have no readers: hot lists stand for them
+                case SendJoin():
+                    pass  # the Join exchange is one step here (_connect)
+                case Dial() | ReportUnreachable():
+                    raise AssertionError(f"the simulator opens no links: {action!r}")
                 case SwarmActions():
                     pass  # carried out above
                 case _:
@@ -288,11 +297,12 @@ class Simulation:
         for transfer in list(node.transfers):
             self._abort(transfer)
         node.uploads = node.uploads.cleared()
-        for c, conns in node.conns.items():
-            for q in list(conns):
-                self.nodes[q].conns[c].pop(n, None)
+        for c in node.swarms:
+            content = self.contents[c].id
+            for q in node.core.links.joined_links(content):
+                self.nodes[q].core.links.drop(content, node.peer)
+                node.core.links.drop(content, self.nodes[q].peer)
                 self.loop.after(self._control_latency, self._lost, (q, c, n))
-            conns.clear()
             self.loop.after(self.scenario.tracker.peer_ttl_s, self._forget, (n, c))
         self._maybe_done()
 
@@ -371,24 +381,24 @@ class Simulation:
         if not other.alive or c not in other.swarms:
             self._deliver(n, c, PeerLost(other.peer, "connection refused"))
             return
-        if p in node.conns[c]:
-            return  # the other side connected first; both swarms already know
-        node.conns[c][p] = None
-        other.conns[c][n] = None
         content = self.contents[c].id
-        self._deliver(n, c, PeerJoined(other.peer, other.rack, other.have_flags(c),
-                                       other.pending_chunks(c)))
-        self._core_event(node, SwarmJoined(content, other.peer))
+        if node.core.links.joined(content, other.peer):
+            return  # the other side connected first; both swarms already know
+        self._core_event(node, self._join_of(other, c, content, p))
         if other.alive and node.alive:
-            self._deliver(p, c, PeerJoined(node.peer, node.rack, node.have_flags(c),
-                                           node.pending_chunks(c)))
-            self._core_event(other, SwarmJoined(content, node.peer))
+            self._core_event(other, self._join_of(node, c, content, n))
+
+    def _join_of(self, sender: SimNode, c: int, content: ContentId, link: int) -> JoinHeard:
+        """The Join `sender` sends for content `c`, heard on `link`."""
+        return JoinHeard(content, sender.peer, LinkId(link), sender.rack, sender.have_flags(c),
+                         sender.pending_chunks(c))
 
     def _disconnect(self, n: int, c: int, p: int) -> None:
         node, other = self.nodes[n], self.nodes[p]
-        if node.conns[c].pop(p, None) is None:
+        # n's core dropped p when its swarm said Disconnect; p drops n at once too (a
+        # join is symmetric here), and hears why one latency later.
+        if not other.core.links.drop(self.contents[c].id, node.peer):
             return
-        other.conns[c].pop(n, None)
         for transfer in [t for t in node.transfers if t.content == c and p in (t.dst, t.src)]:
             self._abort(transfer)
         self.loop.after(self.top.latency(n, p), self._lost, (p, c, n))
@@ -424,7 +434,7 @@ class Simulation:
             return
         now, content = self.loop.now, self.contents[c].id
         held, base = self._held[c], skip * len(nodes)
-        for q in list(nodes[n].conns[c]):
+        for q in nodes[n].core.links.joined_links(content):
             if skip >= 0 and held[base + q]:
                 continue
             other = nodes[q]

@@ -23,26 +23,25 @@ from p2p.swarm.events import (
     PeerLost,
     PeersFound,
 )
+from p2p.swarm.links import JOIN_TIMEOUT_S, JoinHeard, LinkId, LinkOpened, SendJoin
 from p2p.swarm.node import (
     EARLY_ANNOUNCE_GAP_S,
-    JOIN_TIMEOUT_S,
     AnnounceAll,
     Announced,
     AnnounceFailed,
     AnnounceItem,
     ChunkStored,
-    JoinSent,
     Leave,
     Node,
     NodeAction,
     ReaderWaiting,
     SwarmActions,
-    SwarmJoined,
     WakeReaders,
 )
 
 X, Y = ContentId("x"), ContentId("y")
 A, B = PeerId("a"), PeerId("b")
+L1, L2 = LinkId(1), LinkId(2)
 INTERVAL = 2.0
 
 
@@ -76,6 +75,11 @@ def join(s: Swarm, peer: PeerId, now: float = 0.0) -> None:
     s.handle(PeerJoined(peer, "r1", (False,) * s.chunks), now)
 
 
+def heard(content: ContentId, peer: PeerId, link: LinkId = L1, have: str = "00") -> JoinHeard:
+    """`peer`'s Join for `content` (of len(have) chunks) on `link`."""
+    return JoinHeard(content, peer, link, "r1", tuple(c == "1" for c in have))
+
+
 # ---- the announce schedule ----------------------------------------------------------
 
 
@@ -87,11 +91,11 @@ def test_one_announce_covers_every_content_at_once() -> None:
 
 
 def test_no_second_announce_while_one_is_in_flight() -> None:
-    n = node(x=swarm("00"))
+    n = node(x=swarm("11"))  # complete: its swarm sets no timer when a peer joins
     announced(fire(n))
     assert n.next_timer() is None
     assert n.handle_timer(100.0) == []
-    n.handle(SwarmJoined(X, A), 1.0)  # due at once, but after the answer
+    n.handle(heard(X, A), 1.0)  # due at once, but after the answer
     assert n.next_timer() is None
     n.handle(Announced(INTERVAL), 1.5)
     assert n.next_timer() == 1.0
@@ -119,15 +123,16 @@ def test_a_content_that_opens_is_announced_at_once() -> None:
 
 
 def test_a_peer_the_tracker_did_not_hand_out_brings_the_announce_forward_but_not_too_far() -> None:
-    n = node(x=swarm("00"))
+    n = node(x=swarm("11"))
     fire(n)
     n.handle(Announced(INTERVAL, handed_out=(A,)), 0.05)
-    assert n.handle(SwarmJoined(X, A), 0.06) == []
+    assert n.handle(heard(X, A, L1), 0.06) == [SendJoin(L1, X)]
     assert n.next_timer() == 0.05 + INTERVAL  # A came from the tracker: nothing new
-    n.handle(SwarmJoined(X, B), 0.1)
+    n.handle(heard(X, B, L2), 0.1)
     assert n.next_timer() == EARLY_ANNOUNCE_GAP_S  # the gap counts from the last announce
-    n.handle(SwarmJoined(X, B), 1.0)
-    assert fire(n) and n.next_timer() is None
+    n.handle(heard(X, B, L2), 1.0)
+    assert [type(a) for a in fire(n)] == [AnnounceAll]
+    assert not any(isinstance(a, AnnounceAll) for a in n.handle_timer(50.0))  # in flight
 
 
 def test_a_completed_content_is_announced_at_once_and_asks_for_no_peers() -> None:
@@ -203,7 +208,8 @@ def quiet(n: Node) -> Node:
 
 def test_a_join_unanswered_in_time_gives_the_peer_up() -> None:
     n, alone = quiet(node(x=swarm("00"))), swarm("00")
-    n.handle(JoinSent(X, A), 1.0)
+    n.handle(LinkOpened(L1, A, dialled=False), 1.0)
+    assert n.connect(X, A, 1.0) == [SendJoin(L1, X)]
     assert n.next_timer() == 1.0 + JOIN_TIMEOUT_S
     assert n.handle_timer(1.0 + JOIN_TIMEOUT_S - 0.1) == []
     lost = alone.handle(PeerLost(A, "no join reply"), 1.0 + JOIN_TIMEOUT_S)
@@ -214,42 +220,44 @@ def test_a_join_unanswered_in_time_gives_the_peer_up() -> None:
 def test_a_join_answered_starts_no_time_out() -> None:
     s = swarm("00")
     n = quiet(node(x=s))
-    n.handle(JoinSent(X, A), 1.0)
-    join(s, A, 2.0)
-    n.handle(SwarmJoined(X, A), 2.0)
-    assert n.next_timer() == 100.0
+    n.handle(LinkOpened(L1, A, dialled=False), 1.0)
+    n.connect(X, A, 1.0)
+    assert n.handle(heard(X, A, L1), 2.0) == []  # our Join went out on L1 already
+    assert s.joined(A)
+    assert not n.links.deadlines
+
+
+def test_a_join_answered_on_another_link_stops_the_clock_too() -> None:
+    # We dialled A while A dialled us: our Join went out on the link we opened, and
+    # A's came on the one it opened. A is one peer, joined: it is not given up.
+    n = quiet(node(x=swarm("00")))
+    n.handle(LinkOpened(L1, A, dialled=False), 1.0)
+    n.connect(X, A, 1.0)
+    assert n.handle(heard(X, A, L2), 1.5)[0] == SendJoin(L2, X)
+    assert not n.links.deadlines
 
 
 def test_a_join_on_a_second_link_to_a_joined_peer_starts_no_clock() -> None:
     # Both sides dialled at once: the peer joined on one link, and we answer its Join
     # on the other. The peer is one peer; the second Join is not a new question.
-    s = swarm("00")
-    n = quiet(node(x=s))
-    n.handle(JoinSent(X, A), 1.0)
-    join(s, A, 1.5)
-    n.handle(SwarmJoined(X, A), 1.5)
-    n.handle(JoinSent(X, A), 2.0)
-    assert n.next_timer() == 100.0
-
-
-def test_a_peer_joined_unheard_is_not_given_up() -> None:
-    s = swarm("00")
-    n = quiet(node(x=s))
-    n.handle(JoinSent(X, A), 1.0)
-    join(s, A, 2.0)  # the swarm has it; the node was not told
-    assert fire(n) == []
-    assert n.swarm_calls == 0
+    n = quiet(node(x=swarm("00")))
+    n.handle(heard(X, A, L1), 1.5)
+    assert n.handle(heard(X, A, L2), 2.0) == [SendJoin(L2, X)]
+    assert not n.links.deadlines
 
 
 def test_joins_of_a_removed_or_reopened_content_are_forgotten() -> None:
     n = quiet(node(x=swarm("00"), y=swarm("0")))
-    n.handle(JoinSent(X, A), 1.0)
-    n.handle(JoinSent(Y, B), 1.0)
+    n.handle(LinkOpened(L1, A, dialled=False), 1.0)
+    n.handle(LinkOpened(L2, B, dialled=False), 1.0)
+    n.connect(X, A, 1.0)
+    n.connect(Y, B, 1.0)
     n.remove(X)
     n.add(Y, swarm("0"), 2.0)
     assert [type(a) for a in fire(n)] == [AnnounceAll]  # the reopened content's announce
     n.handle(Announced(100.0), 2.0)
     assert n.next_timer() == 102.0
+    assert n.connect(Y, B, 3.0) == [SendJoin(L2, Y)]  # the new swarm introduces itself
 
 
 # ---- driving the swarms -------------------------------------------------------------

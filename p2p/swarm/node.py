@@ -26,17 +26,19 @@ so that the asyncio agent and the simulator make them with the same code:
 * Reader waiters. A reader blocked on a chunk is woken (`WakeReaders`) when
   the chunk is stored (`ChunkStored`), or at once if it is held already:
   never as a side effect of announcing the chunk to peers.
-* Join time-outs. A Join we send a peer for a content (`JoinSent`) must be
-  answered within `JOIN_TIMEOUT_S` by the peer joining that swarm, on any
-  link: two links to one peer (both sides dialled at once) are one peer
-  here, so a Join sent on the second link of a peer already joined on the
-  first starts no clock. Unanswered, the peer is given up: its swarm hears
-  it is lost (`PeerLost`), and may try it again later.
+* Links and joins (p2p.swarm.links). Which peers are joined for each
+  content, on which link, and what a Join heard, a link opened or closed, a
+  failed dial and a swarm's Connect (`connect`) lead to: our Joins
+  (`SendJoin`), dials (`Dial`), and the swarms hearing that a peer joined
+  (`PeerJoined`) or was lost (`PeerLost`, also when our Join goes
+  unanswered for `JOIN_TIMEOUT_S`). The caller asks the table where to
+  send (`links`).
 * Driving the swarms. The caller hands each swarm's events to the node
   (`swarm_event`, and `start` once a content is added); the node calls that
   content's `Swarm` and returns its actions tagged with the content
   (`SwarmActions`), then reacts to them itself: a `Complete` brings the
-  announce forward, an `Abort` removes the content (`Leave`). An event for
+  announce forward, an `Abort` removes the content (`Leave`), a
+  `Disconnect` drops the peer from the join table. An event for
   a content the node does not have (removed, never added) is ignored.
 
 What it deliberately does not know: sockets, futures, the tracker's wire
@@ -74,13 +76,21 @@ from p2p.swarm.events import (
     Complete,
     Disconnect,
     Event,
+    PeerJoined,
     PeerLost,
     Report,
+)
+from p2p.swarm.links import (
+    DialFailed,
+    JoinHeard,
+    LinkAction,
+    LinkClosed,
+    LinkOpened,
+    Links,
 )
 from p2p.swarm.swarm import Swarm
 
 EARLY_ANNOUNCE_GAP_S = 0.2  # announces prompted by new peers come no faster
-JOIN_TIMEOUT_S = 10.0  # a peer has this long to answer our Join with its own
 
 
 # ---- events -------------------------------------------------------------------
@@ -101,22 +111,6 @@ class AnnounceFailed:
 
 
 @dataclass(frozen=True, slots=True)
-class SwarmJoined:
-    """`peer` joined our swarm for `content` (its Join was accepted)."""
-
-    content: ContentId
-    peer: PeerId
-
-
-@dataclass(frozen=True, slots=True)
-class JoinSent:
-    """We sent `peer` a Join for `content`."""
-
-    content: ContentId
-    peer: PeerId
-
-
-@dataclass(frozen=True, slots=True)
 class ReaderWaiting:
     """A reader is blocked on `chunk` of `content`."""
 
@@ -132,7 +126,8 @@ class ChunkStored:
     chunk: int
 
 
-NodeEvent = Announced | AnnounceFailed | SwarmJoined | JoinSent | ReaderWaiting | ChunkStored
+NodeEvent = (Announced | AnnounceFailed | ReaderWaiting | ChunkStored | LinkOpened | LinkClosed
+             | DialFailed | JoinHeard)
 
 
 # ---- actions ------------------------------------------------------------------
@@ -181,7 +176,7 @@ class SwarmActions:
     actions: list[Action]
 
 
-NodeAction = AnnounceAll | Leave | WakeReaders | SwarmActions
+NodeAction = AnnounceAll | Leave | WakeReaders | SwarmActions | LinkAction
 
 # After these events or actions a swarm may have a deadline earlier than the cached
 # one: back-offs of failures and lost peers, retry times of disconnections and reports.
@@ -203,7 +198,8 @@ class Node:
     time (`handle_timer`, due at `next_timer`); contents come and go with `add`
     and `remove`. Every call takes `now` in seconds on the caller's clock and
     returns the actions the caller must carry out. `swarm_calls` counts the
-    swarm calls made (events and timers).
+    swarm calls made (events and timers). `links` answers who is joined, and
+    on which link; it changes only through the node.
     """
 
     def __init__(self, announce_interval_s: float, now: float, *,
@@ -216,7 +212,7 @@ class Node:
         self._last_sent = float("-inf")
         self._handed_out: set[PeerId] = set()
         self._waiting: dict[ContentId, set[int]] = {}  # chunks readers are blocked on
-        self._joins: dict[tuple[ContentId, PeerId], float] = {}  # Joins sent -> deadline
+        self.links = Links()
         self._slack_s = timer_slack_s
         # Each swarm's cached next timer, in the order they were set: ties run in it.
         self._swarm_due: dict[ContentId, float] = {}
@@ -228,7 +224,7 @@ class Node:
         """Swarm on `content` (replacing a previous swarm for it); announced at once."""
         self._swarms[content] = swarm
         self._swarm_due.pop(content, None)
-        self._forget_joins(content)  # a new swarm sends its own Joins
+        self.links.forget(content)  # a new swarm sends its own Joins
         self._announce_at(now)
 
     def start(self, content: ContentId, now: float) -> list[NodeAction]:
@@ -243,7 +239,7 @@ class Node:
         """Stop swarming on `content` (it failed or was evicted): leave its swarm.
         Its blocked readers are the caller's to fail."""
         self._waiting.pop(content, None)
-        self._forget_joins(content)
+        self.links.forget(content)
         self._swarm_due.pop(content, None)
         if self._swarms.pop(content, None) is None:
             return []
@@ -259,14 +255,16 @@ class Node:
                 self._answered(now)
             case AnnounceFailed():
                 self._answered(now)
-            case SwarmJoined(content, peer):
-                self._joins.pop((content, peer), None)
-                if content in self._swarms and peer not in self._handed_out:
-                    self._announce_at(max(now, self._last_sent + EARLY_ANNOUNCE_GAP_S))
-            case JoinSent(content, peer):
-                swarm = self._swarms.get(content)
-                if swarm is not None and not swarm.joined(peer):
-                    self._joins.setdefault((content, peer), now + JOIN_TIMEOUT_S)
+            case JoinHeard():
+                return self._join_heard(event, now)
+            case LinkOpened():
+                return list(self.links.opened(event, now, self._swarms))
+            case LinkClosed(link, reason, hostile):
+                return self._lose(self.links.closed(link), reason, hostile, now)
+            case DialFailed(peer, reason, hostile):
+                reports, contents = self.links.dial_failed(event)
+                return [*reports,
+                        *self._lose([(c, peer) for c in contents], reason, hostile, now)]
             case ReaderWaiting(content, chunk):
                 return self._reader_waiting(content, chunk)
             case ChunkStored(content, chunk):
@@ -274,6 +272,33 @@ class Node:
             case _:
                 assert_never(event)
         return []
+
+    def connect(self, content: ContentId, peer: PeerId, now: float) -> list[NodeAction]:
+        """Carry out the Connect of the swarm of `content`: our Join on a link to
+        `peer`, or a dial."""
+        if content not in self._swarms:
+            return []
+        return list(self.links.connect(content, peer, now))
+
+    def _join_heard(self, event: JoinHeard, now: float) -> list[NodeAction]:
+        content, peer = event.content, event.peer
+        if content not in self._swarms:
+            return []  # the caller decides whether to seed it
+        answer, joins = self.links.heard(event, now)
+        actions: list[NodeAction] = list(answer)
+        if joins:
+            actions += self.swarm_event(
+                content, PeerJoined(peer, event.rack, event.have, event.pending), now)
+            if peer not in self._handed_out:
+                self._announce_at(max(now, self._last_sent + EARLY_ANNOUNCE_GAP_S))
+        return actions
+
+    def _lose(self, lost: list[tuple[ContentId, PeerId]], reason: str, hostile: bool,
+              now: float) -> list[NodeAction]:
+        actions: list[NodeAction] = []
+        for content, peer in lost:
+            actions += self.swarm_event(content, PeerLost(peer, reason, hostile), now)
+        return actions
 
     def swarm_event(self, content: ContentId, event: Event, now: float) -> list[NodeAction]:
         """Hand `event` to the swarm of `content`; nothing if the node has none."""
@@ -305,6 +330,9 @@ class Node:
                 return done
             elif kind in _RESETS_TIMER:
                 self._swarm_due.pop(content, None)
+                if kind is Disconnect:
+                    assert isinstance(action, Disconnect)
+                    self.links.drop(content, action.peer)
         self._refresh(content, swarm, advance, now)
         return done
 
@@ -334,8 +362,8 @@ class Node:
             swarms = min(self._swarm_due.values())
             if when is None or swarms < when:
                 when = swarms
-        if self._joins:
-            joins = min(self._joins.values())
+        if self.links.deadlines:  # (never, in the simulator: spare it the call)
+            joins = min(self.links.deadlines.values())
             if when is None or joins < when:
                 when = joins
         return when
@@ -343,7 +371,7 @@ class Node:
     def handle_timer(self, now: float) -> list[NodeAction]:
         """Run the swarms that are due, then the node's own deadlines."""
         actions = self._swarm_timers(now)
-        actions += self._joins_due(now)
+        actions += self._lose(self.links.due(now), "no join reply", False, now)
         due = self._announce_due()
         if due is None or now < due:
             return actions
@@ -394,21 +422,6 @@ class Node:
         if self._in_flight:
             return None  # the answer to the announce in flight comes as an event
         return self._due if self._early is None else min(self._due, self._early)
-
-    def _joins_due(self, now: float) -> list[NodeAction]:
-        late = [key for key, deadline in self._joins.items() if deadline <= now]
-        for key in late:
-            del self._joins[key]
-        actions: list[NodeAction] = []
-        for content, peer in late:
-            # A peer that joined without our hearing of it (no SwarmJoined) is not lost.
-            if content in self._swarms and not self._swarms[content].joined(peer):
-                actions += self.swarm_event(content, PeerLost(peer, "no join reply"), now)
-        return actions
-
-    def _forget_joins(self, content: ContentId) -> None:
-        for key in [k for k in self._joins if k[0] == content]:
-            del self._joins[key]
 
     def _answered(self, now: float) -> None:
         self._in_flight = False
