@@ -108,10 +108,10 @@ async def load_hot(origin_url: str, key: str) -> HotRecord | None:
         return None
 
 
-def save_hot(origin_dir: Path, record: HotRecord) -> HotRecord:
-    """Merge `record` into the key's record in `origin_dir` (an unusable one is replaced)
-    and write it back by rename; the merged record. OSError if the directory is not
-    writable."""
+def save_hot(origin_dir: Path, record: HotRecord, snapshot: Snapshot) -> HotRecord:
+    """Merge `record` into the key's record in `origin_dir` (one that is unusable, or
+    does not fit `snapshot`, is replaced) and write it back by rename; the merged record.
+    OSError if the directory is not writable."""
     directory = origin_dir / HOT
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / f"{check_key(record.subject)}.json"
@@ -119,7 +119,8 @@ def save_hot(origin_dir: Path, record: HotRecord) -> HotRecord:
     try:
         with open(final, "rb") as file:
             old = HotRecord.from_bytes(file.read(MAX_RECORD_BYTES + 1), str(final))
-        merged = old.for_subject(record.subject).merge(record)
+        frames_of(old, snapshot)
+        merged = old.merge(record)
     except FileNotFoundError:
         pass
     except RecordError as exc:

@@ -147,7 +147,7 @@ async def serve_snapshot(opts: MountOptions, secret: bytes,
         prefetching.cancel()
         await source.close()
         raise
-    saver = _Saver(opts, recorder)
+    saver = _Saver(opts, snapshot, recorder)
 
     def ready(info: dict[str, Any]) -> None:
         on_ready({**info, "key": opts.key, "tree": tree_id, "prefix": snapshot.prefix,
@@ -226,8 +226,9 @@ def _recorder(opts: MountOptions, have_record: bool, started: float) -> Recorder
 class _Saver:
     """Saves a recording once: when its window ends, or at unmount if that comes first."""
 
-    def __init__(self, opts: MountOptions, recorder: Recorder | None) -> None:
-        self.opts, self.recorder = opts, recorder
+    def __init__(self, opts: MountOptions, snapshot: Snapshot, recorder: Recorder | None
+                 ) -> None:
+        self.opts, self.snapshot, self.recorder = opts, snapshot, recorder
         self.summary: dict[str, Any] = {}
         self._unmounted = asyncio.Event()
 
@@ -251,7 +252,8 @@ class _Saver:
         record = recorder.record()
         assert isinstance(record, HotRecord)
         try:  # a record is a hint: losing one loses no data
-            merged = await asyncio.to_thread(save_hot, self.opts.origin_dir, record)
+            merged = await asyncio.to_thread(save_hot, self.opts.origin_dir, record,
+                                             self.snapshot)
         except OSError as exc:
             log.warning("the hot-frame record of this mount was not saved in %s: %s",
                         self.opts.origin_dir, exc)
