@@ -155,13 +155,14 @@ async def serve_snapshot(opts: MountOptions, secret: bytes,
                   "hot_frames": len(hot or ()), "prefetch_chunks": queued,
                   "recording": recorder is not None})
 
+    # Not a TaskGroup: it would wrap serve's own errors (MountError, ...) in a group.
+    window = asyncio.create_task(saver.at_window_end())
     try:
-        async with asyncio.TaskGroup() as tasks:
-            tasks.create_task(saver.at_window_end())
-            await serve(tree, source, opts.mountpoint, opts.read_ahead_kb, opts.allow_other,
-                        ready)
-            saver.unmounted()
+        await serve(tree, source, opts.mountpoint, opts.read_ahead_kb, opts.allow_other,
+                    ready)
     finally:
+        saver.unmounted()
+        await window  # at once, or when a save the window's end began is written
         await saver.save()
     return {"key": opts.key, "prefetch_chunks": queued, **saver.summary}
 

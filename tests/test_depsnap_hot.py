@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -115,7 +116,11 @@ async def test_a_recorded_mount_makes_the_next_mount_prefetch_its_chunks(
         key, origin = created["key"], tmp_path / "snapshots"
         snapshot = Snapshot.from_json((origin / "trees" / created["tree"]).read_bytes())
 
-        ready = await mount_and_import(b, key, tmp_path / "first")
+        # The first mount records for 5 s and saves its record then, still mounted.
+        async def saved() -> bool:
+            return (origin / hot_path(key)).exists()
+
+        ready = await mount_and_import(b, key, tmp_path / "first", window_s=5.0, then=saved)
         assert (ready["recording"], ready["hot_frames"], ready["prefetch_chunks"]) == (
             True, 0, 0)
         record = HotRecord.from_bytes((origin / hot_path(key)).read_bytes())
@@ -170,24 +175,30 @@ async def test_a_bad_record_is_ignored_with_a_warning_and_replaced(
             assert frames_of(record, snapshot) and record.runs == 1, name
 
 
-def _options(node: Node, key: str, mountpoint: Path) -> MountOptions:
+def _options(node: Node, key: str, mountpoint: Path, window_s: float = 60.0) -> MountOptions:
     return MountOptions(key, mountpoint, node.env["BOOTSEER_TRACKER"], node.agent.api_socket,
                         node.agent.store_dir,
-                        origin_dir=Path(node.env["BOOTSEER_DEPSNAP_ORIGIN_DIR"]))
+                        origin_dir=Path(node.env["BOOTSEER_DEPSNAP_ORIGIN_DIR"]),
+                        record_window_s=window_s)
 
 
-async def mount_and_import(node: Node, key: str, mountpoint: Path,
-                           log: Path | None = None) -> dict[str, Any]:
-    """Mount on `node`, check that listing fetched nothing, import numpy, unmount (which
-    saves a recording); the mount's ready line."""
+async def mount_and_import(node: Node, key: str, mountpoint: Path, log: Path | None = None,
+                           window_s: float = 60.0,
+                           then: Callable[[], Awaitable[bool]] | None = None
+                           ) -> dict[str, Any]:
+    """Mount on `node`, check that listing fetched nothing, import numpy, wait until
+    `then` holds (if given), unmount (which saves a recording not saved yet); the
+    mount's ready line."""
     mountpoint.mkdir()
-    async with await Mount.spawn(_options(node, key, mountpoint).argv(), mountpoint,
+    async with await Mount.spawn(_options(node, key, mountpoint, window_s).argv(), mountpoint,
                                  log or mountpoint.parent / f"{mountpoint.name}.log",
                                  env=node.env) as mount:
         names = await asyncio.to_thread(lambda: [p.name for p in mountpoint.rglob("*")])
         assert "numpy" in names
         assert await pack_bytes_held(node, mount.ready["packs"]) == 0
         await _import(mountpoint)
+        if then is not None:
+            await until(then, "the recording is saved when its window ends")
     return mount.ready
 
 
