@@ -23,7 +23,8 @@ case on a fresh prefix and with an empty cache, on loopback agents
   pack bytes that took (`mount_fetched_bytes`). The key's hot-frame record
   (`depsnap.hot`) was made by the mount before it, the key's first, on agent
   C (empty store too), timed the same way: `mount_unrecorded_import_seconds`
-  (a cluster's first launch of a key; every later one is D's case).
+  (a cluster's first launch of a key; every later one is D's case). C is
+  stopped before D starts, so both have the seed as their only peer.
   `mount_prefetch_chunks`: the chunks D's mount handed its agent from the
   record before anything was read;
 - `snapshot_bytes` (all packs as stored: zstd frames, what peers move),
@@ -190,6 +191,7 @@ async def _cases(cluster: LocalCluster, work: Path, wheels: Path, packages: list
     await t.child.stop()
 
     unrecorded = await _mount_import(env, c, created["key"], work / "mnt-first")
+    await c.child.stop()  # D's only peer is the seed, as C's was: like against like
     out.update(await _mount_import(env, d, created["key"], work / "mnt"))
     out["mount_unrecorded_seconds"] = unrecorded["mount_seconds"]
     out["mount_unrecorded_import_seconds"] = unrecorded["mount_first_import_seconds"]
