@@ -40,7 +40,7 @@ from depsnap.frames import stored_offsets
 from depsnap.key import KEY_HEX, check_key
 from depsnap.record import read_origin_file
 from depsnap.snapshot import Pack, Snapshot
-from fusefs.record import MAX_RECORD_BYTES, Record, RecordError, RecordKind
+from fusefs.record import Record, RecordError, RecordKind
 from p2p.origin.base import OriginError
 
 log = logging.getLogger(__name__)
@@ -48,6 +48,10 @@ log = logging.getLogger(__name__)
 HOT = "hot"
 HOT_FRAMES = RecordKind("hot-frame record", "key", "frames",
                         re.compile(f"[0-9a-f]{{{KEY_HEX}}}"), re.compile(r"c1-[0-9a-f]{64}"))
+
+# About 60 bytes a frame: room for 130,000 frames (130 GB of packs), and parsing a hostile
+# record of this size is quick enough not to hold up a mount noticeably.
+MAX_HOT_BYTES = 8 << 20
 
 Frame = tuple[Pack, int]  # (pack, frame index)
 
@@ -85,7 +89,9 @@ def chunk_plan(frames: list[Frame], chunk_bytes: dict[str, int]) -> dict[str, li
     seen: set[tuple[str, int]] = set()
     offsets: dict[str, list[int]] = {}
     for pack, index in frames:
-        at = offsets.setdefault(pack.content, stored_offsets(pack))
+        at = offsets.get(pack.content)
+        if at is None:
+            at = offsets[pack.content] = stored_offsets(pack)
         size = chunk_bytes[pack.content]
         for chunk in range(at[index] // size, (at[index + 1] - 1) // size + 1):
             if (pack.content, chunk) not in seen:
@@ -99,7 +105,7 @@ async def load_hot(origin_url: str, key: str) -> HotRecord | None:
     warning says why: the mount then fetches on demand)."""
     where = f"{origin_url.rstrip('/')}/{hot_path(key)}"
     try:
-        data = await read_origin_file(origin_url, hot_path(key), MAX_RECORD_BYTES)
+        data = await read_origin_file(origin_url, hot_path(key), MAX_HOT_BYTES)
         if data is None:
             return None
         return HotRecord.from_bytes(data, where).for_subject(key)
@@ -118,7 +124,7 @@ def save_hot(origin_dir: Path, record: HotRecord, snapshot: Snapshot) -> HotReco
     merged = record
     try:
         with open(final, "rb") as file:
-            old = HotRecord.from_bytes(file.read(MAX_RECORD_BYTES + 1), str(final))
+            old = HotRecord.from_bytes(file.read(MAX_HOT_BYTES + 1), str(final))
         frames_of(old, snapshot)
         merged = old.merge(record)
     except FileNotFoundError:

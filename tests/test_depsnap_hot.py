@@ -22,11 +22,19 @@ from test_depsnap import Node, add_node, depsnap, install_args, pack_bytes_held,
 from waiting import until
 
 from depsnap.capture import PACK_CHUNK_BYTES
-from depsnap.hot import HotRecord, chunk_plan, frames_of, hot_path, load_hot, save_hot
+from depsnap.hot import (
+    MAX_HOT_BYTES,
+    HotRecord,
+    chunk_plan,
+    frames_of,
+    hot_path,
+    load_hot,
+    save_hot,
+)
 from depsnap.mount import MountOptions
 from depsnap.snapshot import Member, Pack, Snapshot
 from fusefs.mount import Mount
-from fusefs.record import MAX_RECORD_BYTES, RecordError
+from fusefs.record import RecordError
 
 KEY = "a" * 64
 IMPORT = "import numpy; print(numpy.ones(3).sum())"
@@ -96,7 +104,7 @@ async def test_loading_ignores_missing_foreign_broken_and_oversized_records(
     assert await load_hot(url, KEY) == record
     for bad, why in ((HotRecord("b" * 64, 1, {}).to_bytes(), "not " + KEY),
                      (b"\x00" * 10, "not JSON"),
-                     (b" " * (MAX_RECORD_BYTES + 1), "larger than")):
+                     (b" " * (MAX_HOT_BYTES + 1), "larger than")):
         where.write_bytes(bad)
         caplog.clear()
         assert await load_hot(url, KEY) is None
