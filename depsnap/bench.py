@@ -18,9 +18,15 @@ case on a fresh prefix and with an empty cache, on loopback agents
   bytes are written; `restore_place_seconds`: links, modes, mtimes after
   that. `copy_seconds` is `cp -a` of the same tree on this disk, a floor for
   writing it, in rounds alternating with the restores;
-- `mount_first_import_seconds`: from starting `depsnap serve` on agent C
-  (empty store) to `import pandas` succeeding from the mount, and the pack
-  bytes that took (`mount_fetched_bytes`);
+- `mount_first_import_seconds`: from starting `depsnap serve` on a fresh
+  agent D (empty store) to `import pandas` succeeding from the mount, and the
+  pack bytes that took (`mount_fetched_bytes`). The key's hot-frame record
+  (`depsnap.hot`) was made by the mount before it, the key's first, on agent
+  C (empty store too), timed the same way: `mount_unrecorded_import_seconds`
+  (a cluster's first launch of a key; every later one is D's case). C is
+  stopped before D starts, so both have the seed as their only peer.
+  `mount_prefetch_chunks`: the chunks D's mount handed its agent from the
+  record before anything was read;
 - `snapshot_bytes` (all packs as stored: zstd frames, what peers move),
   `snapshot_raw_bytes` (the packs' raw bytes), and sharing: a second
   environment (numpy and six, at another prefix) is published next to the
@@ -159,7 +165,7 @@ async def _cases(cluster: LocalCluster, work: Path, wheels: Path, packages: list
     origin.mkdir()
     await cluster.start_tracker()
     await cluster.start_origin(origin)
-    a, c = [await cluster.start_agent(i, "r1", name=n) for i, n in enumerate("ac")]
+    a, c, d = [await cluster.start_agent(i, "r1", name=n) for i, n in enumerate("acd")]
     env = _node_env(cluster, work, origin)
 
     prefix = work / "venv"
@@ -184,7 +190,12 @@ async def _cases(cluster: LocalCluster, work: Path, wheels: Path, packages: list
     out["transfer_seconds"] = await _ensure_all(t, tree)
     await t.child.stop()
 
-    out.update(await _mount_import(env, c, created["key"], work / "mnt"))
+    unrecorded = await _mount_import(env, c, created["key"], work / "mnt-first")
+    await c.child.stop()  # D's only peer is the seed, as C's was: like against like
+    out.update(await _mount_import(env, d, created["key"], work / "mnt"))
+    out["mount_unrecorded_seconds"] = unrecorded["mount_seconds"]
+    out["mount_unrecorded_import_seconds"] = unrecorded["mount_first_import_seconds"]
+    out["import_ok"] = out["import_ok"] and unrecorded["import_ok"]
     rate = out["snapshot_bytes"] / out["transfer_seconds"]
     out["mount_target_seconds"] = round(1 + out["mount_fetched_bytes"] / rate, 3)
 
@@ -287,7 +298,9 @@ async def _mount_import(env: dict[str, str], agent: AgentHandle, key: str, mount
         fetched = sum(contents[p]["peer_bytes"] + contents[p]["origin_bytes"]
                       for p in mount.ready["packs"] if p in contents)
     return {"mount_seconds": round(mounted, 3), "mount_first_import_seconds": round(seconds, 3),
-            "mount_fetched_bytes": fetched, "import_ok": proc.returncode == 0,
+            "mount_fetched_bytes": fetched, "mount_hot_frames": mount.ready["hot_frames"],
+            "mount_prefetch_chunks": mount.ready["prefetch_chunks"],
+            "import_ok": proc.returncode == 0,
             **({"import_error": err.decode()[-500:]} if proc.returncode else {})}
 
 

@@ -55,7 +55,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     add_mount_commands(ds, node_flags)
 
 
-def _env_path(name: str) -> Path | None:
+def env_path(name: str) -> Path | None:
     value = os.environ.get(name)
     return Path(value) if value else None
 
@@ -75,7 +75,7 @@ def _key_flags(p: argparse.ArgumentParser) -> None:
 def publish_flags(p: argparse.ArgumentParser) -> None:
     """Where a snapshot made here is published."""
     p.add_argument("--origin-dir", type=Path,
-                   default=_env_path("BOOTSEER_DEPSNAP_ORIGIN_DIR"),
+                   default=env_path("BOOTSEER_DEPSNAP_ORIGIN_DIR"),
                    help="directory new snapshots are written to (shared, or served with "
                         "`bootseer origin DIR`)")
     p.add_argument("--origin-registry", default=os.environ.get("BOOTSEER_DEPSNAP_REGISTRY"),
@@ -90,7 +90,7 @@ def node_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-socket", default=os.environ.get("BOOTSEER_API_SOCKET",
                                                           "/run/bootseer/agent.sock"))
     p.add_argument("--cache-dir", type=Path,
-                   default=_env_path("BOOTSEER_DEPSNAP_CACHE") or
+                   default=env_path("BOOTSEER_DEPSNAP_CACHE") or
                    Path.home() / ".cache" / "bootseer" / "depsnap-files",
                    help="hard-link cache of restored files (same filesystem as the prefix)")
     p.add_argument("--no-cache", action="store_true", help="do not use the hard-link cache")
@@ -138,7 +138,7 @@ def expected_errors() -> tuple[type[Exception], ...]:
     from depsnap.capture import CaptureError
     from depsnap.key import KeyInputError
     from depsnap.publish import SnapshotNotFound
-    from depsnap.record import RecordError
+    from depsnap.record import KeyRecordError
     from depsnap.restore import RestoreError
     from depsnap.snapshot import SnapshotError
     from p2p.agentclient import AgentError
@@ -149,7 +149,7 @@ def expected_errors() -> tuple[type[Exception], ...]:
 
     return (CaptureError, KeyInputError, SnapshotNotFound, RestoreError, SnapshotError,
             AuthError, ManifestError, AgentError, TrackerError, TrackerUnavailable,
-            OriginError, RecordError, ValueError)
+            OriginError, KeyRecordError, ValueError)
 
 
 def expected(call: Any) -> Any:

@@ -29,6 +29,7 @@ import aiohttp
 
 from depsnap.key import check_key, key_name
 from p2p.content import ContentId, Manifest, ManifestError
+from p2p.origin.base import OriginError
 from p2p.tracker_client import TrackerClient, TrackerError
 
 RECORDS = "keys"
@@ -36,7 +37,7 @@ MAX_RECORD_BYTES = 16 << 20
 TIMEOUT_S = 30.0
 
 
-class RecordError(Exception):
+class KeyRecordError(Exception):
     """A key record at the origin is unreadable or inconsistent; the message says why."""
 
 
@@ -46,17 +47,17 @@ def record_bytes(key: str, manifests: list[Manifest]) -> bytes:
 
 
 def parse_record(data: bytes, key: str, where: str) -> list[Manifest]:
-    """The manifests of a record for `key` (tree last); RecordError if it is not one."""
+    """The manifests of a record for `key` (tree last); KeyRecordError if it is not one."""
     try:
         raw = json.loads(data)
         manifests = [Manifest.from_dict(m) for m in raw["manifests"]]
         if raw["key"] != key or not manifests or raw["tree"] != manifests[-1].content_id:
-            raise RecordError(f"{where} is not the record of key {key}")
+            raise KeyRecordError(f"{where} is not the record of key {key}")
         return manifests
     except (ValueError, KeyError, TypeError, ManifestError) as exc:
-        if isinstance(exc, RecordError):
+        if isinstance(exc, KeyRecordError):
             raise
-        raise RecordError(f"{where} is not a key record ({exc})") from None
+        raise KeyRecordError(f"{where} is not a key record ({exc})") from None
 
 
 def write_record(origin_dir: Path, key: str, manifests: list[Manifest]) -> list[Manifest]:
@@ -80,29 +81,49 @@ def write_record(origin_dir: Path, key: str, manifests: list[Manifest]) -> list[
 
 async def read_record(origin_url: str, key: str) -> list[Manifest] | None:
     """The record of `key` at `origin_url`, or None if there is none."""
-    url = f"{origin_url.rstrip('/')}/{RECORDS}/{check_key(key)}.json"
+    path = f"{RECORDS}/{check_key(key)}.json"
+    data = await read_origin_file(origin_url, path, MAX_RECORD_BYTES)
+    return None if data is None else parse_record(data, key, f"{origin_url}/{path}")
+
+
+async def read_origin_file(origin_url: str, path: str, max_bytes: int) -> bytes | None:
+    """The file at `path` under `origin_url` (`http(s)://` or `file://`), or None if there
+    is none; OriginError if it cannot be read or is larger than `max_bytes`."""
+    url = f"{origin_url.rstrip('/')}/{path}"
     parts = urlsplit(url)
     if parts.scheme == "file":
         try:
-            data = Path(unquote(parts.path)).read_bytes()
+            with open(unquote(parts.path), "rb") as file:
+                data = file.read(max_bytes + 1)
         except FileNotFoundError:
             return None
         except OSError as exc:
-            raise RecordError(f"cannot read {url}: {exc.strerror}") from None
-        return parse_record(data, key, url)
-    try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT_S)) \
-                as http, http.get(url) as resp:
-            if resp.status == 404:
-                return None
-            if resp.status != 200:
-                raise RecordError(f"{url}: HTTP {resp.status}")
-            data = await resp.content.read(MAX_RECORD_BYTES + 1)
-    except (aiohttp.ClientError, TimeoutError) as exc:
-        raise RecordError(f"cannot read {url}: {exc or type(exc).__name__}") from None
-    if len(data) > MAX_RECORD_BYTES:
-        raise RecordError(f"{url} is larger than {MAX_RECORD_BYTES} bytes")
-    return parse_record(data, key, url)
+            raise OriginError(f"cannot read {url}: {exc.strerror}") from None
+    else:
+        try:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT_S)) \
+                    as http, http.get(url) as resp:
+                if resp.status == 404:
+                    return None
+                if resp.status != 200:
+                    raise OriginError(f"{url}: HTTP {resp.status}")
+                data = await _read_up_to(resp.content, max_bytes + 1)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise OriginError(f"cannot read {url}: {exc or type(exc).__name__}") from None
+    if len(data) > max_bytes:
+        raise OriginError(f"{url} is larger than {max_bytes} bytes")
+    return data
+
+
+async def _read_up_to(stream: aiohttp.StreamReader, limit: int) -> bytes:
+    """The body up to `limit` bytes (one `read(n)` returns what is buffered, maybe less)."""
+    data = bytearray()
+    while len(data) < limit:
+        piece = await stream.read(limit - len(data))
+        if not piece:
+            break
+        data += piece
+    return bytes(data)
 
 
 async def adopt(tracker: TrackerClient, origin_url: str, key: str) -> ContentId | None:

@@ -19,6 +19,12 @@ agent):
   node would otherwise cost a round trip per chunk, one after another. The
   read itself waits only for its own chunks. Files never opened are never
   fetched.
+- With a `Recorder` (record mode, `depsnap.hot`), every read of a compressed
+  pack reports the frames under it, before any cache answers it, so the
+  record lists what the mount's readers needed, in the order they first did.
+- `prefetch_hot` hands the agent the chunks under a record's frames, per
+  pack, in the record's order: the agent fetches them from peers while the
+  mount is still starting, so the first import finds them local.
 """
 
 from __future__ import annotations
@@ -26,12 +32,16 @@ from __future__ import annotations
 import asyncio
 import bisect
 import logging
+import time
 from collections import OrderedDict
+from collections.abc import Callable
 
 import zstandard
 
 from depsnap.frames import FrameError, decode_frame, frame_span, stored_offsets
+from depsnap.hot import Frame, chunk_plan
 from depsnap.snapshot import Member, Pack, Snapshot
+from fusefs.record import Recorder
 from fusefs.source import AgentSource, Buffer, SourceError
 
 log = logging.getLogger(__name__)
@@ -42,8 +52,11 @@ CACHED_FRAMES = 64  # decoded frames kept (1 MiB each): with 32, 15% of decodes 
 class SnapshotSource:
     """A `fusefs.source.Source` for a snapshot tree (see the module docstring)."""
 
-    def __init__(self, inner: AgentSource, snapshot: Snapshot) -> None:
+    def __init__(self, inner: AgentSource, snapshot: Snapshot, recorder: Recorder | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.inner = inner
+        self.recorder = recorder
+        self._clock = clock
         self.prefetched_files = 0
         self._packs = {p.content: p for p in snapshot.packs}
         self._offsets = {p.content: stored_offsets(p) for p in snapshot.packs if p.frames}
@@ -61,12 +74,25 @@ class SnapshotSource:
         if pack is None or not pack.frames or length == 0:
             return await self.inner.read(content, offset, length)
         span = frame_span(pack, self._offsets[content], offset, length)
+        if self.recorder is not None:
+            self.recorder.touched(content, range(span.first, span.last + 1), self._clock())
         frames = await asyncio.gather(*(self._frame(pack, i)
                                         for i in range(span.first, span.last + 1)))
         start = offset - span.first * pack.frame_bytes
         if len(frames) == 1:
             return memoryview(frames[0])[start:start + length]
         return memoryview(b"".join(frames))[start:start + length]
+
+    async def prefetch_hot(self, frames: list[Frame]) -> int:
+        """Ask the agent for the chunks under `frames` (a hot-frame record's, in its
+        order), pack after pack in the order of their first frame; the chunks asked for."""
+        contents = list(dict.fromkeys(pack.content for pack, _ in frames))
+        manifests = await asyncio.gather(*(self.inner.manifest(c) for c in contents))
+        sizes = {c: m.chunk_size for c, m in zip(contents, manifests, strict=True)}
+        plan = chunk_plan(frames, sizes)
+        for content, chunks in plan.items():
+            await self.inner.client.prefetch(content, chunks)
+        return sum(len(chunks) for chunks in plan.values())
 
     async def close(self) -> None:
         tasks = [*self._tasks, *self._decoding.values()]

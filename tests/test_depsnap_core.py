@@ -192,7 +192,7 @@ def test_a_big_unit_is_cut_at_file_boundaries_and_packs_do_not_depend_on_each_ot
 def test_a_key_record_must_name_its_key_and_its_last_manifest_and_certify_every_id() -> None:
     import json
 
-    from depsnap.record import RecordError, parse_record, record_bytes
+    from depsnap.record import KeyRecordError, parse_record, record_bytes
     from p2p.content import ManifestBuilder
 
     builder = ManifestBuilder(16)
@@ -201,15 +201,15 @@ def test_a_key_record_must_name_its_key_and_its_last_manifest_and_certify_every_
     key = "e" * 64
     good = record_bytes(key, [tree])
     assert parse_record(good, key, "r") == [tree]
-    with pytest.raises(RecordError, match="not the record of key"):
+    with pytest.raises(KeyRecordError, match="not the record of key"):
         parse_record(good, "f" * 64, "r")
     raw = json.loads(good)
     raw["tree"] = "c1-" + "0" * 64
-    with pytest.raises(RecordError, match="not the record of key"):
+    with pytest.raises(KeyRecordError, match="not the record of key"):
         parse_record(json.dumps(raw).encode(), key, "r")
     raw = json.loads(good)
     raw["manifests"][0]["size"] += 1
-    with pytest.raises(RecordError, match="not a key record"):
+    with pytest.raises(KeyRecordError, match="not a key record"):
         parse_record(json.dumps(raw).encode(), key, "r")
 
 

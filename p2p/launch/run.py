@@ -129,7 +129,8 @@ def _fork_mounts(plan: LaunchPlan, places: Places, scratch: Path, started: float
         assert plan.env.key is not None
         key = plan.env.key
         job.env_mount = fork("env", lambda at: lambda ready: serve_snapshot(
-            SnapshotOptions(key, at, p.tracker, p.api_socket, _store(p), allow_other=True),
+            SnapshotOptions(key, at, p.tracker, p.api_socket, _store(p), allow_other=True,
+                            origin_url=p.origin_url, origin_dir=p.origin_dir),
             secret, ready))
 
     def ckpt(uri: str) -> Callable[[Path], Serve]:
