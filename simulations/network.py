@@ -27,7 +27,12 @@ milliseconds per refresh:
 
 A flow that starts between refreshes gets `min(capacity / flows)` over its
 links until the next refresh; a flow that ends frees its share only at the
-next refresh.
+next refresh. So the model's error is bounded by one refresh interval per
+rate change: choose `rate_update_s` well below a chunk's transfer time (the
+scenarios use 2-5% of it). Three rounds of water-filling reach the exact
+max-min rates on the two- and three-tier patterns a swarm makes (checked in
+tests/test_sim_network.py); deeper chains converge more slowly and are then
+slightly pessimistic. TCP dynamics (slow start, loss) are not modelled.
 
 An agent's upload cap is a token bucket with a burst (p2p.ratelimit), not a
 slower NIC: an uploader that was idle sends its next `burst` bytes at the
@@ -37,12 +42,7 @@ pays for the bytes its flows moved since the last refresh, and the link's
 capacity until the next refresh is `cap + tokens / rate_update_s` (at most
 the NIC's, at least nothing while the bucket is in debt). With a chunk the
 size of the burst, a 4-node swarm at 20 MB/s finished 12 % later in the model
-without the credit than on real agents. So the model's error is bounded by one refresh interval per
-rate change: choose `rate_update_s` well below a chunk's transfer time (the
-scenarios use 2-5% of it). Three rounds of water-filling reach the exact
-max-min rates on the two- and three-tier patterns a swarm makes (checked in
-tests/test_sim_network.py); deeper chains converge more slowly and are then
-slightly pessimistic. TCP dynamics (slow start, loss) are not modelled.
+without the credit than on real agents.
 """
 
 from __future__ import annotations
