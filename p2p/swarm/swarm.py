@@ -18,8 +18,10 @@ After every event it fills free request slots:
    prefetch order, then the named chunk picker (rarest first by default).
    Each chunk goes to the holder the named peer chooser ranks best (same rack,
    least loaded, fewest failures). When every missing chunk is already
-   requested and only `endgame_tail` are left (the end game), idle slots
-   duplicate those requests; the first copy to arrive cancels the others.
+   requested and only `endgame_tail` are left of an eager download (the end
+   game), idle slots duplicate those requests; the first copy to arrive
+   cancels the others. A lazy swarm has no end game: its few missing chunks
+   are its readers' latest reads, and each would be fetched twice.
    Chunks are megabytes, not BitTorrent's 16 KiB blocks, so duplicates are
    kept to the very tail.
 2. The origin, for chunks that no connected peer holds or is fetching. The
@@ -341,8 +343,7 @@ class Swarm:
         return (len(state.inflight) < self.config.per_peer_inflight
                 and state.backoff_until <= now
                 and self._table.inflight_total < self.config.max_inflight
-                and (not self._table.requested >> chunk & 1
-                     or bits.count(self._missing()) <= self.config.endgame_tail))
+                and (not self._table.requested >> chunk & 1 or self._end_game()))
 
     def _on_peer_has(self, peer: PeerId, chunk: int) -> list[Action]:
         state, refused = self._peer_chunk(peer, chunk, "announced")
@@ -568,8 +569,7 @@ class Swarm:
             if (peer := self._ask(chunk, free, now)) is not None:
                 actions.append(Request(peer, chunk))
                 budget -= 1
-        missing = bits.count(self._missing())
-        if (budget and free and missing <= self.config.endgame_tail
+        if (budget and free and self._end_game()
                 and not wanted & ~self._table.requested & ~self._have):
             actions += self._endgame(free, budget, now)
         return actions
@@ -650,3 +650,8 @@ class Swarm:
     def _missing(self) -> int:
         """Wanted chunks not held: what the swarm works on."""
         return self._wanted & ~self._have
+
+    def _end_game(self) -> bool:
+        """The tail of a download: duplicate requests may go out. A lazy swarm's few
+        missing chunks are what its readers asked for just now, not a tail."""
+        return self._eager and bits.count(self._missing()) <= self.config.endgame_tail
