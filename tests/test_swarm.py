@@ -538,18 +538,3 @@ def test_deadline_names_the_peers_tried_and_restarts_on_progress() -> None:
     (abort,) = [a for a in acts if isinstance(a, Abort)]
     assert "2 of 3 chunks missing" in abort.reason and "asked peers a" in abort.reason
 
-
-def test_a_lazy_read_is_asked_of_one_peer_not_duplicated_as_an_end_game() -> None:
-    # A lazy mount's reads each leave one or two chunks missing: that is not the tail
-    # of a download. Duplicating them to a second holder fetched 118-130 MB for 70 MB
-    # of chunks in the depsnap mount bench.
-    s = Swarm(PeerId("me"), "r1", 8, have("00000000"), 100, SwarmConfig(), random.Random(1),
-              now=0.0, lazy=True)
-    s.handle(PeersFound((), origin_slot=None, origin_slots=1), 0.0)
-    join(s, A, "11111111")
-    join(s, B, "11111111")
-    assert len(requests(list(s.handle(ReaderWants((3,)), 0.1)))) == 1
-    # An eager download's last chunk still is (the end game).
-    e = swarm("11111110")
-    asked = requests(join(e, A, "11111111")) + requests(join(e, B, "11111111"))
-    assert asked == [(A, 7), (B, 7)]
