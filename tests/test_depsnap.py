@@ -253,8 +253,12 @@ async def test_a_failed_or_interrupted_install_publishes_nothing(
         status, summary, _ = await depsnap(
             a, *install_args(tmp_path / "v1", wheels, "no-such-package==1"), cwd=tmp_path)
         assert status == 1 and summary["action"] == "failed", summary
+        # Interrupted as by Ctrl-C: SIGINT at its default, even where the test itself was
+        # started with SIGINT ignored (a background job of a non-interactive shell).
+        ctrl_c = ("import os, signal; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                  "os.kill(os.getpid(), signal.SIGINT)")
         interrupted = ["run", "--json", "--prefix", str(tmp_path / "v2"), "--python", PYTHON,
-                       "--", "sh", "-c", "kill -INT $$"]
+                       "--", PYTHON, "-c", ctrl_c]
         status, summary, _ = await depsnap(a, *interrupted, cwd=tmp_path)
         assert status == 130 and summary["published"] is False, summary
         assert not (tmp_path / "snapshots" / "trees").exists()
