@@ -537,4 +537,3 @@ def test_deadline_names_the_peers_tried_and_restarts_on_progress() -> None:
     assert now == 50.0
     (abort,) = [a for a in acts if isinstance(a, Abort)]
     assert "2 of 3 chunks missing" in abort.reason and "asked peers a" in abort.reason
-
