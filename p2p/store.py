@@ -84,6 +84,13 @@ log = logging.getLogger(__name__)
 MANIFEST_NAME = "manifest.json"
 TEMP_SUFFIX = ".tmp"
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+# Chunk files are written at most this many bytes per write(2). On this
+# project's VMs (ext4 on virtio, the host's free-page reporting on), writes of
+# 1 MiB and more cost about 10x the kernel CPU of the same bytes in writes of
+# 512 KiB or less (280-400 against 2,500-3,500 MB/s per core, 1 GiB of new
+# files): larger writes get larger page-cache folios, and their fresh memory
+# is faulted in from the host. Elsewhere the slices only add a few syscalls.
+WRITE_SLICE_BYTES = 256 * 1024
 
 
 class StoreError(Exception):
@@ -534,7 +541,7 @@ class ChunkStore:
         try:
             view = memoryview(data).cast("B")
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view[:WRITE_SLICE_BYTES]):]
             os.close(fd)
             fd = -1
             os.replace(tmp, directory / name)
