@@ -37,7 +37,6 @@ import signal
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
 
 import blake3
 
@@ -46,7 +45,7 @@ from depsnap.snapshot import Member, Pack
 from p2p.agentclient import AgentClient, AgentError
 from p2p.chunkview import ChunkView
 from p2p.content import ContentId, ManifestError
-from p2p.store import DamagedChunk, MissingChunk
+from p2p.store import DamagedChunk, MissingChunk, write_all
 
 log = logging.getLogger(__name__)
 
@@ -246,7 +245,7 @@ class _MemberWriter:
         self.targets = targets
         self.index = 0
         self.pos = seg.start
-        self.out: IO[bytes] | None = None
+        self.out: int | None = None  # the open member's file descriptor
         self.hash = blake3.blake3()
         self._advance()
 
@@ -272,7 +271,7 @@ class _MemberWriter:
             else:
                 n = min(len(view), m.offset + m.size - self.pos)
                 if self.out is not None:
-                    self.out.write(view[:n])
+                    write_all(self.out, view[:n])
                     self.hash.update(view[:n])
             view = view[n:]
             self.pos += n
@@ -284,12 +283,12 @@ class _MemberWriter:
             m = self.members[self.index]
             path = self.targets.get(m.digest)
             if self.out is None and path is not None and self.pos <= m.offset:
-                self.out = open(path, "wb")  # noqa: SIM115 (closed below or in close())
+                self.out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
                 self.hash = blake3.blake3()
             if self.pos < m.offset + m.size:
                 return
             if self.out is not None:
-                self.out.close()
+                os.close(self.out)
                 self.out = None
                 if self.hash.hexdigest() != m.digest:
                     raise UnpackError(f"pack {self.pack.name} ({self.pack.content}): the "
@@ -298,7 +297,7 @@ class _MemberWriter:
 
     def close(self) -> None:
         if self.out is not None:
-            self.out.close()
+            os.close(self.out)
             self.out = None
 
     def check_done(self) -> None:

@@ -93,6 +93,13 @@ _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 WRITE_SLICE_BYTES = 256 * 1024
 
 
+def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
+    """Write all of `data` to `fd`, at most WRITE_SLICE_BYTES per write(2)."""
+    view = memoryview(data).cast("B")
+    while view:
+        view = view[os.write(fd, view[:WRITE_SLICE_BYTES]):]
+
+
 class StoreError(Exception):
     """The store's disk failed (not a bad chunk); the message names the path, the error
     and what to do."""
@@ -539,9 +546,7 @@ class ChunkStore:
         directory = self._dir(content_id)
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=TEMP_SUFFIX)
         try:
-            view = memoryview(data).cast("B")
-            while view:
-                view = view[os.write(fd, view[:WRITE_SLICE_BYTES]):]
+            write_all(fd, data)
             os.close(fd)
             fd = -1
             os.replace(tmp, directory / name)
