@@ -45,6 +45,14 @@ case on a fresh prefix and with an empty cache, on loopback agents
 
 Venv creation is not in any of the install times. Times are noisy on a
 shared machine: compare the ratios.
+
+Nothing is deleted until the run ends: each round's restored
+tree and copy is renamed aside. On ext4, creating a file right after many
+were deleted is slow: the inode allocator skips, one by one, inodes deleted
+in the last minutes (`recently_deleted` in a kernel profile). Here a `cp -a`
+of this tree (10,000+ files) took 6-10 s within minutes of deleting one, and
+1.3 s after waiting; a bench that deleted a tree between rounds measured
+that, not the restore.
 """
 
 from __future__ import annotations
@@ -159,7 +167,6 @@ async def _cases(cluster: LocalCluster, work: Path, wheels: Path, packages: list
                         str(venv / "bin" / "python"), *extra],
             {"UV_CACHE_DIR": str(work / f"uv-cache-{name}")})
     out["installed_bytes"] = _tree_bytes(pip_venv)
-    await asyncio.to_thread(shutil.rmtree, work / "uv-venv")  # keep the disk tidy
 
     origin = work / "snapshots"
     origin.mkdir()
@@ -228,11 +235,10 @@ async def _restores(env: dict[str, str], cluster: LocalCluster, run: _Runner,
         places.append(got["place_seconds"])
         peer, origin = await _fetched(b, tree)
         await b.child.stop()
-        await asyncio.to_thread(shutil.rmtree, prefix)
-        copy = run.work / "copied-venv"
+        prefix.rename(run.work / f"restored-venv-{i}")  # nothing is deleted mid-run
+        copy = run.work / f"copied-venv-{i}"
         copies.append((await asyncio.to_thread(
             run.timed, ["cp", "-a", str(run.work / "created-venv"), str(copy)]))[0])
-        await asyncio.to_thread(shutil.rmtree, copy)
     return {"restore_seconds": statistics.median(restores), "restore_rounds": restores,
             "restore_cpu_seconds": statistics.median(cpus),
             "restore_fetch_seconds": statistics.median(fetches),
