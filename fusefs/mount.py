@@ -73,6 +73,7 @@ async def serve(tree: Any, source: Any, mountpoint: Path, read_ahead_kb: int = R
     from fusefs.fs import ContentFS
 
     pyfuse3.asyncio.enable()
+    pyfuse3.asyncio.notify_closing = notify_closing
     keep_reply_buffers_on_the_heap()
     path = os.path.realpath(mountpoint)  # before the mount: never stat our own mount
     options = set(MOUNT_OPTIONS) | ({"allow_other"} if allow_other else set())
@@ -105,6 +106,20 @@ async def serve(tree: Any, source: Any, mountpoint: Path, read_ahead_kb: int = R
         await source.close()
     log.info("unmounted %s: %d reads of %d bytes on average, %d failed", path, ops.reads,
              ops.read_bytes // max(ops.reads, 1), ops.failed_reads)
+
+
+def notify_closing(fd: int) -> None:
+    """pyfuse3's asyncio `notify_closing` (3.5), which `pyfuse3.terminate` calls on
+    SIGTERM, without its race. It fails every future that waits for the FUSE device to
+    be readable, also one that readiness has already completed but whose worker has not
+    run yet; `set_exception` on that one raised InvalidStateError out of the signal
+    handler, a traceback in the mount's log at unmount. A completed wait is left alone:
+    its worker runs, sees the session has exited, and ends like the others."""
+    import pyfuse3.asyncio
+
+    for future in list(pyfuse3.asyncio._read_futures.get(fd, ())):
+        if not future.done():
+            future.set_exception(pyfuse3.asyncio.ClosedResourceError())
 
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters

@@ -306,3 +306,34 @@ async def test_a_bad_tree_file_is_one_line_not_a_traceback(tmp_path: Path) -> No
     assert proc.returncode == 2
     assert err.decode().count("\n") == 1 and "two parents" in err.decode(), err
     assert "Traceback" not in err.decode()
+
+
+async def test_terminating_while_a_worker_wakes_raises_nothing() -> None:
+    """SIGTERM can land after the FUSE device became readable (that wait's future is
+    done) and before its worker ran. pyfuse3's own notify_closing raises there; ours
+    fails only the waits still pending."""
+    import pyfuse3.asyncio
+
+    from fusefs.mount import notify_closing
+
+    theirs = pyfuse3.asyncio.notify_closing
+    assert theirs is not notify_closing  # mounts are served in child processes only
+    loop = asyncio.get_running_loop()
+    fd = -7  # a key only: nothing waits on a real descriptor here
+    woken = loop.create_future()
+    woken.set_result(None)
+    try:
+        for notify in (theirs, notify_closing):
+            waiting = loop.create_future()
+            pyfuse3.asyncio._read_futures[fd] = {woken, waiting}
+            if notify is theirs:
+                with pytest.raises(asyncio.InvalidStateError):
+                    notify(fd)
+                if waiting.done():  # it was failed before the raise: retrieve it
+                    waiting.exception()
+                continue
+            notify(fd)
+            assert woken.result() is None
+            assert isinstance(waiting.exception(), pyfuse3.asyncio.ClosedResourceError)
+    finally:
+        pyfuse3.asyncio._read_futures.pop(fd, None)
