@@ -68,12 +68,10 @@ async def serve(tree: Any, source: Any, mountpoint: Path, read_ahead_kb: int = R
     """Mount `tree` at `mountpoint`, serve until SIGTERM/SIGINT, then unmount and close
     `source`. `on_ready` gets {"mountpoint", "read_ahead_kb"} once the mount works."""
     import pyfuse3
-    import pyfuse3.asyncio
 
     from fusefs.fs import ContentFS
 
-    pyfuse3.asyncio.enable()
-    pyfuse3.asyncio.notify_closing = notify_closing
+    enable_asyncio()
     keep_reply_buffers_on_the_heap()
     path = os.path.realpath(mountpoint)  # before the mount: never stat our own mount
     options = set(MOUNT_OPTIONS) | ({"allow_other"} if allow_other else set())
@@ -108,18 +106,56 @@ async def serve(tree: Any, source: Any, mountpoint: Path, read_ahead_kb: int = R
              ops.read_bytes // max(ops.reads, 1), ops.failed_reads)
 
 
-def notify_closing(fd: int) -> None:
-    """pyfuse3's asyncio `notify_closing` (3.5), which `pyfuse3.terminate` calls on
-    SIGTERM, without its race. It fails every future that waits for the FUSE device to
-    be readable, also one that readiness has already completed but whose worker has not
-    run yet; `set_exception` on that one raised InvalidStateError out of the signal
-    handler, a traceback in the mount's log at unmount. A completed wait is left alone:
-    its worker runs, sees the session has exited, and ends like the others."""
+def enable_asyncio() -> None:
+    """Run pyfuse3 on asyncio, with our `wait_readable` and `notify_closing`.
+
+    pyfuse3's own (pyfuse3.asyncio, 3.5) race at unmount. A worker waits for the
+    FUSE device on a future that a reader callback completes; `pyfuse3.terminate`
+    (our SIGTERM handler) fails it. Whichever of the two comes second found the
+    future done and raised InvalidStateError: out of `terminate` when the device
+    had just become readable, or out of the reader callback when it was already
+    queued. Either way a traceback in the mount's log at an orderly unmount. Ours
+    complete a wait only if it is still pending; the rest is the same."""
     import pyfuse3.asyncio
 
-    for future in list(pyfuse3.asyncio._read_futures.get(fd, ())):
+    pyfuse3.asyncio.enable()
+    pyfuse3.asyncio.wait_readable = wait_readable
+    pyfuse3.asyncio.notify_closing = notify_closing
+
+
+_readable_waits: dict[int, set[asyncio.Future[None]]] = {}
+
+
+async def wait_readable(fd: int) -> None:
+    """Until `fd` is readable; pyfuse3's ClosedResourceError if `notify_closing` came first.
+    pyfuse3 has one worker at a time waiting (its read lock), as asyncio's one reader per fd
+    requires."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[None] = loop.create_future()
+    waits = _readable_waits.setdefault(fd, set())
+    waits.add(future)
+    loop.add_reader(fd, _complete, future)
+    try:
+        await future
+    finally:
+        loop.remove_reader(fd)
+        waits.discard(future)
+        if not waits:
+            del _readable_waits[fd]
+
+
+def notify_closing(fd: int) -> None:
+    """Fail the waits for `fd` that are still pending (`enable_asyncio`)."""
+    from pyfuse3.asyncio import ClosedResourceError
+
+    for future in _readable_waits.get(fd, ()):
         if not future.done():
-            future.set_exception(pyfuse3.asyncio.ClosedResourceError())
+            future.set_exception(ClosedResourceError())
+
+
+def _complete(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters

@@ -33,6 +33,7 @@ import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from promtext import metric
@@ -308,32 +309,49 @@ async def test_a_bad_tree_file_is_one_line_not_a_traceback(tmp_path: Path) -> No
     assert "Traceback" not in err.decode()
 
 
-async def test_terminating_while_a_worker_wakes_raises_nothing() -> None:
-    """SIGTERM can land after the FUSE device became readable (that wait's future is
-    done) and before its worker ran. pyfuse3's own notify_closing raises there; ours
-    fails only the waits still pending."""
+async def _terminate_as_the_fd_wakes(wait: Any, notify: Any, woken_first: bool) -> list[str]:
+    """A worker waits for a pipe to be readable; it becomes readable, and `notify` (what
+    pyfuse3.terminate calls) runs either after the reader callback completed the wait but
+    before the worker resumed (`woken_first`), or as a callback (SIGTERM's) that the loop
+    runs just before the reader callback it queued in the same poll. The errors raised,
+    out of `notify` or logged by the loop."""
+    loop = asyncio.get_running_loop()
+    errors: list[str] = []
+    handler = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _, context: errors.append(repr(context.get("exception"))))
+    r, w = os.pipe()
+    try:
+        worker = asyncio.create_task(wait(r))
+        await asyncio.sleep(0)  # it is waiting
+        os.write(w, b"x")
+        if woken_first:  # the loop runs us, the reader callback, us, then the worker
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+            try:
+                notify(r)
+            except asyncio.InvalidStateError as exc:
+                errors.append(repr(exc))
+        else:  # the next poll queues the reader callback after this one
+            loop.call_soon(notify, r)
+        with contextlib.suppress(Exception):
+            await worker
+        await asyncio.sleep(0)
+    finally:
+        worker.cancel()
+        loop.set_exception_handler(handler)
+        os.close(r)
+        os.close(w)
+    return errors
+
+
+@pytest.mark.parametrize("woken_first", [True, False])
+async def test_terminating_as_the_fuse_device_wakes_raises_nothing(woken_first: bool) -> None:
     import pyfuse3.asyncio
 
-    from fusefs.mount import notify_closing
+    from fusefs.mount import notify_closing, wait_readable
 
-    theirs = pyfuse3.asyncio.notify_closing
-    assert theirs is not notify_closing  # mounts are served in child processes only
-    loop = asyncio.get_running_loop()
-    fd = -7  # a key only: nothing waits on a real descriptor here
-    woken = loop.create_future()
-    woken.set_result(None)
-    try:
-        for notify in (theirs, notify_closing):
-            waiting = loop.create_future()
-            pyfuse3.asyncio._read_futures[fd] = {woken, waiting}
-            if notify is theirs:
-                with pytest.raises(asyncio.InvalidStateError):
-                    notify(fd)
-                if waiting.done():  # it was failed before the raise: retrieve it
-                    waiting.exception()
-                continue
-            notify(fd)
-            assert woken.result() is None
-            assert isinstance(waiting.exception(), pyfuse3.asyncio.ClosedResourceError)
-    finally:
-        pyfuse3.asyncio._read_futures.pop(fd, None)
+    theirs = await _terminate_as_the_fd_wakes(pyfuse3.asyncio.wait_readable,
+                                              pyfuse3.asyncio.notify_closing, woken_first)
+    ours = await _terminate_as_the_fd_wakes(wait_readable, notify_closing, woken_first)
+    assert theirs and "InvalidStateError" in theirs[0]  # the race, in pyfuse3's shim
+    assert ours == []
