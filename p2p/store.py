@@ -87,9 +87,10 @@ _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 # Chunk files are written at most this many bytes per write(2). On this
 # project's VMs (ext4 on virtio, the host's free-page reporting on), writes of
 # 1 MiB and more cost about 10x the kernel CPU of the same bytes in writes of
-# 512 KiB or less (280-400 against 2,500-3,500 MB/s per core, 1 GiB of new
-# files): larger writes get larger page-cache folios, and their fresh memory
-# is faulted in from the host. Elsewhere the slices only add a few syscalls.
+# 512 KiB or less (280-480 against 1,950-4,200 MB/s per core, 1 GiB of new
+# files; our reading: larger writes get larger page-cache folios, from free
+# blocks the host took back and faults in on first touch). Elsewhere the
+# slices only add a few syscalls.
 WRITE_SLICE_BYTES = 256 * 1024
 
 
