@@ -50,7 +50,7 @@ Nothing is deleted until the run ends: each round's restored
 tree and copy is renamed aside. On ext4, creating a file right after many
 were deleted is slow: the inode allocator skips, one by one, inodes deleted
 in the last minutes (`recently_deleted` in a kernel profile). Here a `cp -a`
-of this tree (10,000+ files) took 6-10 s within minutes of deleting one, and
+of this tree (10,000+ files) took 5.7-9 s within minutes of deleting one, and
 1.3 s after waiting; a bench that deleted a tree between rounds measured
 that, not the restore.
 """
