@@ -29,7 +29,7 @@ from p2p.content import ContentId, PeerId
 from p2p.swarm.events import PeerHint, PeersFound
 from tracker.handout import get_policy
 from tracker.machine import Announce, ContentAnnounce, Machine
-from tracker.registry import Registry
+from tracker.registry import ORIGIN_FETCHERS, Registry
 
 ContentState = tuple[ContentId, int, bool, int]  # content, chunks held, complete, want
 
@@ -39,7 +39,7 @@ class TrackerSpec:
     handout_limit: int = 30
     announce_interval_s: float = 2.0
     peer_ttl_s: float = 10.0
-    origin_fetchers: int = 4
+    origin_fetchers: int = ORIGIN_FETCHERS  # the tracker's default
 
 
 class SimTracker:

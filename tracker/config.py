@@ -18,6 +18,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from tracker.handout import HANDOUT_POLICIES
+from tracker.registry import ORIGIN_FETCHERS
 
 
 class ConfigError(ValueError):
@@ -33,7 +34,7 @@ class TrackerConfig:
     handout_limit: int = 30  # most peers returned per announce
     handout_policy: str = "rack_aware"  # a name in tracker.handout.HANDOUT_POLICIES
     ban_seconds: float = 600.0  # how long a peer reported by 2 others gets no handouts
-    origin_fetchers: int = 4  # members per content appointed to fetch from the origin
+    origin_fetchers: int = ORIGIN_FETCHERS  # members per content appointed to fetch from the origin
     fetcher_stall_seconds: float = 10.0  # an incomplete fetcher this long without progress
     #                                      loses its origin slot to another member
     state_dir: str | None = None  # where manifests persist across restarts; None = memory only
