@@ -48,6 +48,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     s.add_argument("--digest", choices=sorted(DIGESTS), default=DEFAULT_DIGEST,
                    help="chunk digest algorithm of the generated content")
     s.add_argument("--no-baseline", action="store_true", help="skip the origin-only round")
+    s.add_argument("--origin-fetchers", type=positive_int, default=None,
+                   help="members per content the tracker appoints to fetch from the origin "
+                        "(default: the tracker's)")
     s.add_argument("--agent-option", action="append", default=[], metavar="KEY=VALUE",
                    help="override an agent setting, e.g. upload_slots=2 or swarm.max_inflight=8")
     s.add_argument("--testbed", metavar="NAME",
@@ -88,7 +91,9 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
 async def _rounds(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, Any]:
     source = cluster.workdir / "origin" / "content.bin"
     await asyncio.to_thread(write_random_file, source, args.size)
-    await cluster.start_tracker()
+    fetchers = [] if args.origin_fetchers is None else ["--origin-fetchers",
+                                                         str(args.origin_fetchers)]
+    await cluster.start_tracker(*fetchers)
     on_testbed = cluster.testbed is not None
     await cluster.start_origin(source.parent, None if on_testbed else args.origin_cap)
     manifest = await cluster.publish(source, args.chunk_size_mb * MiB, digest=args.digest)
