@@ -19,7 +19,7 @@ from hdfs_stripe.naming import FileChanged, HdfsUri, UriError, parse_origin_url,
 from hdfs_stripe.reader import StripeReader
 from hdfs_stripe.stripe import PlanError
 from hdfs_stripe.webhdfs import HdfsError, WebHdfs
-from p2p.origin.base import OriginError
+from p2p.origin.base import OriginError, Progress
 
 
 def webhdfs_for(uri: HdfsUri, user: str | None = None) -> WebHdfs:
@@ -34,7 +34,9 @@ class HdfsOrigin:
     def __init__(self, endpoint: str) -> None:
         self._reader = StripeReader(webhdfs_for(parse_uri(endpoint.rstrip("/") + "/")))
 
-    async def read_into(self, url: str, offset: int, view: memoryview) -> None:
+    async def read_into(self, url: str, offset: int, view: memoryview,
+                        progress: Progress | None = None) -> None:
+        """Stripes come from several DataNodes at once, not in order: no progress."""
         try:
             uri, version = parse_origin_url(url)
             await self._reader.read(uri, version, offset, view)

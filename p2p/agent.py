@@ -58,6 +58,7 @@ from p2p.metrics import AgentMetrics
 from p2p.origin import OriginError, OriginPool
 from p2p.peer import PeerConnection, PeerInfo, RateLimiter
 from p2p.ratelimit import BURST_BYTES
+from p2p.relay import Filling, Parts
 from p2p.session import BufferPool, ContentFailed, Session
 from p2p.store import ChunkStore, CorruptChunk, MissingChunk, StoreError, UnknownContent
 from p2p.swarm import Swarm
@@ -137,6 +138,7 @@ class Agent:
         self._download = RateLimiter(_bps(config.download_mbps), BURST_BYTES)
         self._upload_slots = UploadGate(config.upload_slots, config.upload_order)
         self._buffers = BufferPool()
+        self._parts = Parts(self._buffers.take, self._buffers.give)
         self._origins = OriginPool(config.origin_concurrency)
         self._rng = random.Random()
         self._link_ids = itertools.count(1)
@@ -345,6 +347,7 @@ class Agent:
                 case Cancel(peer, chunk):
                     if (link := self._joined_link(content, peer)) is not None:
                         link.cancel(content, chunk)
+                        self._wasted(self._parts.drop((link.id, content, chunk)))
                 case Disconnect(peer, reason, hostile):
                     self._disconnect(peer, reason, hostile)
                 case Report(peer, reason):
@@ -574,29 +577,48 @@ class Agent:
             self.metrics.withdrawals_heard.inc()
         self._feed(session, event(link.peer, msg.chunk))
 
-    async def on_piece(self, link: Link, msg: Piece, asked: tuple[ContentId, int] | None) -> None:
-        session = self.sessions.get(ContentId(msg.content))
+    async def on_piece(self, link: Link, msg: Piece, asked: tuple[ContentId, int] | None) -> bool:
+        content = ContentId(msg.content)
+        session = self.sessions.get(content)
+        key = (link.id, content, msg.chunk)
         if asked is None or session is None or session.swarm.held(msg.chunk):
+            self._wasted(self._parts.drop(key) + msg.len)
             await link.conn.discard_payload(msg.len)
-            self.metrics.wasted_bytes.inc(msg.len)
-            return
-        expected = session.manifest.chunk_length(msg.chunk)
-        if msg.len != expected:
-            self._feed(session, ChunkArrived(msg.chunk, link.peer, ok=False))
-            raise RemoteProtocolError(f"piece of {msg.len} bytes for a {expected}-byte chunk")
-        buf = self._buffers.take(msg.len)
+            return True
         try:
-            await link.conn.recv_payload_into(memoryview(buf))  # paid for at request time
-            session.peer_bytes += msg.len
-            self.metrics.peer_bytes.inc(msg.len)
+            view = self._parts.place(key, msg.off, msg.len,
+                                     session.manifest.chunk_length(msg.chunk))
+        except ValueError as exc:
+            self._feed(session, ChunkArrived(msg.chunk, link.peer, ok=False))
+            raise RemoteProtocolError(str(exc)) from None
+        await link.conn.recv_payload_into(view)  # paid for at request time
+        buf = self._parts.received(key, msg.len)
+        if buf is None:
+            return False  # more Pieces of a relay to come
+        session.peer_bytes += len(buf)  # whole chunks (a relay cut short is wasted)
+        self.metrics.peer_bytes.inc(len(buf))
+        try:
             await self._store_chunk(session, msg.chunk, buf, link.peer)
         finally:
             self._buffers.give(buf)
+        return True
+
+    def relay_source(self, content: ContentId, chunk: int) -> Filling | None:
+        session = self.sessions.get(content)
+        return None if session is None else session.filling.get(chunk)
 
     def on_reject(self, link: Link, content: ContentId, chunk: int, reason: str) -> None:
+        self._wasted(self._parts.drop((link.id, content, chunk)))
         session = self.sessions.get(content)
         if session is not None:
             self._feed(session, ChunkFailed(chunk, link.peer, f"rejected: {reason}"))
+
+    def _wasted(self, nbytes: int) -> None:
+        if nbytes:
+            self.metrics.wasted_bytes.inc(nbytes)
+
+    def on_relayed(self, result: str) -> None:
+        self.metrics.relays.labels(result).inc()
 
     def on_served(self, nbytes: int) -> None:
         self.metrics.served_bytes.inc(nbytes)
@@ -616,58 +638,70 @@ class Agent:
         self._conns.link_ending(link, reason, hostile)
 
     def link_closed(self, link: Link, reason: str, hostile: bool) -> None:
+        self._wasted(self._parts.drop_link(link.id))
         self._conns.link_closed(link, hostile)
         self._node_event(LinkClosed(link.id, reason, hostile))
 
     # ---- chunks ---------------------------------------------------------------
 
     async def _store_chunk(self, session: Session, chunk: int, data: bytearray,
-                           source: PeerId | None) -> None:
+                           source: PeerId | None) -> bool:
+        """Verify and store a chunk, and tell the swarm; whether it is stored."""
         try:
             await asyncio.to_thread(self.store.put, session.content, chunk, memoryview(data))
         except UnknownContent:
-            return  # the session failed or was evicted while the chunk was written
+            return False  # the session failed or was evicted while the chunk was written
         except CorruptChunk:
             self.metrics.chunks_rejected.labels("origin" if source is None else "peer").inc()
             log.warning("chunk %s/%d from %s failed verification", session.content, chunk,
                         source or "the origin")
             self._feed(session, ChunkArrived(chunk, source, ok=False))
-            return
+            return False
         except StoreError as exc:
             self._failed(session, str(exc))
-            return
+            return False
         if self.sessions.get(session.content) is not session or session.failed is not None:
-            return
+            return False
         self.metrics.chunks_verified.inc()
         self._feed(session, ChunkArrived(chunk, source, ok=True))
         self._node_event(ChunkStored(session.content, chunk))
+        return True
 
     async def _fetch_origin(self, session: Session, chunk: int) -> None:
+        """Read a chunk from the origin into a `Filling` that peers' relays read as it fills."""
         manifest = session.manifest
         length = manifest.chunk_length(chunk)
         log.debug("origin fetch %s/%d", session.content, chunk)
-        buf = self._buffers.take(length)
+        filling = session.filling[chunk] = Filling(self._buffers.take(length), length,
+                                                   self._buffers.give)
         try:
             await self._download.acquire(length)  # paid before asking, as for peers
             origin = self._origins.for_url(manifest.origin)
-            await origin.read_into(manifest.origin, manifest.chunk_offset(chunk), memoryview(buf))
+            await origin.read_into(manifest.origin, manifest.chunk_offset(chunk),
+                                   memoryview(filling.buf), filling.advance)
         except OriginError as exc:
             log.warning("origin read of %s/%d failed: %s", session.content, chunk, exc)
             session.origin_tasks.pop(chunk, None)
-            self._feed(session, ChunkFailed(chunk, None, str(exc)))
+            self._feed(session, ChunkFailed(chunk, None, str(exc)))  # peers hear Withdraw...
+            filling.failed(f"the origin read failed: {exc}")  # ... before relays' Rejects
         except Exception as exc:
             # A bug in an adapter must not leave the chunk "in flight" until the
             # origin time-out: report it loudly and let the swarm retry.
             log.exception("origin read of %s/%d crashed", session.content, chunk)
             session.origin_tasks.pop(chunk, None)
             self._feed(session, ChunkFailed(chunk, None, f"origin adapter crashed: {exc!r}"))
+            filling.failed("the origin read failed")
         else:
             session.origin_tasks.pop(chunk, None)
             session.origin_bytes += length
             self.metrics.origin_bytes.inc(length)
-            await self._store_chunk(session, chunk, buf, None)
+            if await self._store_chunk(session, chunk, filling.buf, None):
+                filling.verified()
         finally:
-            self._buffers.give(buf)
+            if session.filling.get(chunk) is filling:
+                del session.filling[chunk]
+            filling.failed("the chunk from the origin did not verify or could not be stored")
+            filling.release()
 
     # ---- status ---------------------------------------------------------------
 

@@ -9,6 +9,9 @@ rate, and they can relay it sooner than if every requester got a thin
 share), and picks which waiting piece goes next: by default the one for the
 peer furthest behind (`p2p.swarm.uploads`, the same core the simulator
 runs).
+A request for a chunk we are still fetching from the origin is relayed
+(p2p.relay): a task beside the uploader sends its bytes as they arrive, in
+several Pieces, each under the same limit and slots.
 Requests we send are numbered per link, so a piece is matched to exactly the
 request that asked for it. A request we no longer need (an end-game duplicate
 another peer answered first) is withdrawn: not sent if it is still waiting for
@@ -40,6 +43,7 @@ from typing import Any, Protocol
 
 from p2p.content import ContentId, PeerId
 from p2p.peer import ConnectionClosed, PeerConnection, RateLimiter
+from p2p.relay import Filling, RelayFailed, relay
 from p2p.store import ChunkStore, DamagedChunk, MissingChunk
 from p2p.swarm.links import LinkId
 from p2p.swarm.uploads import UploadSlots
@@ -103,9 +107,18 @@ class LinkOwner(Protocol):
     def on_join(self, link: Link, msg: Join) -> None: ...
     def on_have(self, link: Link, msg: Have | Pending | Withdraw) -> None: ...
     async def on_piece(self, link: Link, msg: Piece,
-                       asked: tuple[ContentId, int] | None) -> None: ...
+                       asked: tuple[ContentId, int] | None) -> bool:
+        """Take one Piece (read or discard its payload); True once the request is
+        answered in full (its last Piece)."""
+        ...
+
+    def relay_source(self, content: ContentId, chunk: int) -> Filling | None:
+        """The chunk as it arrives from the origin, if we are fetching it now."""
+        ...
+
     def on_reject(self, link: Link, content: ContentId, chunk: int, reason: str) -> None: ...
     def on_served(self, nbytes: int) -> None: ...
+    def on_relayed(self, result: str) -> None: ...
     def on_cancelled(self) -> None: ...
     def chunk_count(self, content: ContentId) -> int | None: ...
     def upload_rank(self, peer: PeerId, content: ContentId) -> int: ...
@@ -131,6 +144,7 @@ class Link:
         self._queued: set[int] = set()  # the peer's requests in _uploads, by its ids
         self._withdrawn: set[int] = set()  # ... of which it cancelled these
         self._tasks: list[asyncio.Task[None]] = []
+        self._relays: set[asyncio.Task[None]] = set()  # the peer's requests we relay
         self._closed = False
 
     def start(self) -> None:
@@ -221,7 +235,7 @@ class Link:
             case Have() | Pending() | Withdraw():
                 self._owner.on_have(self, msg)
             case Request():
-                if self._uploads.qsize() >= MAX_QUEUED_UPLOADS:
+                if self._uploads.qsize() + len(self._relays) >= MAX_QUEUED_UPLOADS:
                     raise RemoteProtocolError(f"more than {MAX_QUEUED_UPLOADS} queued requests")
                 self._uploads.put_nowait(msg)
                 self._queued.add(msg.req)
@@ -229,23 +243,26 @@ class Link:
                 if msg.req in self._queued:  # else it is being sent, or was: too late
                     self._withdrawn.add(msg.req)
             case Piece():
-                self._sent.discard(msg.req)
-                asked = self._asked.pop(msg.req, None)
-                if asked is not None:
-                    self._by_chunk.pop(asked, None)
-                    if asked != (msg.content, msg.chunk):
-                        raise RemoteProtocolError(f"piece for request {msg.req} names "
-                                                  f"{msg.content}/{msg.chunk}, not {asked}")
-                await self._owner.on_piece(self, msg, asked)
+                asked = self._asked.get(msg.req)
+                if asked is not None and asked != (msg.content, msg.chunk):
+                    raise RemoteProtocolError(f"piece for request {msg.req} names "
+                                              f"{msg.content}/{msg.chunk}, not {asked}")
+                if await self._owner.on_piece(self, msg, asked):
+                    self._answered(msg.req)
             case Reject():
-                self._sent.discard(msg.req)
-                self._asked.pop(msg.req, None)
-                self._by_chunk.pop((ContentId(msg.content), msg.chunk), None)
+                self._answered(msg.req)
                 self._owner.on_reject(self, ContentId(msg.content), msg.chunk, msg.reason)
             case Bye():
                 raise ConnectionClosed(f"peer said bye: {msg.reason}")
             case _:
                 raise RemoteProtocolError(f"unexpected {type(msg).__name__} after handshake")
+
+    def _answered(self, req: int) -> None:
+        """Our request `req` is answered (its last Piece, or a Reject): forget it."""
+        self._sent.discard(req)
+        asked = self._asked.pop(req, None)
+        if asked is not None:
+            self._by_chunk.pop(asked, None)
 
     async def _upload_loop(self) -> None:
         while not self._closed:
@@ -253,6 +270,13 @@ class Link:
             if self._withdrawn_now(req, final=False):
                 continue
             content = ContentId(req.content)
+            filling = self._owner.relay_source(content, req.chunk)
+            if filling is not None:  # still arriving from the origin: relay it beside us
+                task = asyncio.create_task(self._supervised(self._relay(req, filling.acquire())),
+                                           name=f"relay {self.peer}")
+                self._relays.add(task)
+                task.add_done_callback(self._relays.discard)
+                continue
             opened = await self._open(content, req.chunk)
             if isinstance(opened, str):
                 self._queued.discard(req.req)
@@ -317,12 +341,37 @@ class Link:
         finally:
             os.close(fd)
 
+    async def _relay(self, req: Request, filling: Filling) -> None:
+        content = ContentId(req.content)
+        rank = self._owner.upload_rank(self.peer, content)
+
+        async def send(off: int, data: memoryview) -> None:
+            async with self._upload_slots.slot(rank):
+                await self.conn.send_piece_bytes(content, req.chunk, req.req, off, data,
+                                                 self._upload)
+
+        try:
+            if await relay(filling, send, lambda: not self._withdrawn_now(req, final=False)):
+                self._queued.discard(req.req)
+                self._withdrawn.discard(req.req)  # a Cancel during the last part: too late
+                self._owner.on_served(filling.length)
+                self._owner.on_relayed("sent")
+            else:
+                self._owner.on_relayed("cancelled")
+        except RelayFailed as exc:
+            self._owner.on_relayed("ended")
+            if not self._withdrawn_now(req, final=True):
+                await self._send(Reject(content=content, chunk=req.chunk, req=req.req,
+                                        reason=f"relay ended: {exc}"))
+        except (OSError, ConnectionClosed, RemoteProtocolError) as exc:
+            self.close(f"upload failed: {exc}")
+
     def close(self, reason: str, hostile: bool = False) -> None:
         if self._closed:
             return
         self._closed = True
         current = asyncio.current_task()
-        for task in self._tasks:
+        for task in [*self._tasks, *self._relays]:
             if task is not current:
                 task.cancel()
         with contextlib.suppress(Exception):

@@ -11,15 +11,21 @@ class AgentMetrics:
         r = self.registry
         self.origin_bytes = Counter("bootseer_origin_bytes", "Bytes fetched from origins",
                                     registry=r)
-        self.peer_bytes = Counter("bootseer_peer_bytes", "Bytes fetched from peers", registry=r)
+        self.peer_bytes = Counter("bootseer_peer_bytes", "Bytes of whole chunks fetched from "
+                                  "peers", registry=r)
         self.served_bytes = Counter("bootseer_served_bytes", "Bytes served to peers", registry=r)
         self.wasted_bytes = Counter("bootseer_wasted_bytes", "Piece bytes received after the "
-                                    "request was withdrawn (end-game duplicates)", registry=r)
+                                    "request was withdrawn (end-game duplicates), and the "
+                                    "parts of relays that ended early", registry=r)
         self.requests_cancelled = Counter("bootseer_requests_cancelled", "Peers' requests "
                                           "skipped because they cancelled them", registry=r)
         self.withdrawals_heard = Counter("bootseer_withdrawals_heard", "Peers' origin fetches "
                                          "they said had failed (pending marks taken back)",
                                          registry=r)
+        self.relays = Counter("bootseer_relays", "Chunks peers asked for while we fetched them "
+                              "from the origin, by how the relay ended: sent whole, ended "
+                              "(the origin read failed), cancelled (by the peer)", ["result"],
+                              registry=r)
         self.chunks_verified = Counter("bootseer_chunks_verified",
                                        "Chunks that matched the manifest", registry=r)
         self.chunks_rejected = Counter("bootseer_chunks_rejected",

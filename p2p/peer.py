@@ -13,7 +13,8 @@ through Python objects:
 - A payload is sent with `os.sendfile` from the caller's file descriptor
   until the socket buffer is full (BlockingIOError), then the task waits
   for writability with `loop.add_writer` and a future. uvloop has no
-  `loop.sendfile`; this path is zero-copy on both loops.
+  `loop.sendfile`; this path is zero-copy on both loops. The parts of a
+  relay (a chunk still arriving from the origin) are sent from memory.
 - Sends hold an asyncio.Lock for a whole frame, so frames never interleave.
   Receives are meant for one reader task.
 
@@ -47,7 +48,7 @@ import asyncio
 import contextlib
 import os
 import socket
-from collections.abc import Coroutine, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -259,29 +260,44 @@ class PeerConnection:
 
     async def send_piece(self, content: str, chunk: int, req: int, fd: int, offset: int,
                          length: int, limiter: RateLimiter | None = None) -> None:
-        """Send a Piece header, then `length` bytes of file `fd` from `offset` via sendfile.
+        """Send a whole chunk as one Piece: its header, then `length` bytes of file `fd`
+        from `offset` via sendfile.
 
         With a limiter the payload goes out in SLICE_BYTES slices, each after
         `limiter.acquire`. LocalProtocolError (nothing sent) if the file is
         shorter than offset + length.
         """
-        header = Piece(content, chunk, req, length).encode()
-        limiter = _limiting(limiter)
+        header = Piece(content, chunk, req, 0, length).encode()
         size = os.fstat(fd).st_size
         if offset < 0 or offset + length > size:
             raise LocalProtocolError(f"file of {size} bytes has no {length} bytes at {offset}")
+        await self._send_payload(header, length, limiter,
+                                 lambda pos, step: self._sendfile(fd, offset + pos, step))
+
+    async def send_piece_bytes(self, content: str, chunk: int, req: int, off: int,
+                               data: memoryview, limiter: RateLimiter | None = None) -> None:
+        """Send bytes `off` to `off + len(data)` of a chunk, from memory, as one Piece (one
+        part of a relay: p2p.relay); paced like `send_piece`."""
+        header = Piece(content, chunk, req, off, len(data)).encode()
+        await self._send_payload(header, len(data), limiter,
+                                 lambda pos, step: self._send_bytes(data[pos:pos + step]))
+
+    async def _send_payload(self, header: bytes, length: int, limiter: RateLimiter | None,
+                            send: Callable[[int, int], Awaitable[None]]) -> None:
+        """Send `header`, then the payload through `send(pos, step)`, in one frame."""
+        limiter = _limiting(limiter)
         async with self._send_lock:
             with self._io(cancel_breaks=True):
                 await self._send_bytes(header, socket.MSG_MORE)
-                end = offset + length
-                while offset < end:
-                    step = end - offset if limiter is None else min(SLICE_BYTES, end - offset)
+                pos = 0
+                while pos < length:
+                    step = length - pos if limiter is None else min(SLICE_BYTES, length - pos)
                     if limiter is not None:
                         await limiter.acquire(step)
-                    await self._sendfile(fd, offset, step)
-                    offset += step
+                    await send(pos, step)
+                    pos += step
 
-    async def _send_bytes(self, data: bytes, flags: int = 0) -> None:
+    async def _send_bytes(self, data: bytes | memoryview, flags: int = 0) -> None:
         view = memoryview(data)
         while view:
             try:

@@ -12,6 +12,7 @@ import asyncio
 from dataclasses import dataclass, field
 
 from p2p.content import ContentId, Manifest
+from p2p.relay import Filling
 from p2p.swarm import Swarm, bits
 
 
@@ -26,6 +27,7 @@ class Session:
     done: asyncio.Future[None]
     waiters: dict[int, list[asyncio.Future[None]]] = field(default_factory=dict)
     origin_tasks: dict[int, asyncio.Task[None]] = field(default_factory=dict)
+    filling: dict[int, Filling] = field(default_factory=dict)  # origin reads under way
     origin_bytes: int = 0
     peer_bytes: int = 0
     started: float = 0.0

@@ -3,7 +3,10 @@
 Theory of operation. A connection carries frames. A frame is a 4-byte
 big-endian header length N (1 <= N <= MAX_HEADER), then N bytes holding one
 msgpack map (the header), then, for a PIECE only, exactly `header["len"]` raw
-payload bytes. Chunk bytes are never packed into msgpack: the sender can hand
+payload bytes: bytes `off` to `off + len` of the chunk. A chunk the sender holds
+goes out in one Piece; one it is still fetching from the origin (a relay,
+p2p.relay) in several, in order, the last only once the sender has verified the
+whole chunk. Chunk bytes are never packed into msgpack: the sender can hand
 them to the kernel with sendfile and the receiver can read them straight into
 its own buffer.
 
@@ -21,8 +24,10 @@ A connection opens with a handshake, always in this order:
 (see p2p.auth.handshake_mac for what each MAC covers). Either side that sees a
 bad MAC sends `Bye("auth failed")` and hangs up. After that, both sides speak
 freely: Join, Have, Pending, Withdraw, Request, Piece, Reject, Cancel, Bye. A Request is
-answered with a Piece or a Reject, unless a Cancel for it arrives while it is
-still queued: then with nothing (the asker has forgotten it).
+answered with the Pieces of the whole chunk or a Reject (a relay whose origin
+fetch fails ends with a Reject after some Pieces), unless a Cancel for it
+arrives while it is still queued or relayed: then the rest is not sent (the
+asker has forgotten it).
 
 This module is the trust boundary for bytes from peers. `parse_length` and
 `parse_header` bound every size and turn every decode failure, whatever its
@@ -41,7 +46,7 @@ import msgpack
 
 from p2p.content import MAX_CHUNK_SIZE, KiB, ManifestError, check_content_id
 
-PROTOCOL_VERSION = 2  # 2: Cancel, Withdraw
+PROTOCOL_VERSION = 3  # 2: Cancel, Withdraw; 3: Piece.off (relays)
 PREFIX_SIZE = 4
 MAX_HEADER = 64 * KiB
 NONCE_SIZE = 16
@@ -269,17 +274,20 @@ class Request(_Codec):
 
 @dataclass(frozen=True, slots=True)
 class Piece(_Codec):
-    """Answer to Request `req`: the `len` raw payload bytes follow this header."""
+    """Answer to Request `req`: bytes `off` to `off + len` of the chunk, as the `len` raw
+    payload bytes that follow this header."""
 
     TYPE: ClassVar[str] = "piece"
     content: str
     chunk: int
     req: int
+    off: int
     len: int
 
     def __post_init__(self) -> None:
         _check_ref(self.content, self.chunk, self.req)
-        _check_uint("len", self.len, MAX_CHUNK_SIZE, lo=1)
+        _check_uint("off", self.off, MAX_CHUNK_SIZE - 1)
+        _check_uint("len", self.len, MAX_CHUNK_SIZE - self.off, lo=1)
 
 
 @dataclass(frozen=True, slots=True)

@@ -89,6 +89,12 @@ TRAVELLING = 0  # the request is on its way
 QUEUED = 1  # in its link's queue at the sender
 READY = 2  # at the head of its link, waiting for an upload slot
 SENDING = 3  # a flow in the network model
+# A flow too, for a chunk the sender is still fetching from the origin (a relay:
+# p2p.relay). It takes no upload slot and is in no link's queue, as the agent's
+# relays stream beside the link's uploads. Its flow may finish before the sender's
+# fetch does; it is then delivered when the fetch is (the model moves the bytes
+# early, which can only flatter it while the sender's uplink is not the limit).
+RELAYING = 4
 
 
 class Uploads:

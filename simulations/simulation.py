@@ -101,7 +101,7 @@ from p2p.swarm.node import (
 from simulations.cpu import CpuPool
 from simulations.engine import Loop
 from simulations.network import Flows, Origin, Topology
-from simulations.node import ORIGIN, SENDING, TRAVELLING, SimNode, Transfer
+from simulations.node import ORIGIN, RELAYING, SENDING, TRAVELLING, SimNode, Transfer
 from simulations.scenario import Scenario
 from simulations.strategy import get_strategy
 from simulations.tracker import SimTracker
@@ -138,6 +138,8 @@ class Simulation:
         self._origin_asked: dict[tuple[int, int], int] = {}  # (node, content) -> chunk mask
         self._transfers: dict[tuple[int, int, int, int], Transfer] = {}
         self._by_flow: dict[int, Transfer] = {}
+        # (sender, content, chunk) -> relays whose bytes are in, waiting for its fetch
+        self._relays: dict[tuple[int, int, int], list[Transfer]] = {}
         self.unfinished = scenario.nodes  # live nodes that still lack something
         self.last_progress = 0.0
         self._control_latency = scenario.network.cross_rack_latency_s
@@ -492,6 +494,11 @@ class Simulation:
             return
         src = self.nodes[transfer.src]
         swarm = src.swarms.get(transfer.content)
+        if src.alive and swarm is not None and not swarm.held(transfer.chunk) \
+                and src.origin_pending[transfer.content] >> transfer.chunk & 1:
+            transfer.stage = RELAYING
+            self._start_flow(transfer, self.top.peer_links(transfer.src, transfer.dst))
+            return
         if not src.alive or swarm is None or not swarm.held(transfer.chunk):
             self._untrack(transfer)
             if not transfer.orphan:
@@ -527,8 +534,7 @@ class Simulation:
         origin = self.origins[transfer.origin]
         if not origin.up(self.loop.now):
             self._untrack(transfer)
-            node = self.nodes[transfer.dst]
-            node.origin_pending[transfer.content] &= ~(1 << transfer.chunk)
+            self._origin_failed(transfer)
             self._deliver(transfer.dst, transfer.content,
                           ChunkFailed(transfer.chunk, None, f"origin {origin.spec.name} down"))
             return
@@ -555,14 +561,21 @@ class Simulation:
         if transfer.src == ORIGIN:
             self.nodes[transfer.dst].counters.wasted_down += moved
             self.origins[transfer.origin].egress_bytes += moved
-            self.nodes[transfer.dst].origin_pending[transfer.content] &= ~(1 << transfer.chunk)
+            self._origin_failed(transfer)
             if sending:
                 self.origins[transfer.origin].release()
             return
         self._waste(transfer, moved)
         src = self.nodes[transfer.src]
-        if src.alive and transfer.stage != TRAVELLING:
+        if src.alive and transfer.stage not in (TRAVELLING, RELAYING):
             self._send(src.uploads.finished(transfer) if sending else src.uploads.drop(transfer))
+
+    def _origin_failed(self, transfer: Transfer) -> None:
+        """An origin fetch ended without its chunk: so do the relays waiting on it."""
+        key = (transfer.dst, transfer.content, transfer.chunk)
+        self.nodes[transfer.dst].origin_pending[transfer.content] &= ~(1 << transfer.chunk)
+        for relayed in self._relays.pop(key, ()):
+            self._relay_failed(relayed)
 
     def _cancel_arrived(self, transfer: Transfer) -> None:
         """The sender skips a cancelled request unless its piece is going out (p2p.link)."""
@@ -585,10 +598,10 @@ class Simulation:
             origin.release()
             dst.counters.down_origin += nbytes
             dst.origin_pending[c] &= ~(1 << chunk)
-            source = None
         else:
             src = self.nodes[transfer.src]
-            self._send(src.uploads.finished(transfer))
+            if transfer.stage != RELAYING:
+                self._send(src.uploads.finished(transfer))
             if transfer.orphan:
                 self._waste(transfer, nbytes)
                 return
@@ -597,7 +610,35 @@ class Simulation:
                 dst.counters.down_same_rack += nbytes
             else:
                 dst.counters.down_cross_rack += nbytes
-            source = src.peer
+            if transfer.stage == RELAYING and not src.swarms[c].held(chunk):
+                self._relay_done(transfer)
+                return
+        self._arrived(transfer)
+        if transfer.src == ORIGIN:
+            for relayed in self._relays.pop((transfer.dst, c, chunk), ()):
+                self._arrived(relayed)
+
+    def _relay_done(self, transfer: Transfer) -> None:
+        """A relay's bytes are in before its sender's own fetch ends: wait for that,
+        or fail it if the fetch failed (the sender then rejects it)."""
+        src = self.nodes[transfer.src]
+        if src.origin_pending[transfer.content] >> transfer.chunk & 1:
+            key = (transfer.src, transfer.content, transfer.chunk)
+            self._relays.setdefault(key, []).append(transfer)
+        else:
+            self._relay_failed(transfer)
+
+    def _relay_failed(self, transfer: Transfer) -> None:
+        if not transfer.orphan:
+            self._deliver(transfer.dst, transfer.content,
+                          ChunkFailed(transfer.chunk, self.nodes[transfer.src].peer,
+                                      "rejected: the origin fetch it relayed failed"))
+
+    def _arrived(self, transfer: Transfer) -> None:
+        """The chunk of `transfer` is in, whole and verified, at its receiver."""
+        dst = self.nodes[transfer.dst]
+        c, chunk = transfer.content, transfer.chunk
+        source = None if transfer.src == ORIGIN else self.nodes[transfer.src].peer
         self.last_progress = self.loop.now
         swarm = dst.swarms[c]
         new = not swarm.held(chunk)

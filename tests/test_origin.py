@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from p2p.origin import OriginError, OriginPool
+from p2p.origin import OriginError, OriginPool, Progress
 from p2p.origin.server import OriginServer
 from p2p.peer import listen_socket
 
@@ -37,6 +37,24 @@ async def test_http_range_reads_exact_bytes_and_are_counted(http_origin) -> None
         assert server.bytes_sent == 1_000_000
     finally:
         await pool.close()
+
+
+async def test_http_reads_tell_their_progress_in_order(http_origin) -> None:  # type: ignore[no-untyped-def]
+    url, data, _ = http_origin
+    pool = OriginPool(concurrency=2)
+    seen: list[tuple[int, bytes]] = []
+    buf = bytearray(3 * 1024 * 1024)
+    view = memoryview(buf)
+    try:
+        await pool.for_url(url).read_into(f"{url}/blob", 100, view,
+                                          lambda n: seen.append((n, bytes(view[:n]))))
+    finally:
+        await pool.close()
+    # Each report covers bytes already in place (what a relay may send at that moment).
+    assert [n for n, _ in seen] == sorted({n for n, _ in seen}) and seen[-1][0] == len(buf)
+    assert len(seen) > 1
+    for n, prefix in seen:
+        assert prefix == data[100:100 + n]
 
 
 async def test_http_missing_file_and_short_file_are_origin_errors(http_origin) -> None:  # type: ignore[no-untyped-def]
@@ -93,12 +111,12 @@ async def test_concurrency_limit_holds(http_origin) -> None:  # type: ignore[no-
     active, peak = 0, 0
     real = limited.origin.read_into
 
-    async def counting(u: str, offset: int, view: memoryview) -> None:
+    async def counting(u: str, offset: int, view: memoryview, progress: Progress | None) -> None:
         nonlocal active, peak
         active += 1
         peak = max(peak, active)
         await asyncio.sleep(0.01)
-        await real(u, offset, view)
+        await real(u, offset, view, progress)
         active -= 1
 
     limited.origin.read_into = counting  # type: ignore[method-assign]

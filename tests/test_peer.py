@@ -210,7 +210,7 @@ async def send_and_receive_piece(sender: PeerConnection, receiver: PeerConnectio
         send = asyncio.create_task(
             sender.send_piece(C, 3, 7, fd, 0, len(payload), limiter))
         header = await receiver.recv()
-        assert header == Piece(C, 3, 7, len(payload))
+        assert header == Piece(C, 3, 7, 0, len(payload))
         buf = bytearray(len(payload))
         await receiver.recv_payload_into(memoryview(buf), limiter)
         await send
@@ -323,7 +323,7 @@ def test_oversized_piece_length_is_a_protocol_error(run: Run) -> None:
         server, sock = await with_raw_client(FAST)
         with sock:
             raw: bytes = msgpack.packb(
-                {"t": "piece", "content": C, "chunk": 0, "req": 0, "len": 2**40})
+                {"t": "piece", "content": C, "chunk": 0, "req": 0, "off": 0, "len": 2**40})
             await asyncio.get_running_loop().sock_sendall(sock, len(raw).to_bytes(4, "big") + raw)
             with pytest.raises(RemoteProtocolError, match="len"):
                 await server.recv()
@@ -359,7 +359,7 @@ def test_slow_drip_payload_is_a_protocol_error(run: Run) -> None:
         server, sock = await with_raw_client(timeouts)
         with sock:
             loop = asyncio.get_running_loop()
-            await loop.sock_sendall(sock, Piece(C, 0, 0, 1000).encode() + b"x" * 100)
+            await loop.sock_sendall(sock, Piece(C, 0, 0, 0, 1000).encode() + b"x" * 100)
             piece = await server.recv()
             assert isinstance(piece, Piece)
             dripper = asyncio.create_task(drip(sock, b"y" * 900, 0.2))

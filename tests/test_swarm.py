@@ -197,6 +197,37 @@ def test_a_fetcher_whose_origin_fetch_fails_withdraws_and_its_peers_stop_waiting
     assert origin_fetches(s.handle_timer(max(4.5, s.next_timer() or 4.5))) == [0]
 
 
+def test_a_free_slot_asks_a_fetcher_to_relay_the_chunk_it_is_fetching() -> None:
+    s = swarm("00")
+    # A holds chunk 1 and fetches chunk 0 from the origin: the held chunk goes first.
+    assert requests(s.handle(PeerJoined(A, "r1", have("01"), pending=(0,)), 0.0)) == [(A, 1)]
+    assert requests(s.handle(ChunkArrived(1, A, ok=True), 0.2)) == [(A, 0)]
+    # A relay is a request like any other: one copy (B fetching it too changes nothing),
+    # and the chunk's arrival ends it.
+    s.handle(PeerJoined(B, "r1", have("00")), 0.25)
+    assert requests(s.handle(PeerPending(B, 0), 0.3)) == []
+    assert Complete() in s.handle(ChunkArrived(0, A, ok=True), 1.0)
+
+
+def test_a_pending_mark_heard_while_idle_is_relayed_at_once() -> None:
+    s = swarm("0")
+    s.handle(PeerJoined(A, "r1", have("0")), 0.0)
+    assert requests(s.handle(PeerPending(A, 0), 0.1)) == [(A, 0)]
+    off = swarm("0", relay_pending=False)
+    off.handle(PeerJoined(A, "r1", have("0")), 0.0)
+    assert requests(off.handle(PeerPending(A, 0), 0.1)) == []
+
+
+def test_a_withdrawn_relay_is_no_failure_of_the_peer() -> None:
+    s = swarm("00", backoff_base_s=5.0)
+    assert requests(s.handle(PeerJoined(A, "r1", have("00"), pending=(0,)), 0.0)) == [(A, 0)]
+    # Its origin fetch failed: no bytes will come, and its Reject is not held against it,
+    # so the chunk it gets next is asked of it at once (no back-off).
+    assert requests(s.handle(PeerWithdrew(A, 0), 0.5)) == []
+    assert s.handle(ChunkFailed(0, A, "rejected: origin fetch failed"), 0.6) == []
+    assert requests(s.handle(PeerHas(A, 1), 0.7)) == [(A, 1)]
+
+
 @pytest.mark.parametrize("share, cross", [(0.0, 0), (0.5, 2), (1.0, 4)])
 def test_a_share_of_connections_goes_to_other_racks(share: float, cross: int) -> None:
     s = Swarm(PeerId("me"), "r1", 1, have("0"), 100,

@@ -51,7 +51,8 @@ MESSAGES = [
     Pending(C, 2**32 - 1),
     Withdraw(C, 5),
     Request(C, 3, 99),
-    Piece(C, 3, 99, MAX_CHUNK_SIZE),
+    Piece(C, 3, 99, 0, MAX_CHUNK_SIZE),
+    Piece(C, 3, 99, MAX_CHUNK_SIZE - 1, 1),
     Reject(C, 3, 99, "not held"),
     Cancel(C, 3, 99),
     Bye("shutting down"),
@@ -78,7 +79,7 @@ def test_header_is_a_short_typed_map() -> None:
 
 
 def test_piece_header_carries_no_payload() -> None:
-    frame = Piece(C, 0, 1, 4 << 20).encode()
+    frame = Piece(C, 0, 1, 0, 4 << 20).encode()
     assert len(frame) < 128
 
 
@@ -157,7 +158,9 @@ def test_huge_string_inside_the_limit_is_bounded_by_the_field_check() -> None:
     [
         lambda: Have(C, -1),
         lambda: Have("a/b", 1),
-        lambda: Piece(C, 0, 0, MAX_CHUNK_SIZE + 1),
+        lambda: Piece(C, 0, 0, 0, MAX_CHUNK_SIZE + 1),
+        lambda: Piece(C, 0, 0, MAX_CHUNK_SIZE - 10, 11),  # past the largest chunk
+        lambda: Piece(C, 0, 0, -1, 10),
         lambda: Hello(1, "a", "", "", b"short"),
         lambda: Join(C, b"", [1]),  # type: ignore[arg-type]
         lambda: Auth(b"x"),

@@ -16,12 +16,12 @@ from collections.abc import Callable
 from importlib.metadata import entry_points
 from urllib.parse import urlsplit
 
-from p2p.origin.base import Origin, OriginError
+from p2p.origin.base import Origin, OriginError, Progress
 from p2p.origin.file import FileOrigin
 from p2p.origin.http import HttpOrigin
 from p2p.origin.oci_origin import OciOrigin
 
-__all__ = ["LimitedOrigin", "Origin", "OriginError", "OriginPool", "register"]
+__all__ = ["LimitedOrigin", "Origin", "OriginError", "OriginPool", "Progress", "register"]
 
 _FACTORIES: dict[str, Callable[[str], Origin]] = {
     "http": HttpOrigin,
@@ -60,9 +60,10 @@ class LimitedOrigin:
         self.origin = origin
         self._slots = asyncio.Semaphore(limit)
 
-    async def read_into(self, url: str, offset: int, view: memoryview) -> None:
+    async def read_into(self, url: str, offset: int, view: memoryview,
+                        progress: Progress | None = None) -> None:
         async with self._slots:
-            await self.origin.read_into(url, offset, view)
+            await self.origin.read_into(url, offset, view, progress)
 
 
 class OriginPool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 import aiohttp
@@ -14,9 +15,15 @@ class OriginError(Exception):
     """The origin could not deliver a range; the message says why and where."""
 
 
+Progress = Callable[[int], None]  # told how many bytes of the view are in so far
+
+
 class Origin(Protocol):
-    async def read_into(self, url: str, offset: int, view: memoryview) -> None:
-        """Fill `view` with the bytes of `url` starting at `offset`, or raise OriginError."""
+    async def read_into(self, url: str, offset: int, view: memoryview,
+                        progress: Progress | None = None) -> None:
+        """Fill `view` with the bytes of `url` starting at `offset`, or raise OriginError.
+        An adapter that streams calls `progress` as the view fills, in order, so that
+        peers can be sent the bytes in already (p2p.relay); others may not call it."""
         ...
 
     async def close(self) -> None: ...
@@ -29,13 +36,17 @@ def http_session(read_timeout_s: float) -> aiohttp.ClientSession:
     return aiohttp.ClientSession(timeout=timeout, auto_decompress=False)
 
 
-async def receive_into(body: aiohttp.StreamReader, view: memoryview) -> int:
-    """Copy a response body into `view`; the bytes received. A body longer than `view`
-    stops the copy and returns len(view) + 1, so the caller can say so."""
+async def receive_into(body: aiohttp.StreamReader, view: memoryview,
+                       progress: Progress | None = None) -> int:
+    """Copy a response body into `view`, telling `progress` as it fills; the bytes
+    received. A body longer than `view` stops the copy and returns len(view) + 1, so
+    the caller can say so."""
     done = 0
     async for block in body.iter_chunked(BLOCK_BYTES):
         if done + len(block) > len(view):
             return len(view) + 1
         view[done:done + len(block)] = block
         done += len(block)
+        if progress is not None:
+            progress(done)
     return done

@@ -6,14 +6,16 @@ import asyncio
 import os
 from urllib.parse import unquote, urlsplit
 
-from p2p.origin.base import OriginError
+from p2p.origin.base import OriginError, Progress
 
 
 class FileOrigin:
     def __init__(self, endpoint: str) -> None:
         self.endpoint = endpoint
 
-    async def read_into(self, url: str, offset: int, view: memoryview) -> None:
+    async def read_into(self, url: str, offset: int, view: memoryview,
+                        progress: Progress | None = None) -> None:
+        """One read in a worker thread: a local file needs no relay (no progress)."""
         path = unquote(urlsplit(url).path)
         await asyncio.to_thread(_pread_exactly, path, offset, view)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import aiohttp
 
-from p2p.origin.base import OriginError, http_session, receive_into
+from p2p.origin.base import OriginError, Progress, http_session, receive_into
 
 READ_TIMEOUT_S = 20.0  # no byte for this long: the read is stuck, retry it
 
@@ -19,14 +19,15 @@ class HttpOrigin:
             self._session = http_session(READ_TIMEOUT_S)
         return self._session
 
-    async def read_into(self, url: str, offset: int, view: memoryview) -> None:
+    async def read_into(self, url: str, offset: int, view: memoryview,
+                        progress: Progress | None = None) -> None:
         headers = {"Range": f"bytes={offset}-{offset + len(view) - 1}"}
         try:
             async with self._client().get(url, headers=headers) as resp:
                 if resp.status != 206:
                     raise OriginError(f"origin {url} answered HTTP {resp.status} to a range "
                                       f"request (expected 206)")
-                done = await receive_into(resp.content, view)
+                done = await receive_into(resp.content, view, progress)
                 if done > len(view):
                     raise OriginError(f"origin {url} sent more than the {len(view)} "
                                       "bytes asked for")

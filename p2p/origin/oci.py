@@ -22,7 +22,7 @@ from urllib.parse import urlencode, urljoin
 
 import aiohttp
 
-from p2p.origin.base import BLOCK_BYTES, receive_into
+from p2p.origin.base import BLOCK_BYTES, Progress, receive_into
 from p2p.origin.oci_auth import find_credentials
 from p2p.origin.oci_http import RegistryError, RetryPolicy
 from p2p.origin.oci_manifest import (
@@ -236,8 +236,9 @@ class RegistryClient:
         return bytes(data)
 
     async def read_blob_range(self, ref: ImageRef, digest: str, offset: int,
-                              view: memoryview) -> None:
-        """Fill `view` with the blob's bytes from `offset` (one Range GET, 206 expected).
+                              view: memoryview, progress: Progress | None = None) -> None:
+        """Fill `view` with the blob's bytes from `offset` (one Range GET, 206 expected),
+        telling `progress` as it fills.
 
         A part cannot be checked against the blob's digest; the caller checks the
         whole once it has seen it (the swarm's chunk digests cover the parts).
@@ -250,7 +251,7 @@ class RegistryClient:
             if start != str(offset):
                 raise RegistryError(f"registry {ref.registry} answered a range of {what} from "
                                     f"byte {start!r}, not {offset}")
-            done = await receive_into(resp.content, view)
+            done = await receive_into(resp.content, view, progress)
         if done > len(view):
             raise RegistryError(f"registry {ref.registry} sent more of {what} than "
                                 "the range asked for")

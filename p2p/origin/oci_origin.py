@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
-from p2p.origin.base import OriginError
+from p2p.origin.base import OriginError, Progress
 from p2p.origin.oci import RegistryClient
 from p2p.origin.oci_ref import ImageRef, ImageRefError, check_digest, parse_in_registry
 
@@ -50,9 +50,10 @@ class OciOrigin:
         self.client = RegistryClient(
             plain_http=(parts.netloc,) if parts.scheme == "oci+http" else ())
 
-    async def read_into(self, url: str, offset: int, view: memoryview) -> None:
+    async def read_into(self, url: str, offset: int, view: memoryview,
+                        progress: Progress | None = None) -> None:
         ref, digest = parse_blob_url(url)
-        await self.client.read_blob_range(ref, digest, offset, view)
+        await self.client.read_blob_range(ref, digest, offset, view, progress)
 
     async def close(self) -> None:
         await self.client.close()

@@ -44,6 +44,10 @@ class SwarmConfig:
     # No chunk arrived for this long while chunks are wanted: abort, saying what was
     # tried. Generous: a slow origin or a swarm at a cold start is not a dead one.
     no_source_deadline_s: float = 180.0
+    # Request leftover slots' worth of chunks that peers are fetching from the origin:
+    # such a peer relays the bytes as they come, so the last chunks out of the origin
+    # spread while they arrive instead of after (p2p.relay).
+    relay_pending: bool = True
     use_peers: bool = True  # False: the origin-only baseline
     chunk_picker: str = "rarest_first"
     peer_chooser: str = "rack_aware"

@@ -229,7 +229,7 @@ class Swarm:
             # The common case in a big swarm: only availability changes. Nothing new
             # can be asked of this peer, so skip the scheduling pass.
             return self._on_peer_has(event.peer, event.chunk)
-        if isinstance(event, PeerPending):
+        if isinstance(event, PeerPending) and not self._may_relay(event.peer, event.chunk, now):
             # Someone else fetching a chunk can only take work off our hands.
             return self._on_peer_pending(event.peer, event.chunk, now)
         actions: list[Action] = []
@@ -240,6 +240,8 @@ class Swarm:
                 actions += self._on_peer_joined(event, now)
             case PeerHas(peer, chunk):
                 actions += self._on_peer_has(peer, chunk)
+            case PeerPending(peer, chunk):
+                actions += self._on_peer_pending(peer, chunk, now)
             case PeerWithdrew(peer, chunk):
                 actions += self._on_peer_withdrew(peer, chunk)
             case PeerLost(peer, reason, hostile):
@@ -338,12 +340,21 @@ class Swarm:
         state = self._peers.get(peer)
         if state is None or not 0 <= chunk < self.chunks:
             return True  # the full path handles (or rejects) it
-        if not self._missing() >> chunk & 1:
-            return False
+        return (bool(self._missing() >> chunk & 1) and self._has_room(state, now)
+                and (not self._table.requested >> chunk & 1 or self._end_game()))
+
+    def _may_relay(self, peer: PeerId, chunk: int, now: float) -> bool:
+        """Could a pending mark of `chunk` from `peer` lead to a relay request right now?"""
+        state = self._peers.get(peer)
+        return (self.config.relay_pending and state is not None and 0 <= chunk < self.chunks
+                and bool(self._missing() >> chunk & 1)
+                and not self._table.requested >> chunk & 1 and self._has_room(state, now))
+
+    def _has_room(self, state: PeerState, now: float) -> bool:
+        """Whether `state`'s peer can take a request from us now."""
         return (len(state.inflight) < self.config.per_peer_inflight
                 and state.backoff_until <= now
-                and self._table.inflight_total < self.config.max_inflight
-                and (not self._table.requested >> chunk & 1 or self._end_game()))
+                and self._table.inflight_total < self.config.max_inflight)
 
     def _on_peer_has(self, peer: PeerId, chunk: int) -> list[Action]:
         state, refused = self._peer_chunk(peer, chunk, "announced")
@@ -361,6 +372,10 @@ class Swarm:
         state, refused = self._peer_chunk(peer, chunk, "withdrawn")
         if state is not None:
             self._table.withdrawn(state, chunk)
+            if chunk in state.inflight and not state.have >> chunk & 1:
+                # We asked it to relay the chunk: it has nothing to send now (it rejects
+                # the request), and that is not its fault.
+                self._table.clear_request(chunk, peer)
         return refused
 
     def _peer_chunk(self, peer: PeerId, chunk: int,
@@ -424,6 +439,12 @@ class Swarm:
                 return []
             return self._origin_failed(event.chunk, event.reason, now)
         if self._table.clear_request(event.chunk, event.source) is None:
+            return []
+        state = self._peers.get(event.source)
+        if state is not None and not state.have >> event.chunk & 1:
+            # A relay that ended without the chunk: its origin fetch failed, which is not
+            # the peer's fault. Its pending mark goes too, or we would ask again at once.
+            self._table.withdrawn(state, event.chunk)
             return []
         return self._peer_failed(event.source, now)
 
@@ -572,12 +593,34 @@ class Swarm:
         if (budget and free and self._end_game()
                 and not wanted & ~self._table.requested & ~self._have):
             actions += self._endgame(free, budget, now)
+        if self.config.relay_pending and free:
+            actions += self._relay(free, self.config.max_inflight - self._table.inflight_total,
+                                   now)
+        return actions
+
+    def _relay(self, free: dict[PeerId, PeerState], budget: int, now: float) -> list[Action]:
+        """Slots left over: ask peers for chunks they are fetching from the origin. They
+        send the bytes as they arrive, so the origin's last chunks spread while they come
+        in, not one chunk-time later (measured in the simulator: 8 x 256 MiB at 50 MB/s,
+        1.18x the bound without, 1.05x with)."""
+        streaming = (self._table.pending_mask & self._missing() & ~self._table.requested
+                     & ~self._origin_mask())
+        actions: list[Action] = []
+        for chunk in self._ordered(streaming, limit=budget):
+            if budget <= 0 or not free:
+                break
+            if (peer := self._ask(chunk, free, now, pending=True)) is not None:
+                actions.append(Request(peer, chunk))
+                budget -= 1
         return actions
 
     def _ask(self, chunk: int, free: dict[PeerId, PeerState], now: float,
-             exclude: Sequence[PeerId] = ()) -> PeerId | None:
+             exclude: Sequence[PeerId] = (), pending: bool = False) -> PeerId | None:
+        """Give `chunk` to the best free peer holding it (fetching it, if `pending`)."""
         holders = [PeerLoad(p, s.rack == self.rack, len(s.inflight), s.failures, s.rate)
-                   for p, s in free.items() if s.have >> chunk & 1 and p not in exclude]
+                   for p, s in free.items()
+                   if (chunk in s.pending if pending else s.have >> chunk & 1)
+                   and p not in exclude]
         if not holders:
             return None
         peer = self._chooser.choose(holders, self._rng)
