@@ -21,6 +21,7 @@ from test_tracker_service import SECRET, Tracker, manifest, start_tracker
 
 from p2p.content import PeerId
 from p2p.tracker_client import ContentState, TrackerClient
+from tracker.registry import ORIGIN_FETCHERS
 
 BROWSER_TIMEOUT_SECONDS = 90
 WINDOW = (1200, 800)
@@ -88,7 +89,7 @@ async def test_status_page_shows_the_live_swarm_in_a_real_browser(
         assert 'http-equiv="refresh" content="2"' in dom
         (row,) = cells(dom, "contents")
         assert row[1:6] == ["blob", "48.0 KB", "3", "1", "50%"]  # (0 + 12 + 6) / (3 * 12)
-        assert row[6].startswith("2/4: bad, y")  # the incomplete members, in announce order
+        assert row[6].startswith(f"2/{ORIGIN_FETCHERS}: bad, y")  # incomplete members, in order
         assert row[7] == "72.0 KB (1.50\u00d7)"
         assert cells(dom, "bans")[0][0] == "127.0.0.2"
         reports = cells(dom, "reports")
