@@ -23,7 +23,10 @@ After every event it fills free request slots:
    cancels the others. A lazy swarm has no end game: its few missing chunks
    are its readers' latest reads, and each would be fetched twice.
    Chunks are megabytes, not BitTorrent's 16 KiB blocks, so duplicates are
-   kept to the very tail.
+   kept to the very tail. Slots still free then go to chunks a peer is
+   fetching from the origin (`relay_pending`): it relays the bytes as they
+   arrive (p2p.relay). A relay that ends without the chunk (the peer's origin
+   read failed) is not held against the peer; its pending mark goes instead.
 2. The origin, for chunks that no connected peer holds or is fetching. The
    tracker appoints a few *origin fetchers* per swarm; fetcher `i` of `k`
    owns chunks `c % k == i` and fetches them at once, announcing each as
