@@ -6,8 +6,9 @@ on a loopback address of its own (127.0.0.2 by default): its listener, its
 tracker requests and its dials all come from there. It can also dial an
 agent itself, claiming any peer id (`dial`), and come back under a new peer
 id (`rename`). With the cluster secret it answers every Join
-with all bits set and every Request with a Piece of garbage of the right
-length; with another secret it is a listener that no honest agent can
+with all bits set and every Request with garbage of the right length: in one
+Piece (`pieces="whole"`), in two, as a relay would (`"parts"`), or as a
+second part with no first (`"gap"`); with another secret it is a listener that no honest agent can
 authenticate with. Either way it records what happened to each connection,
 so a test can check that honest agents dropped it.
 
@@ -70,8 +71,9 @@ class HostilePeer:
 
     def __init__(self, manifest: Manifest, secret: bytes, tracker_url: str,
                  tracker_secret: bytes, peer_id: str = "hostile", rack: str = "rack0",
-                 host: str = "127.0.0.2") -> None:
+                 host: str = "127.0.0.2", pieces: str = "whole") -> None:
         self.manifest = manifest
+        self.pieces = pieces
         self.log = HostileLog()
         self.host = host
         self._secret = secret
@@ -187,8 +189,15 @@ class HostilePeer:
                 self.log.joined.add(peer)
                 await conn.send(Join(m.content_id, wire.pack_bits([True] * m.chunks), ()))
             case Request(content, chunk, req) if content == m.content_id:
-                await conn.send_piece(content, chunk, req, self._garbage, 0,
-                                      m.chunk_length(chunk))
+                length = m.chunk_length(chunk)
+                if self.pieces == "whole":
+                    await conn.send_piece(content, chunk, req, self._garbage, 0, length)
+                else:
+                    garbage = memoryview(os.urandom(length))
+                    half = length // 2
+                    if self.pieces == "parts":
+                        await conn.send_piece_bytes(content, chunk, req, 0, garbage[:half])
+                    await conn.send_piece_bytes(content, chunk, req, half, garbage[half:])
                 self.log.garbage_sent[peer] += 1
             case Piece():
                 await conn.discard_payload(msg.len)
