@@ -346,22 +346,24 @@ def test_no_origin_fetch_before_the_tracker_appoints_us() -> None:
     assert sorted(origin_fetches(s.handle_timer(3.0))) == [0, 1]
 
 
-def test_first_fetcher_covers_vacant_slots() -> None:
-    s = Swarm(PeerId("me"), "r1", 8, have("0" * 8), 100, SwarmConfig(max_origin_inflight=8),
-              random.Random(1), 0.0)
-    acts = s.handle(PeersFound((), origin_slot=0, origin_slots=4, origin_filled=2), 0.0)
-    assert sorted(origin_fetches(acts)) == [0, 4]  # its own now; the vacant ones after a grace
-    grace = s.next_timer()
-    assert grace == SwarmConfig().vacant_grace_s
-    acts = s.handle_timer(grace)
-    assert sorted(origin_fetches(acts)) == [2, 3, 6, 7]  # slot 1 has its own fetcher
+def test_fetchers_share_the_vacant_slots() -> None:
+    # 4 slots, 2 filled: slot 2 is covered by fetcher 0, slot 3 by fetcher 1 (v % filled).
+    for slot, own, vacant in ((0, [0, 4], [2, 6]), (1, [1, 5], [3, 7])):
+        s = Swarm(PeerId("me"), "r1", 8, have("0" * 8), 100,
+                  SwarmConfig(max_origin_inflight=8), random.Random(1), 0.0)
+        acts = s.handle(PeersFound((), origin_slot=slot, origin_slots=4, origin_filled=2), 0.0)
+        assert sorted(origin_fetches(acts)) == own  # its own now; the vacant ones after a grace
+        grace = s.next_timer()
+        assert grace == SwarmConfig().vacant_grace_s
+        assert sorted(origin_fetches(s.handle_timer(grace))) == vacant
 
 
-def test_later_fetcher_owns_only_its_residue() -> None:
+def test_a_full_set_of_fetchers_covers_no_vacant_slot() -> None:
     s = Swarm(PeerId("me"), "r1", 8, have("0" * 8), 100, SwarmConfig(max_origin_inflight=8),
               random.Random(1), 0.0)
-    acts = s.handle(PeersFound((), origin_slot=1, origin_slots=4, origin_filled=2), 0.0)
+    acts = s.handle(PeersFound((), origin_slot=1, origin_slots=4, origin_filled=4), 0.0)
     assert sorted(origin_fetches(acts)) == [1, 5]
+    assert s.next_timer() != SwarmConfig().vacant_grace_s
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -432,19 +434,27 @@ def test_origin_order_lists_each_chunk_once_demand_first_then_from_region() -> N
     assert origin_order(0b11111111, [3, 3], start=5, limit=8) == [3, 5, 6, 7, 0, 1, 2, 4]
     assert origin_order(0b1111, [9], start=0, limit=2) == [0, 1]
     assert owned_chunks(8, 2, 4, filled=4) == 0b01000100
-    assert owned_chunks(8, 0, 4, filled=2) == 0b11011101
+    assert owned_chunks(8, 0, 4, filled=2) == 0b01010101
+    assert owned_chunks(8, 0, 4, filled=1) == 0b11111111
     assert owned_chunks(8, None, 4, filled=2) == 0
 
 
-def test_fetcher_zero_takes_the_vacant_slots_chunks_last_from_the_end_down() -> None:
+def test_fetchers_take_the_vacant_slots_chunks_last_from_the_end_down() -> None:
     from p2p.swarm.origin import origin_order, vacant_chunks
 
-    vacant = vacant_chunks(8, 0, 4, filled=2)
-    assert vacant == 0b11001100  # residues 2 and 3: nobody's yet
-    assert vacant_chunks(8, 1, 4, filled=2) == 0 and vacant_chunks(8, 0, 4, filled=4) == 0
-    assert origin_order(0b11011101, [], start=0, limit=8, vacant=vacant) == [0, 4, 7, 6, 3, 2]
-    assert origin_order(0b11011101, [], start=0, limit=2, vacant=vacant) == [0, 4]
-    assert origin_order(0b11011101, [6], start=0, limit=3, vacant=vacant) == [6, 0, 4]
+    # 4 slots, 2 filled: residue 2 is fetcher 0's to cover, residue 3 fetcher 1's.
+    assert vacant_chunks(8, 0, 4, filled=2) == 0b01000100
+    assert vacant_chunks(8, 1, 4, filled=2) == 0b10001000
+    assert vacant_chunks(8, 0, 4, filled=4) == 0 and vacant_chunks(8, 3, 4, filled=2) == 0
+    # 8 slots, 3 filled: 3 and 6 go to fetcher 0, 4 and 7 to fetcher 1, 5 to fetcher 2.
+    assert [vacant_chunks(8, i, 8, filled=3) for i in range(3)] == [
+        0b01001000, 0b10010000, 0b00100000]
+    vacant = vacant_chunks(8, 0, 2, filled=1)  # fetcher 0 of 1 covers the odd chunks
+    assert vacant == 0b10101010
+    assert origin_order(0b11111111, [], start=0, limit=8, vacant=vacant) == [
+        0, 2, 4, 6, 7, 5, 3, 1]
+    assert origin_order(0b11111111, [], start=0, limit=2, vacant=vacant) == [0, 2]
+    assert origin_order(0b11111111, [5], start=0, limit=3, vacant=vacant) == [5, 0, 2]
 
 
 def test_fetcher_zero_waits_for_newcomers_before_it_covers_their_slots() -> None:

@@ -17,8 +17,8 @@ simulator's) is its own node, named by its peer id, and binds nothing.
 The registry also appoints each content's *origin fetchers*: the first
 `origin_fetchers` (`k`) eligible incomplete members to announce get slots
 0..k-1, and fetcher `i` owns the chunks `c % k == i` that no peer holds yet
-(see p2p.swarm); while fewer than `k` are appointed, fetcher 0 also covers the
-vacant slots. `k` never changes, so fetchers appointed at the same moment
+(see p2p.swarm); while only `f` < `k` are appointed, fetcher `v % f` also
+covers vacant slot `v`. `k` never changes, so fetchers appointed at the same moment
 never claim the same chunk. So each byte leaves the origin about once,
 whatever the swarm size. Slots stay dense: when a fetcher leaves or expires,
 the last fetcher takes its slot and the next eligible member to announce is
@@ -106,7 +106,7 @@ class OriginSlot:
 
     `slots` is the configured fetcher count, fixed for the swarm's life, so a
     chunk's owner does not change as fetchers are appointed; `filled` says how
-    many slots have a fetcher now (fetcher 0 covers the vacant ones).
+    many slots have a fetcher now (vacant slot `v` is covered by fetcher `v % filled`).
     """
 
     slot: int | None

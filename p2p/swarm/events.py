@@ -33,7 +33,8 @@ class PeersFound:
     `origin_slot` is our index among the swarm's origin fetchers (None if we are
     not one); `origin_slots` is how many there are. Fetcher `i` owns the chunks
     `c` with `c % origin_slots == i` that no peer holds or is fetching; while
-    only `origin_filled` slots have a fetcher, fetcher 0 also owns the others.
+    only `origin_filled` slots have a fetcher, vacant slot `v` is fetcher
+    `v % origin_filled`'s too.
     """
 
     peers: tuple[PeerHint, ...]

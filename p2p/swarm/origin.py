@@ -3,8 +3,12 @@
 The tracker appoints `slots` origin fetchers per content; fetcher `slot` owns
 the chunks `c % slots == slot`. The modulus is the configured fetcher count
 and never changes, so fetchers appointed at the same moment never claim the
-same chunk; while only `filled` slots have a fetcher, fetcher 0 also owns the
-vacant ones.
+same chunk; while only `filled` slots have a fetcher, vacant slot `v` falls to
+fetcher `v % filled` as well. (It used to fall to fetcher 0 alone. With eight
+slots and four agents that made fetcher 0 read and upload 10 of every 16
+chunks: 4 agents, 64 MiB, 20 MB/s caps, 1.34x the bound in the simulator
+against 1.06x shared; real agents took 5.3-5.5 s where they had taken 3.4 s
+with four slots.)
 
 Each fetcher reads upwards from its own region of the content (`slot * n /
 slots`), after reader demand and the prefetch list: a region reaches peers in
@@ -49,13 +53,14 @@ def owned_chunks(chunks: int, slot: int | None, slots: int, filled: int | None) 
 
 
 def vacant_chunks(chunks: int, slot: int | None, slots: int, filled: int | None) -> int:
-    """The chunks of vacant slots that fetcher `slot` covers: fetcher 0's only."""
+    """The chunks of vacant slots that fetcher `slot` covers: vacant slot `v` is covered
+    by fetcher `v % filled`."""
     slots = max(1, slots)
-    if slot is None or slot % slots != 0:
-        return 0
     filled = slots if filled is None else max(1, filled)
+    if slot is None or slot % slots >= filled:
+        return 0
     vacant = 0
-    for residue in range(filled, slots):
+    for residue in range(filled + slot % slots, slots, filled):
         vacant |= bits.every_kth(chunks, slots, residue)
     return vacant
 

@@ -42,9 +42,10 @@ After every event it fills free request slots:
    A new fetcher first hears from the peers the tracker named (their Join
    lists what they are fetching), for at most `settle_s`, so fetchers that
    still disagree about their count do not start on the same chunks, and
-   fetcher 0 covers the vacant fetchers' chunks only `vacant_grace_s` after it
-   is appointed and wants them (longer if peers join meanwhile), last and from
-   the end down (p2p.swarm.origin says why).
+   the fetchers cover the vacant fetcher slots' chunks (slot `v` falls to
+   fetcher `v % filled`) only `vacant_grace_s` after they are appointed and
+   want them (longer if peers join meanwhile), last and from the end down
+   (p2p.swarm.origin says why).
    A lazy swarm differs in one rule: a chunk a reader is blocked on that no
    connected peer holds, is fetching, or has pending goes to the origin as soon
    as the swarm has settled, owned or not; prefetched chunks follow the rules
@@ -145,7 +146,7 @@ class Swarm:
         # all fetch the same first chunks. If the tracker never answers, the
         # patience rule still sends us to the origin.
         self._owned = 0
-        self._vacant = 0  # of `_owned`: the vacant fetcher slots' chunks (fetcher 0)
+        self._vacant = 0  # of `_owned`: the vacant fetcher slots' chunks we cover
         self._vacant_from = 0.0  # ... which it fetches from this time on
         self._vacant_latest = 0.0  # ... or this one at the latest (peers joining put it off)
         self._settle_until: float | None = None  # set by the first PeersFound
