@@ -345,9 +345,9 @@ class Agent:
                 case FetchFromOrigin(chunk):
                     session.origin_tasks[chunk] = self._spawn(self._fetch_origin(session, chunk))
                 case Cancel(peer, chunk):
-                    if (link := self._joined_link(content, peer)) is not None:
-                        link.cancel(content, chunk)
-                        self._wasted(self._parts.drop((link.id, content, chunk)))
+                    link = self._joined_link(content, peer)
+                    if link is not None and (req := link.cancel(content, chunk)) is not None:
+                        self._wasted(self._parts.drop((link.id, req)))
                 case Disconnect(peer, reason, hostile):
                     self._disconnect(peer, reason, hostile)
                 case Report(peer, reason):
@@ -580,7 +580,7 @@ class Agent:
     async def on_piece(self, link: Link, msg: Piece, asked: tuple[ContentId, int] | None) -> bool:
         content = ContentId(msg.content)
         session = self.sessions.get(content)
-        key = (link.id, content, msg.chunk)
+        key = (link.id, msg.req)
         if asked is None or session is None or session.swarm.held(msg.chunk):
             self._wasted(self._parts.drop(key) + msg.len)
             await link.conn.discard_payload(msg.len)
@@ -595,8 +595,6 @@ class Agent:
         buf = self._parts.received(key, msg.len)
         if buf is None:
             return False  # more Pieces of a relay to come
-        session.peer_bytes += len(buf)  # whole chunks (a relay cut short is wasted)
-        self.metrics.peer_bytes.inc(len(buf))
         try:
             await self._store_chunk(session, msg.chunk, buf, link.peer)
         finally:
@@ -607,8 +605,9 @@ class Agent:
         session = self.sessions.get(content)
         return None if session is None else session.filling.get(chunk)
 
-    def on_reject(self, link: Link, content: ContentId, chunk: int, reason: str) -> None:
-        self._wasted(self._parts.drop((link.id, content, chunk)))
+    def on_reject(self, link: Link, content: ContentId, chunk: int, req: int,
+                  reason: str) -> None:
+        self._wasted(self._parts.drop((link.id, req)))
         session = self.sessions.get(content)
         if session is not None:
             self._feed(session, ChunkFailed(chunk, link.peer, f"rejected: {reason}"))
@@ -646,7 +645,9 @@ class Agent:
 
     async def _store_chunk(self, session: Session, chunk: int, data: bytearray,
                            source: PeerId | None) -> bool:
-        """Verify and store a chunk, and tell the swarm; whether it is stored."""
+        """Verify and store a chunk, count its bytes, and tell the swarm; whether it is
+        stored. Bytes are counted once verified, so the byte counters and
+        `chunks_verified` agree at every moment (a relay cut short is wasted)."""
         try:
             await asyncio.to_thread(self.store.put, session.content, chunk, memoryview(data))
         except UnknownContent:
@@ -663,6 +664,12 @@ class Agent:
         if self.sessions.get(session.content) is not session or session.failed is not None:
             return False
         self.metrics.chunks_verified.inc()
+        if source is None:
+            session.origin_bytes += len(data)
+            self.metrics.origin_bytes.inc(len(data))
+        else:
+            session.peer_bytes += len(data)
+            self.metrics.peer_bytes.inc(len(data))
         self._feed(session, ChunkArrived(chunk, source, ok=True))
         self._node_event(ChunkStored(session.content, chunk))
         return True
@@ -693,8 +700,6 @@ class Agent:
             filling.failed("the origin read failed")
         else:
             session.origin_tasks.pop(chunk, None)
-            session.origin_bytes += length
-            self.metrics.origin_bytes.inc(length)
             if await self._store_chunk(session, chunk, filling.buf, None):
                 filling.verified()
         finally:

@@ -116,7 +116,8 @@ class LinkOwner(Protocol):
         """The chunk as it arrives from the origin, if we are fetching it now."""
         ...
 
-    def on_reject(self, link: Link, content: ContentId, chunk: int, reason: str) -> None: ...
+    def on_reject(self, link: Link, content: ContentId, chunk: int, req: int,
+                  reason: str) -> None: ...
     def on_served(self, nbytes: int) -> None: ...
     def on_relayed(self, result: str) -> None: ...
     def on_cancelled(self) -> None: ...
@@ -200,16 +201,17 @@ class Link:
             self._sent.add(msg.req)
             await self._send(msg)
 
-    def cancel(self, content: ContentId, chunk: int) -> None:
+    def cancel(self, content: ContentId, chunk: int) -> int | None:
         """Forget a request; if it went out, ask the peer to skip it. Its piece, if it
-        still comes, is dropped unread."""
+        still comes, is dropped unread. Returns the request's id, if there was one."""
         req = self._by_chunk.pop((content, chunk), None)
         if req is None:
-            return
+            return None
         self._asked.pop(req, None)
         if req in self._sent:
             self._sent.discard(req)
             self.send_soon(Cancel(content=content, chunk=chunk, req=req))
+        return req
 
     # ---- loops ----------------------------------------------------------------
 
@@ -251,7 +253,8 @@ class Link:
                     self._answered(msg.req)
             case Reject():
                 self._answered(msg.req)
-                self._owner.on_reject(self, ContentId(msg.content), msg.chunk, msg.reason)
+                self._owner.on_reject(self, ContentId(msg.content), msg.chunk, msg.req,
+                                      msg.reason)
             case Bye():
                 raise ConnectionClosed(f"peer said bye: {msg.reason}")
             case _:

@@ -9,10 +9,10 @@ class AgentMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.origin_bytes = Counter("bootseer_origin_bytes", "Bytes fetched from origins",
-                                    registry=r)
-        self.peer_bytes = Counter("bootseer_peer_bytes", "Bytes of whole chunks fetched from "
-                                  "peers", registry=r)
+        self.origin_bytes = Counter("bootseer_origin_bytes", "Bytes of verified chunks "
+                                    "fetched from origins", registry=r)
+        self.peer_bytes = Counter("bootseer_peer_bytes", "Bytes of verified chunks fetched "
+                                  "from peers", registry=r)
         self.served_bytes = Counter("bootseer_served_bytes", "Bytes served to peers", registry=r)
         self.wasted_bytes = Counter("bootseer_wasted_bytes", "Piece bytes received after the "
                                     "request was withdrawn (end-game duplicates), and the "

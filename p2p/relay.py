@@ -131,7 +131,7 @@ async def relay(filling: Filling, send: Send, still_wanted: Callable[[], bool]) 
         filling.release()
 
 
-PartKey = tuple[int, str, int]  # (link id, content, chunk)
+PartKey = tuple[int, int]  # (link id, request id)
 
 
 class Parts:
@@ -152,8 +152,8 @@ class Parts:
     def place(self, key: PartKey, off: int, n: int, length: int) -> memoryview:
         buf, got = self._open.get(key) or (None, 0)
         if off != got or off + n > length:
-            raise ValueError(f"piece of bytes {off}..{off + n} of chunk {key[2]} "
-                             f"({length} bytes) when {got} bytes are in")
+            raise ValueError(f"piece of bytes {off}..{off + n} of a {length}-byte chunk "
+                             f"when {got} bytes are in")
         if buf is None:
             buf = self._take(length)
             self._open[key] = (buf, 0)
