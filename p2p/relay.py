@@ -3,11 +3,11 @@
 Theory of operation. With whole-chunk forwarding, the last chunks out of the
 origin reach the other nodes one chunk-time after they land: the fetchers
 all finish their last chunk at about the same moment, and only then does
-that chunk start through the swarm. (8 agents, 256 MiB, 50 MB/s caps: 1.17x
-the lower bound with eight fetchers; the simulator puts the whole-chunk tail
-at most of the gap.) So a node asks a fetcher for a chunk it is still
-fetching (`SwarmConfig.relay_pending`), and the fetcher sends the bytes as
-they come.
+that chunk start through the swarm. So a node asks a fetcher for a chunk it
+is still fetching (`SwarmConfig.relay_pending`), and the fetcher sends the
+bytes as they come. (`bootseer bench swarm`, 8 agents, 256 MiB, 50 MB/s caps,
+eight fetchers: 1.11-1.13x the lower bound with relays, about 1.2x without;
+README, "The swarm".)
 
 The fetcher's origin read fills a `Filling`: the chunk's buffer and how much
 of it has arrived. A relay (`relay`, run by the link that got the request)
