@@ -138,7 +138,7 @@ class Agent:
         self._download = RateLimiter(_bps(config.download_mbps), BURST_BYTES)
         self._upload_slots = UploadGate(config.upload_slots, config.upload_order)
         self._buffers = BufferPool()
-        self._parts = Parts(self._buffers.take, self._buffers.give)
+        self._parts = Parts(self._buffers.take)
         self._origins = OriginPool(config.origin_concurrency)
         self._rng = random.Random()
         self._link_ids = itertools.count(1)
@@ -592,13 +592,16 @@ class Agent:
             self._feed(session, ChunkArrived(msg.chunk, link.peer, ok=False))
             raise RemoteProtocolError(str(exc)) from None
         await link.conn.recv_payload_into(view)  # paid for at request time
+        if not self._parts.holds(key):  # cancelled while its payload came in
+            self._wasted(msg.len)
+            return True
         buf = self._parts.received(key, msg.len)
         if buf is None:
             return False  # more Pieces of a relay to come
-        try:
-            await self._store_chunk(session, msg.chunk, buf, link.peer)
-        finally:
-            self._buffers.give(buf)
+        await self._store_chunk(session, msg.chunk, buf, link.peer)
+        # Back to the pool only now: had this task been cancelled while the store
+        # thread was writing from the buffer, the buffer must not be reused.
+        self._buffers.give(buf)
         return True
 
     def relay_source(self, content: ContentId, chunk: int) -> Filling | None:
@@ -675,14 +678,30 @@ class Agent:
         return True
 
     async def _fetch_origin(self, session: Session, chunk: int) -> None:
-        """Read a chunk from the origin into a `Filling` that peers' relays read as it fills."""
-        manifest = session.manifest
-        length = manifest.chunk_length(chunk)
+        """Read a chunk from the origin into a `Filling` that peers' relays read as it fills,
+        then verify and store it."""
+        length = session.manifest.chunk_length(chunk)
         log.debug("origin fetch %s/%d", session.content, chunk)
         filling = session.filling[chunk] = Filling(self._buffers.take(length), length,
                                                    self._buffers.give)
         try:
-            await self._download.acquire(length)  # paid before asking, as for peers
+            if (await self._read_origin(session, chunk, filling)
+                    and await self._store_chunk(session, chunk, filling.buf, None)):
+                filling.verified()
+        except asyncio.CancelledError:
+            filling.abandon()  # a worker thread (file read, store) may still use the buffer
+            raise
+        finally:
+            if session.filling.get(chunk) is filling:
+                del session.filling[chunk]
+            filling.failed("the chunk from the origin did not verify or could not be stored")
+            filling.release()
+
+    async def _read_origin(self, session: Session, chunk: int, filling: Filling) -> bool:
+        """Fill `filling` from the origin; False, and the swarm told, if that failed."""
+        manifest = session.manifest
+        try:
+            await self._download.acquire(filling.length)  # paid before asking, as for peers
             origin = self._origins.for_url(manifest.origin)
             await origin.read_into(manifest.origin, manifest.chunk_offset(chunk),
                                    memoryview(filling.buf), filling.advance)
@@ -691,6 +710,7 @@ class Agent:
             session.origin_tasks.pop(chunk, None)
             self._feed(session, ChunkFailed(chunk, None, str(exc)))  # peers hear Withdraw...
             filling.failed(f"the origin read failed: {exc}")  # ... before relays' Rejects
+            return False
         except Exception as exc:
             # A bug in an adapter must not leave the chunk "in flight" until the
             # origin time-out: report it loudly and let the swarm retry.
@@ -698,15 +718,9 @@ class Agent:
             session.origin_tasks.pop(chunk, None)
             self._feed(session, ChunkFailed(chunk, None, f"origin adapter crashed: {exc!r}"))
             filling.failed("the origin read failed")
-        else:
-            session.origin_tasks.pop(chunk, None)
-            if await self._store_chunk(session, chunk, filling.buf, None):
-                filling.verified()
-        finally:
-            if session.filling.get(chunk) is filling:
-                del session.filling[chunk]
-            filling.failed("the chunk from the origin did not verify or could not be stored")
-            filling.release()
+            return False
+        session.origin_tasks.pop(chunk, None)
+        return True
 
     # ---- status ---------------------------------------------------------------
 

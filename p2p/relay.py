@@ -63,6 +63,10 @@ class Filling:
         self._holders += 1
         return self
 
+    def abandon(self) -> None:
+        """Never give `buf` back: a worker thread may still read or write it."""
+        self._give_back = _keep
+
     def release(self) -> None:
         self._holders -= 1
         if self._holders == 0:
@@ -106,6 +110,10 @@ class Filling:
                 fut.set_result(None)
 
 
+def _keep(buf: bytearray) -> None:
+    """Leave `buf` to the garbage collector."""
+
+
 Send = Callable[[int, memoryview], Awaitable[None]]  # (offset in the chunk, bytes)
 
 
@@ -140,13 +148,14 @@ class Parts:
     `place` says where a Piece's payload goes: Pieces of a chunk must come in
     order, without gaps or overlap, within the chunk (else ValueError: the peer
     broke the protocol). `received` records the payload read and returns the
-    buffer once the chunk is whole. Buffers come from `take`; `drop` gives an
-    unfinished one back to `give`.
+    buffer once the chunk is whole. Buffers come from `take`. `drop` forgets an
+    unfinished chunk, and leaves its buffer to the garbage collector, never to
+    the pool: a cancel or a closing link may drop a chunk whose payload is being
+    read into that buffer at that moment.
     """
 
-    def __init__(self, take: Callable[[int], bytearray],
-                 give: Callable[[bytearray], None]) -> None:
-        self._take, self._give = take, give
+    def __init__(self, take: Callable[[int], bytearray]) -> None:
+        self._take = take
         self._open: dict[PartKey, tuple[bytearray, int]] = {}  # key -> (buffer, bytes in)
 
     def place(self, key: PartKey, off: int, n: int, length: int) -> memoryview:
@@ -158,6 +167,10 @@ class Parts:
             buf = self._take(length)
             self._open[key] = (buf, 0)
         return memoryview(buf)[off:off + n]
+
+    def holds(self, key: PartKey) -> bool:
+        """Whether `key` is still being put together (not dropped meanwhile)."""
+        return key in self._open
 
     def received(self, key: PartKey, n: int) -> bytearray | None:
         """`n` more bytes of `key` are in; its buffer once the chunk is whole (the caller
@@ -172,10 +185,7 @@ class Parts:
     def drop(self, key: PartKey) -> int:
         """Forget an unfinished chunk; the bytes of it that were in (now wasted)."""
         entry = self._open.pop(key, None)
-        if entry is None:
-            return 0
-        self._give(entry[0])
-        return entry[1]
+        return 0 if entry is None else entry[1]
 
     def drop_link(self, link: int) -> int:
         return sum(self.drop(key) for key in [k for k in self._open if k[0] == link])
