@@ -682,7 +682,7 @@ class Agent:
         then verify and store it."""
         length = session.manifest.chunk_length(chunk)
         log.debug("origin fetch %s/%d", session.content, chunk)
-        filling = session.filling[chunk] = Filling(self._buffers.take(length), length,
+        filling = session.filling[chunk] = Filling(self._buffers.take(length),
                                                    self._buffers.give)
         try:
             if (await self._read_origin(session, chunk, filling)

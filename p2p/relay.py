@@ -41,17 +41,16 @@ class RelayFailed(Exception):
 
 
 class Filling:
-    """A chunk arriving from the origin into `buf`: `filled` bytes are in so far.
+    """A chunk arriving from the origin into `buf` (exactly the chunk's size): `filled`
+    bytes are in so far.
 
     The fetcher calls `advance` as bytes arrive, then `verified` or `failed`;
     relays wait for more with `wait`. The fetcher holds it from the start, a relay
     from `acquire`; each calls `release` once, and the last gives `buf` back.
     """
 
-    def __init__(self, buf: bytearray, length: int,
-                 give_back: Callable[[bytearray], None]) -> None:
+    def __init__(self, buf: bytearray, give_back: Callable[[bytearray], None]) -> None:
         self.buf = buf
-        self.length = length
         self.filled = 0
         self.ok = False
         self.failure: str | None = None
@@ -71,6 +70,10 @@ class Filling:
         self._holders -= 1
         if self._holders == 0:
             self._give_back(self.buf)
+
+    @property
+    def length(self) -> int:
+        return len(self.buf)
 
     @property
     def ended(self) -> bool:
@@ -122,7 +125,7 @@ async def relay(filling: Filling, send: Send, still_wanted: Callable[[], bool]) 
     is verified. False if the receiver stopped wanting it (`still_wanted`, asked before
     each part); RelayFailed if the chunk will not be complete. Takes over one hold on
     `filling` (`acquire`d by the caller when it took the request) and releases it."""
-    view = memoryview(filling.buf)[:filling.length]
+    view = memoryview(filling.buf)
     sent = 0
     try:
         while sent < filling.length:

@@ -46,7 +46,7 @@ async def feed(filling: Filling, data: bytes, step: int) -> None:
 async def test_a_relay_sends_in_order_and_the_tail_only_once_verified() -> None:
     data = bytes(range(256)) * (4 * MiB // 256)
     given: list[bytearray] = []
-    filling = Filling(bytearray(len(data)), len(data), given.append)
+    filling = Filling(bytearray(len(data)), given.append)
     sink = Sink(filling)
     sending = asyncio.create_task(relay(filling.acquire(), sink.send, lambda: True))
     await feed(filling, data, 100 * KiB)
@@ -69,7 +69,7 @@ async def test_a_relay_sends_in_order_and_the_tail_only_once_verified() -> None:
     filling.release()
     assert given == [filling.buf]
     # A fetch cancelled while a worker thread may still use its buffer never returns it.
-    abandoned = Filling(bytearray(10), 10, given.append)
+    abandoned = Filling(bytearray(10), given.append)
     abandoned.abandon()
     abandoned.release()
     assert given == [filling.buf]
@@ -77,7 +77,7 @@ async def test_a_relay_sends_in_order_and_the_tail_only_once_verified() -> None:
 
 async def test_a_failed_fetch_ends_the_relay_and_a_cancelled_one_stops() -> None:
     data = b"x" * (1 * MiB)
-    filling = Filling(bytearray(len(data)), len(data), lambda buf: None)
+    filling = Filling(bytearray(len(data)), lambda buf: None)
     sink = Sink(filling)
     sending = asyncio.create_task(relay(filling.acquire(), sink.send, lambda: True))
     await feed(filling, data[:600 * KiB], 600 * KiB)
@@ -87,7 +87,7 @@ async def test_a_failed_fetch_ends_the_relay_and_a_cancelled_one_stops() -> None
     assert sum(len(p) for _, p, _ in sink.parts) <= 600 * KiB
 
     wanted = [True]
-    other = Filling(bytearray(len(data)), len(data), lambda buf: None)
+    other = Filling(bytearray(len(data)), lambda buf: None)
     sink = Sink(other)
     stopping = asyncio.create_task(relay(other.acquire(), sink.send, lambda: wanted[0]))
     await feed(other, data[:300 * KiB], 300 * KiB)
