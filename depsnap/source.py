@@ -81,7 +81,11 @@ class SnapshotSource:
         start = offset - span.first * pack.frame_bytes
         if len(frames) == 1:
             return memoryview(frames[0])[start:start + length]
-        return memoryview(b"".join(frames))[start:start + length]
+        # Copy only the bytes asked for, not every frame under them.
+        end = start + length
+        return b"".join(memoryview(f)[max(start - i * pack.frame_bytes, 0):
+                                      max(end - i * pack.frame_bytes, 0)]
+                        for i, f in enumerate(frames))
 
     async def prefetch_hot(self, frames: list[Frame]) -> int:
         """Ask the agent for the chunks under `frames` (a hot-frame record's, in its
