@@ -18,15 +18,18 @@ case on a fresh prefix and with an empty cache, on loopback agents
   bytes are written; `restore_place_seconds`: links, modes, mtimes after
   that. `copy_seconds` is `cp -a` of the same tree on this disk, a floor for
   writing it, in rounds alternating with the restores;
-- `mount_first_import_seconds`: from starting `depsnap serve` on a fresh
+- `mount_first_import_seconds`: from starting `depsnap mount` on a fresh
   agent D (empty store) to `import pandas` succeeding from the mount, and the
-  pack bytes that took (`mount_fetched_bytes`). The key's hot-frame record
-  (`depsnap.hot`) was made by the mount before it, the key's first, on agent
-  C (empty store too), timed the same way: `mount_unrecorded_import_seconds`
-  (a cluster's first launch of a key; every later one is D's case). C is
-  stopped before D starts, so both have the seed as their only peer.
-  `mount_prefetch_chunks`: the chunks D's mount handed its agent from the
-  record before anything was read;
+  pack bytes that took (`mount_fetched_bytes`). The node runs the mount
+  server (`bootseer fs server`, started before the clock): the serving
+  process is forked from it, without an interpreter start or imports of its
+  own. The key's hot-frame record (`depsnap.hot`) was made by the mount
+  before it, the key's first, on agent C (empty store too), timed the same
+  way: `mount_unrecorded_import_seconds` (a cluster's first launch of a key;
+  every later one is D's case). C is stopped before D starts, and D before E,
+  so each has the seed as its only peer. E mounts as D did but without the
+  mount server (`mount_direct_import_seconds`). `mount_prefetch_chunks`: the
+  chunks D's mount handed its agent from the record before anything was read;
 - `snapshot_bytes` (all packs as stored: zstd frames, what peers move),
   `snapshot_raw_bytes` (the packs' raw bytes), and sharing: a second
   environment (numpy and six, at another prefix) is published next to the
@@ -71,8 +74,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from depsnap.mount import MountOptions
 from depsnap.wheelhouse import ML_WHEELS, PYTHON, wheelhouse
+from fusefs.server import SERVER_ENV
 from p2p.localcluster import AgentHandle, LocalCluster, bootseer_command
 
 IMPORT = "import pandas, numpy; print(pandas.__version__)"
@@ -197,12 +200,25 @@ async def _cases(cluster: LocalCluster, work: Path, wheels: Path, packages: list
     out["transfer_seconds"] = await _ensure_all(t, tree)
     await t.child.stop()
 
-    unrecorded = await _mount_import(env, c, created["key"], work / "mnt-first")
-    await c.child.stop()  # D's only peer is the seed, as C's was: like against like
-    out.update(await _mount_import(env, d, created["key"], work / "mnt"))
+    server = await _mount_server(env, work / "mount.sock")
+    try:
+        unrecorded = await _mount_import(env, c, created["key"], work / "mnt-first",
+                                         work / "mount.sock")
+        await c.child.stop()  # D's only peer is the seed, as C's was: like against like
+        out.update(await _mount_import(env, d, created["key"], work / "mnt",
+                                       work / "mount.sock"))
+        await d.child.stop()
+    finally:
+        server.terminate()
+        await server.wait()
+    e = await cluster.start_agent(8, "r1", name="e")
+    direct = await _mount_import(env, e, created["key"], work / "mnt-direct", None)
+    await e.child.stop()
     out["mount_unrecorded_seconds"] = unrecorded["mount_seconds"]
     out["mount_unrecorded_import_seconds"] = unrecorded["mount_first_import_seconds"]
-    out["import_ok"] = out["import_ok"] and unrecorded["import_ok"]
+    out["mount_direct_seconds"] = direct["mount_seconds"]
+    out["mount_direct_import_seconds"] = direct["mount_first_import_seconds"]
+    out["import_ok"] = out["import_ok"] and unrecorded["import_ok"] and direct["import_ok"]
     rate = out["snapshot_bytes"] / out["transfer_seconds"]
     out["mount_target_seconds"] = round(1 + out["mount_fetched_bytes"] / rate, 3)
 
@@ -263,7 +279,8 @@ def _node_env(cluster: LocalCluster, work: Path, origin: Path) -> dict[str, str]
             "BOOTSEER_DEPSNAP_CACHE": str(work / "file-cache")}
 
 
-async def _depsnap(env: dict[str, str], agent: AgentHandle, *args: str) -> dict[str, Any]:
+async def _depsnap(env: dict[str, str], agent: AgentHandle, *args: str,
+                  json_out: bool = True) -> dict[str, Any]:
     proc = await asyncio.create_subprocess_exec(
         *bootseer_command(), "depsnap", *args,
         env={**env, "BOOTSEER_API_SOCKET": agent.api_socket},
@@ -271,6 +288,8 @@ async def _depsnap(env: dict[str, str], agent: AgentHandle, *args: str) -> dict[
     out, err = await proc.communicate()
     if proc.returncode != 0:
         raise RuntimeError(f"depsnap {args[0]} failed: {err.decode()[-1500:]}")
+    if not json_out:
+        return {}
     result: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])
     return result
 
@@ -282,18 +301,19 @@ async def _fetched(agent: AgentHandle, tree: dict[str, Any]) -> tuple[int, int]:
     return sum(c["peer_bytes"] for c in held), sum(c["origin_bytes"] for c in held)
 
 
-async def _mount_import(env: dict[str, str], agent: AgentHandle, key: str, mountpoint: Path
-                        ) -> dict[str, Any]:
-    """Serve the snapshot on an empty node, time until `import pandas` works from it."""
-    from fusefs.mount import Mount
-
+async def _mount_import(env: dict[str, str], agent: AgentHandle, key: str, mountpoint: Path,
+                        server: Path | None) -> dict[str, Any]:
+    """`depsnap mount` on an empty node (through the mount server if given), timed until
+    `import pandas` works from the mount; then `depsnap umount`."""
     mountpoint.mkdir()
-    opts = MountOptions(key, mountpoint, env["BOOTSEER_TRACKER"], agent.api_socket,
-                        agent.store_dir)
+    node = {**env, "BOOTSEER_API_SOCKET": agent.api_socket,
+            "BOOTSEER_LOG_DIR": str(mountpoint.parent),
+            **({SERVER_ENV: str(server)} if server else {})}
     started = time.monotonic()
-    async with await Mount.spawn(opts.argv(), mountpoint, mountpoint.parent / "mount.log",
-                                 env=env) as mount:
-        mounted = time.monotonic() - started
+    ready = await _depsnap(node, agent, "mount", key, str(mountpoint), "--store-dir",
+                           str(agent.store_dir))
+    mounted = time.monotonic() - started
+    try:
         proc = await asyncio.create_subprocess_exec(
             str(mountpoint / "bin" / "python"), "-c", IMPORT, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE)
@@ -301,13 +321,28 @@ async def _mount_import(env: dict[str, str], agent: AgentHandle, key: str, mount
         seconds = time.monotonic() - started
         async with agent.client(60) as client:
             contents = (await client.status())["contents"]
-        fetched = sum(contents[p]["peer_bytes"] + contents[p]["origin_bytes"]
-                      for p in mount.ready["packs"] if p in contents)
+    finally:
+        await _depsnap(node, agent, "umount", str(mountpoint), json_out=False)
+    fetched = sum(contents[p]["peer_bytes"] + contents[p]["origin_bytes"]
+                  for p in ready["packs"] if p in contents)
     return {"mount_seconds": round(mounted, 3), "mount_first_import_seconds": round(seconds, 3),
-            "mount_fetched_bytes": fetched, "mount_hot_frames": mount.ready["hot_frames"],
-            "mount_prefetch_chunks": mount.ready["prefetch_chunks"],
+            "mount_fetched_bytes": fetched, "mount_hot_frames": ready["hot_frames"],
+            "mount_prefetch_chunks": ready["prefetch_chunks"],
             "import_ok": proc.returncode == 0,
             **({"import_error": err.decode()[-500:]} if proc.returncode else {})}
+
+
+async def _mount_server(env: dict[str, str], socket_path: Path
+                        ) -> asyncio.subprocess.Process:
+    """`bootseer fs server`, as a node runs it beside its agent; once it listens."""
+    proc = await asyncio.create_subprocess_exec(
+        *bootseer_command(), "fs", "server", "--socket", str(socket_path), env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
+    assert proc.stdout is not None
+    line = await asyncio.wait_for(proc.stdout.readline(), 60)
+    if not line:
+        raise RuntimeError("the mount server did not start")
+    return proc
 
 
 def _tree_bytes(root: Path) -> int:

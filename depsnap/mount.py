@@ -335,11 +335,11 @@ def _run_serve(args: argparse.Namespace) -> int:
 
 
 def _run_mount(args: argparse.Namespace) -> int:
-    from depsnap.cli import places
     from fusefs.mount import MountError, start_detached
+    from p2p.cli import cluster_secret
 
     opts = _options(args)
-    places(args)  # the secret: fail here, not in the child
+    cluster_secret()  # fail here, not in the serving process
     log_path = Path(os.environ.get("BOOTSEER_LOG_DIR", tempfile.gettempdir())) / \
         f"bootseer-depsnap-{os.getpid()}.log"
     try:

@@ -55,6 +55,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from fusefs.tree import gc_paused
+
 FORMAT_VERSION = 1
 KIND = "depsnap-tree"  # manifest kind of a tree content
 PACK_KIND = "depsnap-pack"
@@ -165,18 +167,20 @@ class Snapshot:
     def from_json(cls, data: bytes) -> Snapshot:
         """A tree manifest as published; SnapshotError if it is malformed or unsafe."""
         try:
-            raw = json.loads(data)
-            if not isinstance(raw, dict) or raw.get("version") != FORMAT_VERSION:
-                raise SnapshotError(f"not a version {FORMAT_VERSION} snapshot tree")
-            rows = _typed(raw["entries"], list)
-            if len(rows) > MAX_ENTRIES:
-                raise SnapshotError(f"{len(rows)} entries; at most {MAX_ENTRIES}")
-            return cls(_typed(raw["key"], str), _typed(raw["prefix"], str),
-                       _typed(raw["interpreter"], str),
-                       tuple(_entry_from_row(r) for r in rows),
-                       tuple(_pack_from_dict(p) for p in _typed(raw["packs"], list)),
-                       _typed(raw.get("inputs", {}), dict),
-                       tuple(_typed(s, str) for s in _typed(raw.get("resolved", []), list)))
+            with gc_paused():  # thousands of entries, all kept: nothing for it to free
+                raw = json.loads(data)
+                if not isinstance(raw, dict) or raw.get("version") != FORMAT_VERSION:
+                    raise SnapshotError(f"not a version {FORMAT_VERSION} snapshot tree")
+                rows = _typed(raw["entries"], list)
+                if len(rows) > MAX_ENTRIES:
+                    raise SnapshotError(f"{len(rows)} entries; at most {MAX_ENTRIES}")
+                return cls(_typed(raw["key"], str), _typed(raw["prefix"], str),
+                           _typed(raw["interpreter"], str),
+                           tuple(_entry_from_row(r) for r in rows),
+                           tuple(_pack_from_dict(p) for p in _typed(raw["packs"], list)),
+                           _typed(raw.get("inputs", {}), dict),
+                           tuple(_typed(s, str) for s in _typed(raw.get("resolved", []),
+                                                                 list)))
         except (KeyError, TypeError, ValueError, UnicodeDecodeError) as exc:
             if isinstance(exc, SnapshotError):
                 raise

@@ -1,4 +1,5 @@
 """`bootseer fs mount TREE_FILE DIR`: serve a tree file over FUSE until SIGTERM or SIGINT.
+`bootseer fs server --socket SOCKET`: the mount server (`fusefs.server`).
 
 A development command: the tree file is the JSON form of a `fusefs.tree.Tree`
 (`Tree.to_json`); file bytes come from the local agent's store directory and,
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import sys
@@ -31,6 +33,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                        description="FUSE mounts of content trees")
     fs_sub = p.add_subparsers(dest="fs_command", required=True, metavar="COMMAND")
     add_mount(fs_sub)
+    add_server(fs_sub)
 
 
 def add_mount(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -46,6 +49,37 @@ def add_mount(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     m.add_argument("--log-level", dest="log_level", default="INFO", type=str.upper,
                    choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="stderr log level")
     m.set_defaults(run=run_mount)
+
+
+def add_server(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    s = sub.add_parser(
+        "server", help="start mounts fast: fork their serving processes from this one",
+        description="Listen at SOCKET and fork the serving process of every mount command "
+                    "run with BOOTSEER_MOUNT_SERVER=SOCKET (depsnap, image and ckpt mounts), "
+                    "with the imports already done (fusefs.server). Prints one JSON line "
+                    "once it listens; runs until SIGTERM. Mounts outlive it.")
+    s.add_argument("--socket", required=True, type=Path, metavar="SOCKET",
+                   help="the unix socket to listen at (made mode 0600)")
+    s.add_argument("--log-level", dest="log_level", default="INFO", type=str.upper,
+                   choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="stderr log level")
+    s.set_defaults(run=run_server)
+
+
+def run_server(args: argparse.Namespace) -> int:
+    from fusefs.mount import MountError, check_fuse
+    from fusefs.server import serve_forever
+
+    logging.basicConfig(level=args.log_level, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not args.socket.parent.is_dir():
+        raise UserError(f"the directory of --socket {args.socket} does not exist")
+    try:
+        check_fuse()
+        serve_forever(args.socket.absolute(),
+                      lambda info: print(json.dumps(info), flush=True))
+    except MountError as exc:
+        raise UserError(str(exc)) from None
+    return 0
 
 
 def add_serving_flags(p: argparse.ArgumentParser) -> None:

