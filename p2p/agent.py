@@ -391,7 +391,14 @@ class Agent:
 
     def _on_node_timer(self) -> None:
         self._node_timer = None
-        self._node_execute(self.node.handle_timer(self._loop.time()))
+        before = self._request_timeouts()
+        actions = self.node.handle_timer(self._loop.time())
+        self.metrics.request_timeouts.inc(self._request_timeouts() - before)
+        self._node_execute(actions)
+
+    def _request_timeouts(self) -> int:
+        """Requests the swarms gave up waiting for (they count them when their timer runs)."""
+        return sum(s.swarm.stats["timeouts"] for s in self.sessions.values())
 
     def _node_execute(self, actions: list[NodeAction]) -> None:
         for action in actions:

@@ -17,6 +17,9 @@ class AgentMetrics:
         self.wasted_bytes = Counter("bootseer_wasted_bytes", "Piece bytes received after the "
                                     "request was withdrawn (end-game duplicates), and the "
                                     "parts of relays that ended early", registry=r)
+        self.request_timeouts = Counter("bootseer_request_timeouts", "Requests to peers not "
+                                        "answered within swarm.request_timeout_s: asked "
+                                        "elsewhere, and what comes late is wasted", registry=r)
         self.requests_cancelled = Counter("bootseer_requests_cancelled", "Peers' requests "
                                           "skipped because they cancelled them", registry=r)
         self.withdrawals_heard = Counter("bootseer_withdrawals_heard", "Peers' origin fetches "

@@ -8,7 +8,8 @@ agent itself, claiming any peer id (`dial`), and come back under a new peer
 id (`rename`). With the cluster secret it answers every Join
 with all bits set and every Request with garbage of the right length: in one
 Piece (`pieces="whole"`), in two, as a relay would (`"parts"`), or as a
-second part with no first (`"gap"`); with another secret it is a listener that no honest agent can
+second part with no first (`"gap"`), or never answers a Request at all
+(`"silent"`); with another secret it is a listener that no honest agent can
 authenticate with. Either way it records what happened to each connection,
 so a test can check that honest agents dropped it.
 
@@ -63,6 +64,7 @@ class HostileLog:
     dial_failures: list[str] = field(default_factory=list)  # our own dials that failed
     joined: set[PeerId] = field(default_factory=set)  # authenticated and sent Join
     garbage_sent: Counter[PeerId] = field(default_factory=Counter)  # bad pieces, per peer
+    ignored: Counter[PeerId] = field(default_factory=Counter)  # requests left unanswered
     closed_by_peer: dict[PeerId, str] = field(default_factory=dict)  # who hung up on us, why
 
 
@@ -188,6 +190,9 @@ class HostilePeer:
             case Join():
                 self.log.joined.add(peer)
                 await conn.send(Join(m.content_id, wire.pack_bits([True] * m.chunks), ()))
+            case Request(content, chunk, req) if content == m.content_id and \
+                    self.pieces == "silent":
+                self.log.ignored[peer] += 1
             case Request(content, chunk, req) if content == m.content_id:
                 length = m.chunk_length(chunk)
                 if self.pieces == "whole":

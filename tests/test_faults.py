@@ -355,6 +355,34 @@ async def test_peer_serving_garbage_is_dropped_reported_and_no_bad_byte_is_kept(
         await cluster.stop()
 
 
+async def test_a_peer_that_never_answers_costs_timeouts_not_the_transfer(
+        tmp_path: Path) -> None:
+    """A peer that takes requests and sends nothing: the agents give up on each request
+    after swarm.request_timeout_s (bootseer_request_timeouts_total counts it), ask
+    others, and every agent completes with the right bytes."""
+    cluster = LocalCluster(tmp_path / "cluster")
+    hostile: HostilePeer | None = None
+    try:
+        source, manifest = await start_cluster(cluster, tmp_path)
+        hostile = HostilePeer(manifest, cluster.secret, cluster.tracker_url, cluster.secret,
+                              pieces="silent")
+        await hostile.start()
+        agents = await start_agents(cluster, range(4),
+                                    {**CAPPED, "swarm": {"request_timeout_s": 2.0}})
+        await round_of(cluster, agents, source, manifest.content_id)
+
+        stalled = set(hostile.log.ignored)
+        assert stalled, f"no agent asked the silent peer for a chunk: {hostile.log}"
+        by_peer = {PeerId(a.peer): a for a in agents}
+        for peer in stalled:
+            text = await agent_metrics(by_peer[peer])
+            assert metric(text, "bootseer_request_timeouts_total") >= 1, peer
+    finally:
+        if hostile is not None:
+            await hostile.stop()
+        await cluster.stop()
+
+
 # ---- the wrong cluster secret -------------------------------------------------------
 
 
