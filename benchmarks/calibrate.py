@@ -87,9 +87,19 @@ def swarm_overrides(args: argparse.Namespace) -> dict[str, Any]:
             raise SystemExit(f"--swarm wants KEY=VALUE with KEY a SwarmConfig field "
                              f"({', '.join(sorted(kinds))}), got {pair!r}")
         kind = str(kinds[key])
+        if kind == "bool":  # "false" is a non-empty string: it must not pass as true
+            if value.lower() not in BOOLS:
+                raise SystemExit(f"--swarm {key} wants one of {', '.join(BOOLS)}, got "
+                                 f"{value!r}")
+            overrides[key] = BOOLS[value.lower()]
+            continue
         overrides[key] = (float(value) if kind.startswith("float") else
                           int(value) if kind.startswith("int") else value)
     return overrides
+
+
+BOOLS = {"true": True, "1": True, "yes": True, "on": True,
+         "false": False, "0": False, "no": False, "off": False}
 
 
 def scenario(nodes: int, args: argparse.Namespace, strategy: str) -> Scenario:

@@ -104,8 +104,9 @@ async def _rounds(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, 
     swarm = await distribute(cluster, swarm_agents, source, manifest.content_id, args.size,
                              progress=not args.json and sys.stderr.isatty())
     rss = max(a.child.peak_rss_mb() for a in swarm_agents)
-    wasted, cancelled = await _counters(swarm_agents, "bootseer_wasted_bytes_total",
-                                        "bootseer_requests_cancelled_total")
+    wasted, cancelled, relays, timeouts = await _counters(
+        swarm_agents, "bootseer_wasted_bytes_total", "bootseer_requests_cancelled_total",
+        "bootseer_relays_total", "bootseer_request_timeouts_total")
     await asyncio.gather(*(a.child.stop() for a in swarm_agents))
 
     baseline_seconds = None
@@ -130,6 +131,7 @@ async def _rounds(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, 
         "origin_egress_ratio": round(swarm.origin_bytes / args.size, 4),
         "max_agent_rss_mb": round(rss, 1),
         "wasted_bytes": int(wasted), "requests_cancelled": int(cancelled),
+        "relays": int(relays), "request_timeouts": int(timeouts),
         "aggregate_mbps": round(args.nodes * args.size / swarm.seconds / 1e6, 1),
         "node_seconds": sorted(round(float(r.get("seconds", -1)), 2)
                                for r in swarm.per_node.values()),
@@ -154,7 +156,8 @@ def _testbed(args: argparse.Namespace) -> Testbed:
 
 
 async def _counters(agents: list[AgentHandle], *names: str) -> list[float]:
-    """Each named counter, summed over `agents` (from their /metrics text)."""
+    """Each named counter, summed over `agents` and over its labels (from their /metrics
+    text)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     totals = dict.fromkeys(names, 0.0)
