@@ -174,3 +174,17 @@ async def test_a_second_server_on_a_live_socket_refuses_to_start(server: Server)
     assert proc.returncode == 2 and out == b""
     assert b"already answers" in err and b"Traceback" not in err
     assert server.proc.returncode is None and server.socket.is_socket()
+
+
+@pytest.mark.parametrize("where", ["missing-dir/mount.sock", "a-file"])
+async def test_a_socket_path_the_server_cannot_use_is_a_one_line_error(
+        tmp_path: Path, where: str) -> None:
+    (tmp_path / "a-file").write_text("not a socket")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "fusefs", "server", "--socket", str(tmp_path / where),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), BOUND_S)
+    assert proc.returncode == 2 and out == b"", err
+    assert (b"does not exist" if "/" in where else b"is not a socket") in err
+    assert b"Traceback" not in err
+    assert (tmp_path / "a-file").read_text() == "not a socket"  # left as it was
