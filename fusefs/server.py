@@ -150,18 +150,19 @@ def fork_serving(server: str, argv: list[str], stdout: int, stderr: int) -> int:
 def serve_forever(path: Path, on_ready: Callable[[dict[str, Any]], None] | None = None
                   ) -> None:
     """Preload, listen at `path` and fork a serving process per request until SIGTERM or
-    SIGINT; the socket is removed at the end. MountError if it cannot listen there."""
-    for name in PRELOAD:
-        try:
-            importlib.import_module(name)
-        except ImportError as exc:
-            log.warning("not preloading %s (%s): its mounts will load it themselves",
-                        name, exc)
-    gc.freeze()  # the preloaded heap: children neither scan it nor copy it by scanning
+    SIGINT; the socket is removed at the end. MountError if it cannot listen there
+    (checked first: a request that comes while the server preloads waits for it)."""
     listener = _listen(path)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the children
     signal.signal(signal.SIGTERM, _exit_on_signal)
     try:
+        for name in PRELOAD:
+            try:
+                importlib.import_module(name)
+            except ImportError as exc:
+                log.warning("not preloading %s (%s): its mounts will load it themselves",
+                            name, exc)
+        gc.freeze()  # the preloaded heap: children neither scan it nor copy it by scanning
         if on_ready is not None:
             on_ready({"event": "serving", "socket": str(path), "pid": os.getpid()})
         while True:
