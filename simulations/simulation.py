@@ -642,6 +642,8 @@ class Simulation:
         self.last_progress = self.loop.now
         swarm = dst.swarms[c]
         new = not swarm.held(chunk)
+        if not new and source is not None:  # the agent throws it away and counts it wasted
+            self._waste(transfer, transfer.nbytes)
         self._deliver(transfer.dst, c, ChunkArrived(chunk, source, True))
         if new and swarm.held(chunk):
             self._held[c][chunk * len(self.nodes) + transfer.dst] = 1

@@ -237,3 +237,19 @@ def test_nodes_announce_as_the_agents_node_core_decides() -> None:
     assert any(want == 0 and not complete for complete, want, _ in seen)  # linked enough
     # Each node's completion is announced, but the last one's: the run ends with it.
     assert sum(complete for complete, _, _ in seen) == len(sim.nodes) - 1
+
+
+def test_a_late_piece_of_a_chunk_already_held_counts_as_wasted() -> None:
+    """As in the agent (`on_piece`): a request that timed out went elsewhere; when its
+    piece still comes, every byte of it is counted as wasted, so that every byte a node
+    received beyond the content is in `wasted_bytes`."""
+    sim, stop, s = run(scenario('\n[agent]\nupload_cap = "400Mbps"\ndownload_cap = "400Mbps"\n'
+                                '\n[swarm]\nrequest_timeout = "1s"\n'))
+    assert stop == "complete"
+    timeouts = sum(sw.stats["timeouts"] for node in sim.nodes for sw in node.swarms.values())
+    assert timeouts > 0  # the scenario has what it tests
+    for node in sim.nodes:
+        c = node.counters
+        received = c.down_same_rack + c.down_cross_rack + c.down_origin
+        needed = sum(sim.contents[i].size for i in node.needs)
+        assert received - needed <= c.wasted_down + 1e-6, node.index
