@@ -243,7 +243,7 @@ def test_a_late_piece_of_a_chunk_already_held_counts_as_wasted() -> None:
     """As in the agent (`on_piece`): a request that timed out went elsewhere; when its
     piece still comes, every byte of it is counted as wasted, so that every byte a node
     received beyond the content is in `wasted_bytes`."""
-    sim, stop, s = run(scenario('\n[agent]\nupload_cap = "400Mbps"\ndownload_cap = "400Mbps"\n'
+    sim, stop, _ = run(scenario('\n[agent]\nupload_cap = "400Mbps"\ndownload_cap = "400Mbps"\n'
                                 '\n[swarm]\nrequest_timeout = "1s"\n'))
     assert stop == "complete"
     timeouts = sum(sw.stats["timeouts"] for node in sim.nodes for sw in node.swarms.values())
