@@ -200,7 +200,9 @@ async def _cases(cluster: LocalCluster, work: Path, wheels: Path, packages: list
     out["transfer_seconds"] = await _ensure_all(t, tree)
     await t.child.stop()
 
-    server = await _mount_server(env, work / "mount.sock")
+    # As a node runs it beside its agent, started before any clock runs.
+    server = await cluster.spawn("mount-server", ["fs", "server", "--socket",
+                                                  str(work / "mount.sock")], env=env)
     try:
         unrecorded = await _mount_import(env, c, created["key"], work / "mnt-first",
                                          work / "mount.sock")
@@ -209,8 +211,7 @@ async def _cases(cluster: LocalCluster, work: Path, wheels: Path, packages: list
                                        work / "mount.sock"))
         await d.child.stop()
     finally:
-        server.terminate()
-        await server.wait()
+        await server.stop()
     e = await cluster.start_agent(8, "r1", name="e")
     direct = await _mount_import(env, e, created["key"], work / "mnt-direct", None)
     await e.child.stop()
@@ -330,19 +331,6 @@ async def _mount_import(env: dict[str, str], agent: AgentHandle, key: str, mount
             "mount_prefetch_chunks": ready["prefetch_chunks"],
             "import_ok": proc.returncode == 0,
             **({"import_error": err.decode()[-500:]} if proc.returncode else {})}
-
-
-async def _mount_server(env: dict[str, str], socket_path: Path
-                        ) -> asyncio.subprocess.Process:
-    """`bootseer fs server`, as a node runs it beside its agent; once it listens."""
-    proc = await asyncio.create_subprocess_exec(
-        *bootseer_command(), "fs", "server", "--socket", str(socket_path), env=env,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
-    assert proc.stdout is not None
-    line = await asyncio.wait_for(proc.stdout.readline(), 60)
-    if not line:
-        raise RuntimeError("the mount server did not start")
-    return proc
 
 
 def _tree_bytes(root: Path) -> int:
