@@ -18,7 +18,7 @@ def test_sim_writes_parquet_summary_and_plots(tmp_path: Path,
     scenario.write_text(BASE)
     out = tmp_path / "out"
     assert main(["sim", str(scenario), "--nodes", "12", "--seed", "5", "--out", str(out),
-                 "--json"]) == 0
+                 "--json", "--engine", "python"]) == 0
     line = json.loads(capsys.readouterr().out.strip())
     for key in ("nodes", "p50", "p99", "max", "origin_egress_ratio", "cross_rack_bytes",
                 "wall_seconds", "peak_rss_mb"):
@@ -44,5 +44,6 @@ def test_a_stalled_run_exits_nonzero_and_says_why(tmp_path: Path,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     scenario = tmp_path / "dead.toml"
     scenario.write_text(BASE.replace('latency = "2ms"', 'latency = "2ms"\ndown_at = "0s"'))
-    assert main(["sim", str(scenario), "--out", str(tmp_path / "o"), "--json"]) == 1
+    assert main(["sim", str(scenario), "--out", str(tmp_path / "o"), "--json",
+                 "--engine", "python"]) == 1
     assert "cannot finish" in capsys.readouterr().err

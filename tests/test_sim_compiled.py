@@ -1,0 +1,98 @@
+"""`bootseer sim --engine compiled`: a real mypyc build of the cores, the same results.
+
+The build takes about a minute of CPU here, so one build (in a temporary cache)
+serves every test of the module.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from test_sim import BASE
+
+from p2p.cli import main
+from simulations import compiled
+
+# Two contents (one with a hot set); then the same with nodes failing midway.
+SCENARIO = BASE + """
+[[workload.content]]
+name = "deps"
+size = "64MiB"
+chunk_size = "4MiB"
+origin = "registry"
+"""
+CHURN = SCENARIO.replace('start_jitter = "500ms"',
+                         'start_jitter = "500ms"\nfail_fraction = 0.2\n'
+                         'fail_window_start = "100ms"\nfail_window_end = "400ms"')
+VARIES = {"wall_seconds", "cpu_seconds", "peak_rss_mb", "engine"}
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    path = tmp_path_factory.mktemp("sim-cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("BOOTSEER_CACHE", str(path))
+        compiled.build()
+        yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _run(tmp_path: Path, capfd: pytest.CaptureFixture[str], name: str, text: str,
+         *extra: str) -> tuple[dict[str, object], str]:
+    scenario = tmp_path / "launch.toml"
+    scenario.write_text(text)
+    out = tmp_path / name
+    assert main(["sim", str(scenario), "--out", str(out), "--json", *extra]) == 0
+    captured = capfd.readouterr()
+    return json.loads(captured.out.strip().splitlines()[-1]), captured.err
+
+
+@pytest.mark.parametrize("text", [SCENARIO, CHURN], ids=["launch", "churn"])
+def test_the_compiled_engine_computes_what_the_python_engine_does(
+        cache: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str], text: str) -> None:
+    fast, err = _run(tmp_path, capfd, "compiled", text)
+    slow, _ = _run(tmp_path, capfd, "python", text, "--engine", "python")
+    assert (fast["engine"], slow["engine"]) == ("compiled", "python")
+    assert "compiling" not in err  # the module's build was reused
+    assert {k: v for k, v in fast.items() if k not in VARIES} == \
+           {k: v for k, v in slow.items() if k not in VARIES}
+    per_node = [pq.read_table(tmp_path / run / "nodes.parquet") for run in ("compiled", "python")]
+    assert per_node[0].num_rows == 24
+    assert per_node[0].equals(per_node[1])
+
+
+def test_the_build_holds_the_hot_modules_as_extensions(cache: Path) -> None:
+    [build] = [p for p in (cache / "sim-compiled").iterdir() if (p / ".complete").exists()]
+    for module in ("p2p/swarm/swarm", "p2p/swarm/node", "simulations/simulation",
+                   "simulations/network", "tracker/registry"):
+        assert list(build.glob(f"{module}.*.so")), module
+    assert compiled.build() == build
+
+
+def test_an_edited_source_gets_a_new_key(tmp_path: Path) -> None:
+    root = tmp_path / "src"
+    for pkg in compiled.PACKAGES:
+        shutil.copytree(compiled.source_root() / pkg, root / pkg,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    before = compiled.digest(root)
+    assert compiled.digest(root) == before
+    (root / "p2p/swarm/policy.py").write_text((root / "p2p/swarm/policy.py").read_text() + "\n")
+    assert compiled.digest(root) != before
+
+
+def test_without_a_c_compiler_the_run_says_so_and_runs_as_python(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BOOTSEER_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("CC", "/bin/false")
+    summary, err = _run(tmp_path, capfd, "nocc", BASE.replace("nodes = 24", "nodes = 8"))
+    assert summary["engine"] == "python"
+    assert summary["ready_nodes"] == 8
+    assert "cannot build the compiled engine (mypyc failed" in err
+    assert "Traceback" not in err
+    assert list((tmp_path / "cache/sim-compiled").iterdir()) == []  # nothing half-built
