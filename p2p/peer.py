@@ -16,8 +16,6 @@ through Python objects:
   `loop.sendfile`; this path is zero-copy on both loops. The parts of a
   relay (a chunk still arriving from the origin) are sent from memory.
 - Sends hold an asyncio.Lock for a whole frame, so frames never interleave.
-  A rate-limited chunk goes out as Pieces of SLICE_BYTES, each paid for
-  before the lock is taken, so the link's other messages pass between them.
   Receives are meant for one reader task.
 
 Memory before authentication. Until the handshake is done a connection owns
@@ -262,55 +260,42 @@ class PeerConnection:
 
     async def send_piece(self, content: str, chunk: int, req: int, fd: int, offset: int,
                          length: int, limiter: RateLimiter | None = None) -> None:
-        """Send a whole chunk: `length` bytes of file `fd` from `offset`, via sendfile.
+        """Send a whole chunk as one Piece: its header, then `length` bytes of file `fd`
+        from `offset` via sendfile.
 
-        Without a limiter it goes out as one Piece. With one, as Pieces of
-        SLICE_BYTES (`_send_payload`). LocalProtocolError (nothing sent) if the file
-        is shorter than offset + length.
+        With a limiter the payload goes out in SLICE_BYTES slices, each after
+        `limiter.acquire`. LocalProtocolError (nothing sent) if the file is
+        shorter than offset + length.
         """
+        header = Piece(content, chunk, req, 0, length).encode()
         size = os.fstat(fd).st_size
         if offset < 0 or offset + length > size:
             raise LocalProtocolError(f"file of {size} bytes has no {length} bytes at {offset}")
-        await self._send_payload(lambda pos, n: Piece(content, chunk, req, pos, n).encode(),
-                                 length, limiter,
+        await self._send_payload(header, length, limiter,
                                  lambda pos, step: self._sendfile(fd, offset + pos, step))
 
     async def send_piece_bytes(self, content: str, chunk: int, req: int, off: int,
                                data: memoryview, limiter: RateLimiter | None = None) -> None:
-        """Send bytes `off` to `off + len(data)` of a chunk, from memory (one part of a
-        relay: p2p.relay); in Pieces like `send_piece`."""
-        await self._send_payload(
-            lambda pos, n: Piece(content, chunk, req, off + pos, n).encode(), len(data),
-            limiter, lambda pos, step: self._send_bytes(data[pos:pos + step]))
+        """Send bytes `off` to `off + len(data)` of a chunk, from memory, as one Piece (one
+        part of a relay: p2p.relay); paced like `send_piece`."""
+        header = Piece(content, chunk, req, off, len(data)).encode()
+        await self._send_payload(header, len(data), limiter,
+                                 lambda pos, step: self._send_bytes(data[pos:pos + step]))
 
-    async def _send_payload(self, header: Callable[[int, int], bytes], length: int,
-                            limiter: RateLimiter | None,
+    async def _send_payload(self, header: bytes, length: int, limiter: RateLimiter | None,
                             send: Callable[[int, int], Awaitable[None]]) -> None:
-        """Send a payload through `send(pos, step)`, each frame's header from
-        `header(pos, step)`. Unlimited, in one frame. Limited, in frames of SLICE_BYTES,
-        each paid for before the send lock is taken: a request, have or cancel for this
-        peer then waits for one slice at most, not for a whole chunk at the paced rate
-        (a 4 MiB chunk at a quarter of 5 MB/s held requests 3 s: half the relays asked for
-        arrived after their chunk was whole; benchmarks, README "The swarm")."""
+        """Send `header`, then the payload through `send(pos, step)`, in one frame."""
         limiter = _limiting(limiter)
-        step_max = length if limiter is None else SLICE_BYTES
-        pos = 0
-        try:
-            while True:
-                step = min(step_max, length - pos)
-                if limiter is not None:
-                    await limiter.acquire(step)
-                async with self._send_lock:
-                    with self._io(cancel_breaks=True):
-                        await self._send_bytes(header(pos, step), socket.MSG_MORE)
-                        await send(pos, step)
-                pos += step
-                if pos >= length:
-                    return
-        except asyncio.CancelledError:
-            if 0 < pos < length:
-                self.close()  # the peer holds part of a chunk whose rest will never come
-            raise
+        async with self._send_lock:
+            with self._io(cancel_breaks=True):
+                await self._send_bytes(header, socket.MSG_MORE)
+                pos = 0
+                while pos < length:
+                    step = length - pos if limiter is None else min(SLICE_BYTES, length - pos)
+                    if limiter is not None:
+                        await limiter.acquire(step)
+                    await send(pos, step)
+                    pos += step
 
     async def _send_bytes(self, data: bytes | memoryview, flags: int = 0) -> None:
         view = memoryview(data)

@@ -23,7 +23,6 @@ from p2p import wire
 from p2p.auth import AuthError, handshake_mac
 from p2p.content import KiB, MiB, PeerId
 from p2p.peer import (
-    SLICE_BYTES,
     ConnectionClosed,
     IdentityError,
     PeerConnection,
@@ -46,7 +45,6 @@ from p2p.wire import (
     LocalProtocolError,
     Piece,
     RemoteProtocolError,
-    Request,
 )
 
 C = "c1-" + "ab" * 32  # a well-formed content id
@@ -204,32 +202,20 @@ def test_silent_client_fails_the_handshake_in_time(run: Run) -> None:
     run(scenario)
 
 
-async def recv_piece_parts(receiver: PeerConnection, buf: bytearray,
-                           limiter: RateLimiter | None) -> int:
-    """Read one Piece of chunk 3, request 7, into `buf` at its offset; its length."""
-    header = await receiver.recv()
-    assert isinstance(header, Piece) and (header.chunk, header.req) == (3, 7)
-    await receiver.recv_payload_into(memoryview(buf)[header.off:header.off + header.len],
-                                     limiter)
-    return header.len
-
-
 async def send_and_receive_piece(sender: PeerConnection, receiver: PeerConnection, path: Path,
                                  limiter: RateLimiter | None) -> bytes:
-    """The chunk as received: one Piece unlimited, Pieces of SLICE_BYTES in order limited."""
     payload = path.read_bytes()
     fd = os.open(path, os.O_RDONLY)
     try:
         send = asyncio.create_task(
             sender.send_piece(C, 3, 7, fd, 0, len(payload), limiter))
-        buf, sizes = bytearray(len(payload)), []
-        while sum(sizes) < len(payload):
-            sizes.append(await recv_piece_parts(receiver, buf, limiter))
+        header = await receiver.recv()
+        assert header == Piece(C, 3, 7, 0, len(payload))
+        buf = bytearray(len(payload))
+        await receiver.recv_payload_into(memoryview(buf), limiter)
         await send
     finally:
         os.close(fd)
-    assert sizes == ([len(payload)] if limiter is None else
-                     [SLICE_BYTES] * (len(payload) // SLICE_BYTES))
     return bytes(buf)
 
 
@@ -248,13 +234,11 @@ def test_8_mib_piece_arrives_intact(run: Run, tmp_path: Path, limited: bool) -> 
             sends = [client.send(Have(C, i)) for i in range(50)]
             sends.insert(25, client.send_piece(C, 3, 7, fd, 0, 8 * MiB, limiter))
             tasks = [asyncio.create_task(s) for s in sends]
-            haves, payload, got = [], bytearray(8 * MiB), 0
-            while got < len(payload) or len(haves) < 50:
+            haves, payload = [], bytearray(8 * MiB)
+            for _ in range(51):
                 msg = await server.recv()
                 if isinstance(msg, Piece):
-                    await server.recv_payload_into(
-                        memoryview(payload)[msg.off:msg.off + msg.len], limiter)
-                    got += msg.len
+                    await server.recv_payload_into(memoryview(payload), limiter)
                 else:
                     haves.append(msg)
             await asyncio.gather(*tasks)
@@ -262,38 +246,6 @@ def test_8_mib_piece_arrives_intact(run: Run, tmp_path: Path, limited: bool) -> 
             os.close(fd)
         assert payload == path.read_bytes()
         assert sorted(h.chunk for h in haves if isinstance(h, Have)) == list(range(50))
-
-    run(scenario)
-
-
-def test_a_request_overtakes_a_paced_chunk(run: Run, tmp_path: Path) -> None:
-    """A rate-limited chunk goes out in slices between which other messages pass: a
-    request sent while a chunk is paced arrives long before the chunk's end. (When
-    the chunk held the link, requests waited seconds behind it; see _send_payload.)"""
-    path = tmp_path / "chunk"
-    path.write_bytes(os.urandom(2 * MiB))
-
-    async def scenario() -> None:
-        server, client = await pair()
-        limiter = RateLimiter(4 * MiB, SLICE_BYTES)  # about half a second for the chunk
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            sending = asyncio.create_task(server.send_piece(C, 3, 7, fd, 0, 2 * MiB, limiter))
-            buf = bytearray(2 * MiB)
-            got = await recv_piece_parts(client, buf, None)  # the first slice is out
-            await server.send(Request(C, 5, 8))
-            order = []
-            while got < len(buf):
-                msg = await client.recv()
-                if isinstance(msg, Piece):
-                    await client.recv_payload_into(memoryview(buf)[msg.off:msg.off + msg.len])
-                    got += msg.len
-                order.append(type(msg).__name__)
-            await sending
-        finally:
-            os.close(fd)
-        assert buf == path.read_bytes()
-        assert "Request" in order and order.index("Request") < len(order) // 2, order
 
     run(scenario)
 

@@ -40,7 +40,9 @@ class RarestFirst:
     def order(self, candidates: Sequence[int], availability: Sequence[int], limit: int,
               rng: random.Random) -> list[int]:
         # sorted, not heapq.nsmallest: the same chunks and draws (one key per candidate,
-        # in order), and faster for the few dozen candidates a swarm has.
+        # in order; none for a limit of 0), and faster on the candidates a swarm has.
+        if limit <= 0:
+            return []
         return sorted(candidates, key=lambda c: (availability[c], rng.random()))[:limit]
 
 
