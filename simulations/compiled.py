@@ -84,35 +84,44 @@ def build(root: Path | None = None, cache: Path | None = None) -> Path:
     done = cache / key
     if (done / ".complete").exists():
         return done
-    cache.mkdir(parents=True, exist_ok=True)
     print(f"bootseer sim: compiling the simulator's cores with mypyc into {done} "
           "(once per source version, about a minute)", file=sys.stderr, flush=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=cache))
     try:
-        for rel in _sources(root):
-            (work / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(root / rel, work / rel)
-        hot = sorted({str(p.relative_to(work)) for pattern in HOT for p in work.glob(pattern)})
-        made = subprocess.run([sys.executable, "-m", "mypyc", "--ignore-missing-imports", *hot],
-                              cwd=work, capture_output=True, text=True)
-        if made.returncode != 0:
-            tail = (made.stderr or made.stdout).strip().splitlines()[-3:]
-            raise BuildError("mypyc failed: " + " / ".join(tail))
-        shutil.rmtree(work / "build", ignore_errors=True)
-        (work / ".complete").touch()
+        cache.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=cache))
         try:
-            work.rename(done)
-        except OSError:
-            if not (done / ".complete").exists():  # not a build made at the same time
-                raise
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+            _compile(root, work)
+            try:
+                work.rename(done)
+            except OSError:
+                if not (done / ".complete").exists():  # not a build made at the same time
+                    raise
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    except OSError as exc:
+        raise BuildError(f"cannot write the build in {cache}: {exc.strerror or exc}") from None
     _prune(cache, keep=done)
     return done
 
 
+def _compile(root: Path, work: Path) -> None:
+    """Copy the packages into `work` and compile `HOT` there, in place."""
+    for rel in _sources(root):
+        (work / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(root / rel, work / rel)
+    hot = sorted({str(p.relative_to(work)) for pattern in HOT for p in work.glob(pattern)})
+    made = subprocess.run([sys.executable, "-m", "mypyc", "--ignore-missing-imports", *hot],
+                          cwd=work, capture_output=True, text=True)
+    if made.returncode != 0:
+        tail = (made.stderr or made.stdout).strip().splitlines()[-3:]
+        raise BuildError("mypyc failed: " + " / ".join(tail))
+    for scratch in ("build", ".mypy_cache"):  # the C sources and mypy's cache: 15 MB
+        shutil.rmtree(work / scratch, ignore_errors=True)
+    (work / ".complete").touch()
+
+
 def _prune(cache: Path, keep: Path, builds: int = 3) -> None:
-    """Keep the newest few builds (each about 20 MB): older sources are rarely run again."""
+    """Keep the newest few builds (a few MB each): older sources are rarely run again."""
     made = sorted((p for p in cache.iterdir() if (p / ".complete").exists() and p != keep),
                   key=lambda p: p.stat().st_mtime, reverse=True)
     for old in made[builds - 1:]:

@@ -96,3 +96,14 @@ def test_without_a_c_compiler_the_run_says_so_and_runs_as_python(
     assert "cannot build the compiled engine (mypyc failed" in err
     assert "Traceback" not in err
     assert list((tmp_path / "cache/sim-compiled").iterdir()) == []  # nothing half-built
+
+
+def test_an_unwritable_cache_is_said_and_the_run_goes_on_as_python(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("BOOTSEER_CACHE", str(tmp_path / "file" / "cache"))
+    summary, err = _run(tmp_path, capfd, "nocache", BASE.replace("nodes = 24", "nodes = 8"))
+    assert summary["engine"] == "python"
+    assert f"cannot write the build in {tmp_path / 'file'}" in err
+    assert "Traceback" not in err
