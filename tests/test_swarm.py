@@ -33,6 +33,7 @@ from p2p.swarm.events import (
     WantedAll,
     Withdraw,
 )
+from p2p.swarm.policy import RarestFirst
 
 A, B, C = PeerId("a"), PeerId("b"), PeerId("c")
 
@@ -75,6 +76,21 @@ def test_rarest_chunk_is_requested_next(seed: int) -> None:
     join(s, B, "1100")  # no free slot yet
     [(_, second)] = requests(s.handle(ChunkArrived(first, C, ok=True), 1.0))
     assert second in {2, 3} - {first}  # held by C alone, while 0 and 1 are held by both
+
+
+@pytest.mark.parametrize("chunks,limit", [(1, 1), (16, 4), (64, 16), (64, 64), (1024, 64),
+                                          (1024, 1), (5, 0)])
+def test_rarest_first_takes_the_same_chunks_and_draws_on_both_of_its_paths(
+        chunks: int, limit: int) -> None:
+    """It sorts, or keeps a heap when few of many are wanted: either way what the simulator
+    and the agents compute must not depend on which (the draws included)."""
+    avail = [random.Random(chunks).randrange(6) for _ in range(chunks)]
+    ours, theirs = random.Random(7), random.Random(7)
+    got = RarestFirst().order(list(range(chunks)), avail, limit, ours)
+    want = sorted(range(chunks), key=lambda c: (avail[c], theirs.random()))[:limit] \
+        if limit else []
+    assert got == want
+    assert ours.random() == theirs.random()
 
 
 def test_demand_goes_before_rarest() -> None:
