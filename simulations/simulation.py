@@ -138,7 +138,7 @@ class Simulation:
         self._origin_asked: dict[tuple[int, int], int] = {}  # (node, content) -> chunk mask
         self._transfers: dict[tuple[int, int, int, int], Transfer] = {}
         self._by_flow: dict[int, Transfer] = {}
-        # (sender, content, chunk) -> relays whose bytes are in, waiting for its fetch
+        # (sender, content, chunk) -> relays waiting for the sender's fetch to end
         self._relays: dict[tuple[int, int, int], list[Transfer]] = {}
         self.unfinished = scenario.nodes  # live nodes that still lack something
         self.last_progress = 0.0
@@ -496,8 +496,9 @@ class Simulation:
         swarm = src.swarms.get(transfer.content)
         if src.alive and swarm is not None and not swarm.held(transfer.chunk) \
                 and src.origin_pending[transfer.content] >> transfer.chunk & 1:
-            transfer.stage = RELAYING
-            self._start_flow(transfer, self.top.peer_links(transfer.src, transfer.dst))
+            transfer.stage = RELAYING  # sent when the fetch ends (simulations.node.RELAYING)
+            self._relays.setdefault((transfer.src, transfer.content, transfer.chunk),
+                                    []).append(transfer)
             return
         if not src.alive or swarm is None or not swarm.held(transfer.chunk):
             self._untrack(transfer)
@@ -575,7 +576,9 @@ class Simulation:
         key = (transfer.dst, transfer.content, transfer.chunk)
         self.nodes[transfer.dst].origin_pending[transfer.content] &= ~(1 << transfer.chunk)
         for relayed in self._relays.pop(key, ()):
-            self._relay_failed(relayed)
+            if not relayed.cancelled:
+                self._untrack(relayed)
+                self._relay_failed(relayed)
 
     def _cancel_arrived(self, transfer: Transfer) -> None:
         """The sender skips a cancelled request unless its piece is going out (p2p.link)."""
@@ -610,23 +613,11 @@ class Simulation:
                 dst.counters.down_same_rack += nbytes
             else:
                 dst.counters.down_cross_rack += nbytes
-            if transfer.stage == RELAYING and not src.swarms[c].held(chunk):
-                self._relay_done(transfer)
-                return
         self._arrived(transfer)
         if transfer.src == ORIGIN:
             for relayed in self._relays.pop((transfer.dst, c, chunk), ()):
-                self._arrived(relayed)
-
-    def _relay_done(self, transfer: Transfer) -> None:
-        """A relay's bytes are in before its sender's own fetch ends: wait for that,
-        or fail it if the fetch failed (the sender then rejects it)."""
-        src = self.nodes[transfer.src]
-        if src.origin_pending[transfer.content] >> transfer.chunk & 1:
-            key = (transfer.src, transfer.content, transfer.chunk)
-            self._relays.setdefault(key, []).append(transfer)
-        else:
-            self._relay_failed(transfer)
+                if not relayed.cancelled:
+                    self._start_flow(relayed, self.top.peer_links(relayed.src, relayed.dst))
 
     def _relay_failed(self, transfer: Transfer) -> None:
         if not transfer.orphan:

@@ -253,3 +253,27 @@ def test_a_late_piece_of_a_chunk_already_held_counts_as_wasted() -> None:
         received = c.down_same_rack + c.down_cross_rack + c.down_origin
         needed = sum(sim.contents[i].size for i in node.needs)
         assert received - needed <= c.wasted_down + 1e-6, node.index
+
+
+def test_a_relay_is_sent_once_its_sender_has_the_chunk_from_the_origin() -> None:
+    """The model's relays are the late bound of the agent's (simulations.node.RELAYING):
+    asked for while the sender fetches, their bytes move once the fetch has ended."""
+    sim = Simulation(scenario())
+    fetched: dict[tuple[int, int, int], float] = {}
+    relays: list[tuple[tuple[int, int, int], float]] = []
+    start, arrived = sim._start_flow, sim._arrived
+
+    def starting(transfer, links):  # type: ignore[no-untyped-def]
+        if transfer.stage == RELAYING:
+            relays.append(((transfer.src, transfer.content, transfer.chunk), sim.loop.now))
+        start(transfer, links)
+
+    def landed(transfer):  # type: ignore[no-untyped-def]
+        if transfer.src < 0:
+            fetched[transfer.dst, transfer.content, transfer.chunk] = sim.loop.now
+        arrived(transfer)
+    sim._start_flow = starting  # type: ignore[method-assign]
+    sim._arrived = landed  # type: ignore[method-assign]
+    assert sim.run() == "complete"
+    assert relays
+    assert all(key in fetched and fetched[key] <= t for key, t in relays)
