@@ -132,6 +132,5 @@ def run_child(build_dir: Path, argv: list[str]) -> int:
     """`bootseer ARGV` with the compiled build first on the import path; its exit status."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(build_dir), *filter(None, [os.environ.get("PYTHONPATH")])]))
-    code = "import sys; from p2p.cli import main; sys.exit(main(sys.argv[1:]))"
     # -P: the working directory (a checkout, perhaps) must not come before the build.
-    return subprocess.run([sys.executable, "-P", "-c", code, *argv], env=env).returncode
+    return subprocess.run([sys.executable, "-P", "-m", "p2p", *argv], env=env).returncode
