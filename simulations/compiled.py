@@ -11,8 +11,9 @@ requires the same per-node results.
 
 A build is keyed by a digest of every file it copies, the Python version and
 mypyc's, and kept under the cache directory (`BOOTSEER_CACHE`, else
-`~/.cache/bootseer`). It is made once per source version, in about a minute on
-two cores, and reused; an edited file gives a new key, never a stale module.
+`$XDG_CACHE_HOME/bootseer`, else `~/.cache/bootseer`). It is made once per
+source version, in about a minute on two cores, and reused; an edited file
+gives a new key, never a stale module.
 When it cannot be made (no C compiler, no Python headers) the run says why and
 goes on in plain Python.
 """
@@ -53,7 +54,10 @@ def source_root() -> Path:
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("BOOTSEER_CACHE") or Path.home() / ".cache" / "bootseer"
+    """`BOOTSEER_CACHE`, else the user's cache directory as the sample images use it
+    (`fusefs.image.debian`: `XDG_CACHE_HOME`, else ~/.cache), then bootseer/."""
+    base = os.environ.get("BOOTSEER_CACHE") or Path(
+        os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "bootseer"
     return Path(base) / "sim-compiled"
 
 
