@@ -110,6 +110,7 @@ from p2p.swarm.node import (
     SwarmActions,
     WakeReaders,
 )
+from p2p.swarm.uploads import request_rank
 from p2p.tracker_client import (
     UNREACHABLE,
     AnnounceReply,
@@ -160,7 +161,8 @@ class Agent:
         peer = PeerId(self.config.resolved_peer_id(self.port))
         self.me = PeerInfo(peer, f"{self.config.host}:{self.port}", self.config.rack)
         self._conns.start(self.me)
-        self.node = Node(self.config.announce_interval_s, self._loop.time())
+        self.node = Node(self.config.announce_interval_s, self._loop.time(),
+                         line_Bps=self.config.line_Bps)
         self._rearm_node()
         for manifest in self.store.known():
             try:  # seed what survived a restart; whoever still wants it all asks again
@@ -635,9 +637,15 @@ class Agent:
     def on_cancelled(self) -> None:
         self.metrics.requests_cancelled.inc()
 
-    def upload_rank(self, peer: PeerId, content: ContentId) -> int:
+    def upload_rank(self, peer: PeerId, content: ContentId, due_ms: int) -> int:
         session = self.sessions.get(content)
-        return 0 if session is None else session.swarm.peer_progress(peer)
+        held = 0 if session is None else session.swarm.peer_progress(peer)
+        return request_rank(self.config.upload_order, held, due_ms)
+
+    def request_due_ms(self) -> int:
+        now = self._loop.time()
+        ahead = round((self.node.due(now) - now) * 1000)
+        return max(-wire.MAX_DUE_MS, min(ahead, wire.MAX_DUE_MS))
 
     def chunk_count(self, content: ContentId) -> int | None:
         session = self.sessions.get(content)

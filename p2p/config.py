@@ -19,6 +19,7 @@ from typing import Any
 
 from p2p.content import GiB
 from p2p.swarm import SwarmConfig
+from p2p.swarm.node import DEFAULT_LINE_BPS
 from p2p.swarm.uploads import UPLOAD_ORDER, UPLOAD_ORDERS, UPLOAD_SLOTS
 
 
@@ -44,7 +45,9 @@ class AgentConfig:
     origin_concurrency: int = 4  # concurrent reads per origin from this node
     upload_slots: int = UPLOAD_SLOTS  # pieces sent at once, over all peers
     upload_order: str = UPLOAD_ORDER  # which waiting piece gets a free slot: the one
-    #                                       for the peer furthest behind, or "fifo"
+    #                   for the peer furthest behind its line rate (p2p.swarm.uploads)
+    line_mbps: float | None = None  # the rate our requests' due assumes (MB/s): default
+    #                                 download_mbps if set, else 3125 (25 Gbit/s)
     max_connections: int = 1024  # peer connections, authenticating or not, at once
     max_handshakes: int = 64  # unauthenticated peer connections at once (8 per address)
     announce_interval_s: float = 2.0  # until the tracker says otherwise
@@ -54,6 +57,14 @@ class AgentConfig:
         if self.upload_order not in UPLOAD_ORDERS:
             raise ValueError(f"upload_order {self.upload_order!r} is not one of "
                              f"{', '.join(UPLOAD_ORDERS)}")
+        if self.line_mbps is not None and not self.line_mbps > 0:
+            raise ValueError(f"line_mbps must be positive, got {self.line_mbps}")
+
+    @property
+    def line_Bps(self) -> float:
+        """The line rate our requests' due assumes (p2p.swarm.node.Node.due)."""
+        rate = self.line_mbps or self.download_mbps
+        return rate * 1e6 if rate else DEFAULT_LINE_BPS
 
     @property
     def store_budget_bytes(self) -> int:

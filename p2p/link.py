@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import logging
 import os
@@ -64,6 +65,11 @@ from p2p.wire import (
 
 log = logging.getLogger(__name__)
 MAX_QUEUED_UPLOADS = 64  # requests a peer may have waiting at our side
+
+
+def _now_ms() -> int:
+    """Our clock for dues (p2p.swarm.uploads), in ms: the loop's, as the node core's."""
+    return round(asyncio.get_running_loop().time() * 1000)
 
 
 class UploadGate:
@@ -122,7 +128,15 @@ class LinkOwner(Protocol):
     def on_relayed(self, result: str) -> None: ...
     def on_cancelled(self) -> None: ...
     def chunk_count(self, content: ContentId) -> int | None: ...
-    def upload_rank(self, peer: PeerId, content: ContentId) -> int: ...
+    def upload_rank(self, peer: PeerId, content: ContentId, due_ms: int) -> int:
+        """The rank in our upload slots of `peer`'s request for `content` whose due is
+        `due_ms` on our clock (p2p.swarm.uploads.request_rank)."""
+        ...
+
+    def request_due_ms(self) -> int:
+        """Our node's due less now, in ms: what our next Request carries."""
+        ...
+
     def link_ending(self, link: Link, reason: str, hostile: bool) -> None: ...
     def link_closed(self, link: Link, reason: str, hostile: bool) -> None: ...
 
@@ -141,7 +155,8 @@ class Link:
         self._asked: dict[int, tuple[ContentId, int]] = {}
         self._by_chunk: dict[tuple[ContentId, int], int] = {}
         self._sent: set[int] = set()  # our requests on the wire, not answered yet
-        self._uploads: asyncio.Queue[Request] = asyncio.Queue()
+        # The peer's requests, each with its due in ms on our clock (p2p.swarm.uploads).
+        self._uploads: asyncio.Queue[tuple[Request, int]] = asyncio.Queue()
         self._queued: set[int] = set()  # the peer's requests in _uploads, by its ids
         self._withdrawn: set[int] = set()  # ... of which it cancelled these
         self._tasks: list[asyncio.Task[None]] = []
@@ -199,7 +214,7 @@ class Link:
         await download.acquire(nbytes)
         if msg.req in self._asked:  # not cancelled while waiting
             self._sent.add(msg.req)
-            await self._send(msg)
+            await self._send(dataclasses.replace(msg, due_ms=self._owner.request_due_ms()))
 
     def cancel(self, content: ContentId, chunk: int) -> int | None:
         """Forget a request; if it went out, ask the peer to skip it. Its piece, if it
@@ -239,7 +254,7 @@ class Link:
             case Request():
                 if self._uploads.qsize() + len(self._relays) >= MAX_QUEUED_UPLOADS:
                     raise RemoteProtocolError(f"more than {MAX_QUEUED_UPLOADS} queued requests")
-                self._uploads.put_nowait(msg)
+                self._uploads.put_nowait((msg, _now_ms() + msg.due_ms))
                 self._queued.add(msg.req)
             case Cancel():
                 if msg.req in self._queued:  # else it is being sent, or was: too late
@@ -269,14 +284,16 @@ class Link:
 
     async def _upload_loop(self) -> None:
         while not self._closed:
-            req = await self._uploads.get()
+            req, due_ms = await self._uploads.get()
             if self._withdrawn_now(req, final=False):
                 continue
             content = ContentId(req.content)
+            rank = self._owner.upload_rank(self.peer, content, due_ms)
             filling = self._owner.relay_source(content, req.chunk)
             if filling is not None:  # still arriving from the origin: relay it beside us
-                task = asyncio.create_task(self._supervised(self._relay(req, filling.acquire())),
-                                           name=f"relay {self.peer}")
+                task = asyncio.create_task(
+                    self._supervised(self._relay(req, rank, filling.acquire())),
+                    name=f"relay {self.peer}")
                 self._relays.add(task)
                 task.add_done_callback(self._relays.discard)
                 continue
@@ -286,7 +303,7 @@ class Link:
                 await self._send(Reject(content=content, chunk=req.chunk, req=req.req,
                                         reason=opened))
             else:
-                await self._send_chunk(req, *opened)
+                await self._send_chunk(req, rank, *opened)
 
     def _withdrawn_now(self, req: Request, final: bool) -> bool:
         """Whether the peer cancelled `req` (then it is skipped, and counted). After the
@@ -323,10 +340,10 @@ class Link:
             log.exception("cannot serve %s/%d to %s", content, chunk, self.peer)
             return f"store error: {exc}"[:200]
 
-    async def _send_chunk(self, req: Request, fd: int, length: int) -> None:
+    async def _send_chunk(self, req: Request, rank: int, fd: int, length: int) -> None:
         content = ContentId(req.content)
         try:
-            async with self._upload_slots.slot(self._owner.upload_rank(self.peer, content)):
+            async with self._upload_slots.slot(rank):
                 if self._withdrawn_now(req, final=True):
                     return  # (the fd is closed below)
                 await self.conn.send_piece(content, req.chunk, req.req, fd, 0, length,
@@ -344,9 +361,8 @@ class Link:
         finally:
             os.close(fd)
 
-    async def _relay(self, req: Request, filling: Filling) -> None:
+    async def _relay(self, req: Request, rank: int, filling: Filling) -> None:
         content = ContentId(req.content)
-        rank = self._owner.upload_rank(self.peer, content)
 
         async def send(off: int, data: memoryview) -> None:
             async with self._upload_slots.slot(rank):

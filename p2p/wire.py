@@ -46,7 +46,7 @@ import msgpack
 
 from p2p.content import MAX_CHUNK_SIZE, KiB, ManifestError, check_content_id
 
-PROTOCOL_VERSION = 3  # 2: Cancel, Withdraw; 3: Piece.off (relays)
+PROTOCOL_VERSION = 4  # 2: Cancel, Withdraw; 3: Piece.off (relays); 4: Request.due_ms
 PREFIX_SIZE = 4
 MAX_HEADER = 64 * KiB
 NONCE_SIZE = 16
@@ -55,6 +55,7 @@ MAX_NAME = 256  # peer ids, content ids, addresses, racks
 MAX_REASON = 1024
 MAX_INDEX = 2**32 - 1  # chunk indices and request ids
 MAX_FIELDS = 16  # keys in one header map
+MAX_DUE_MS = 86_400_000  # a day either way
 
 
 class RemoteProtocolError(Exception):
@@ -261,15 +262,19 @@ class Withdraw(_Codec):
 
 @dataclass(frozen=True, slots=True)
 class Request(_Codec):
-    """Send me chunk `chunk` of `content`; `req` is my id for this request."""
+    """Send me chunk `chunk` of `content`; `req` is my id for this request. `due_ms` is
+    my node's due (p2p.swarm.node.Node.due) less the time of sending, in ms: negative
+    when I am behind my line rate. The sender's upload order may use it."""
 
     TYPE: ClassVar[str] = "req"
     content: str
     chunk: int
     req: int
+    due_ms: int = 0
 
     def __post_init__(self) -> None:
         _check_ref(self.content, self.chunk, self.req)
+        _check_uint("due_ms", self.due_ms, MAX_DUE_MS, -MAX_DUE_MS)
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from p2p.content import PeerId
 from p2p.ratelimit import BURST_BYTES, TokenBucket
 from p2p.swarm import Swarm
-from p2p.swarm.node import Node
+from p2p.swarm.node import DEFAULT_LINE_BPS, Node
 from p2p.swarm.uploads import UPLOAD_ORDER, UPLOAD_SLOTS, UploadSlots
 
 ORIGIN = -1  # the `src` of a transfer from an origin
@@ -67,8 +67,8 @@ class AgentSpec:
 
 
 class Transfer:
-    __slots__ = ("cancelled", "chunk", "content", "dst", "flow", "nbytes", "origin", "orphan",
-                 "src", "stage")
+    __slots__ = ("cancelled", "chunk", "content", "dst", "due_ms", "flow", "nbytes", "origin",
+                 "orphan", "src", "stage")
 
     def __init__(self, dst: int, content: int, src: int, chunk: int, nbytes: int,
                  origin: int = -1) -> None:
@@ -78,6 +78,7 @@ class Transfer:
         self.stage = TRAVELLING
         self.cancelled = False  # a connection broke: nothing more happens
         self.orphan = False  # the receiver cancelled it: bytes still move, then are dropped
+        self.due_ms = 0  # its receiver's due when the request went out (p2p.swarm.uploads)
 
     @property
     def key(self) -> TransferKey:
@@ -203,7 +204,8 @@ class SimNode:
     def __init__(self, index: int, rack_index: int, needs: tuple[int, ...], start_s: float,
                  fail_s: float | None, announce_interval_s: float,
                  agent: AgentSpec = AgentSpec(),
-                 upload_rank: Callable[[Transfer], int] = lambda t: 0) -> None:
+                 upload_rank: Callable[[Transfer], int] = lambda t: 0,
+                 line_Bps: float = DEFAULT_LINE_BPS) -> None:
         self.index = index
         self.peer = PeerId(f"n{index:06d}")
         self.rack_index = rack_index
@@ -213,7 +215,8 @@ class SimNode:
         self.fail_s = fail_s
         self.alive = False
         self.swarms: dict[int, Swarm] = {}
-        self.core = Node(announce_interval_s, start_s, timer_slack_s=TIMER_SLACK_S)
+        self.core = Node(announce_interval_s, start_s, timer_slack_s=TIMER_SLACK_S,
+                         line_Bps=line_Bps)
         self.wakes: set[float] = set()  # when the core (and so its swarms) will be woken
         self.origin_pending: dict[int, int] = {}  # content -> mask of chunks from the origin
         self.transfers: dict[Transfer, None] = {}  # as sender or receiver, in start order

@@ -98,6 +98,7 @@ from p2p.swarm.node import (
     SwarmActions,
     WakeReaders,
 )
+from p2p.swarm.uploads import request_rank
 from simulations.cpu import CpuPool
 from simulations.engine import Loop
 from simulations.network import Flows, Origin, Topology
@@ -127,8 +128,12 @@ class Simulation:
         self.tracker = SimTracker(scenario.tracker, self.strategy.handout,
                                   random.Random(f"{scenario.seed}/tracker"))
         interval = scenario.tracker.announce_interval_s
+        cap = scenario.agent.download_cap_Bps
+        line = scenario.network.nic_down_Bps if cap is None \
+            else min(cap, scenario.network.nic_down_Bps)
+        self._order = scenario.agent.upload_order
         self.nodes = [SimNode(i, self.top.rack_of[i], self.plan.needs[i], self.plan.start_s[i],
-                              self.plan.fail_s[i], interval, scenario.agent, self._progress)
+                              self.plan.fail_s[i], interval, scenario.agent, self._rank, line)
                       for i in range(scenario.nodes)]
         self._index = {node.peer: node.index for node in self.nodes}
         self._content_index = {content.id: c for c, content in enumerate(self.contents)}
@@ -220,10 +225,12 @@ class Simulation:
                 self._node_do(node, node.core.start(self.contents[c].id, now))
         self._arm(node)
 
-    def _progress(self, transfer: Transfer) -> int:
-        """A request's rank for its sender's upload slots: chunks its receiver holds."""
+    def _rank(self, transfer: Transfer) -> int:
+        """A request's rank for its sender's upload slots (p2p.swarm.uploads): the due
+        its receiver gave it, or the chunks its receiver holds."""
         swarm = self.nodes[transfer.dst].swarms.get(transfer.content)
-        return 0 if swarm is None else swarm.have.bit_count()
+        held = 0 if swarm is None else swarm.have.bit_count()
+        return request_rank(self._order, held, transfer.due_ms)
 
     # ---- the node core: announces --------------------------------------------------
 
@@ -477,6 +484,7 @@ class Simulation:
         if wait > 0:
             self.loop.after(wait, self._request_paced, transfer)
         else:
+            transfer.due_ms = int(1000 * node.core.due(self.loop.now))
             self.loop.after(self.top.latency(n, p), self._request_arrived, transfer)
 
     def _request_paced(self, transfer: Transfer) -> None:
@@ -486,6 +494,7 @@ class Simulation:
         if transfer.orphan:
             self._untrack(transfer)
             return
+        transfer.due_ms = int(1000 * self.nodes[transfer.dst].core.due(self.loop.now))
         latency = self.top.latency(transfer.dst, transfer.src)
         self.loop.after(latency, self._request_arrived, transfer)
 

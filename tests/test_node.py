@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from p2p.content import ContentId, PeerId
 from p2p.swarm import Swarm, SwarmConfig
 from p2p.swarm.events import (
@@ -341,3 +343,31 @@ def test_a_swarm_that_aborts_is_left_by_the_node() -> None:
     assert isinstance(actions[0], SwarmActions) and type(actions[0].actions[-1]) is Abort
     assert n.remove(X) == []  # gone already: the caller's own remove is harmless
     assert n.swarm_event(X, found(A), 3.0) == []
+
+
+# ---- the node's due (p2p.swarm.uploads: earliest_due) ----------------------------
+
+def test_due_is_the_launch_start_plus_what_is_held_at_the_line_rate() -> None:
+    n = Node(INTERVAL, now=0.0, line_Bps=100.0)  # one 100-byte chunk a second
+    assert n.due(3.0) == 3.0  # nothing to fetch: due now
+    n.add(X, swarm("0000"), 10.0)
+    assert n.due(12.0) == 10.0  # started at 10, holds nothing: 2 s behind at 12
+    n.add(Y, swarm("1100"), 11.0)  # added later, holding 200 bytes: they count
+    assert n.due(12.0) == 12.0
+
+
+def test_due_forgets_finished_launches_and_lazy_contents() -> None:
+    n = Node(INTERVAL, now=0.0, line_Bps=100.0)
+    n.add(X, swarm("11"), 0.0)  # finished long ago
+    lazy = Swarm(PeerId("me"), "r1", 2, [False, False], 100, SwarmConfig(),
+                 random.Random(1), now=0.0, lazy=True)
+    n.add(ContentId("mount"), lazy, 1.0)  # a mount: fetches what is read, for hours
+    n.add(Y, swarm("100"), 50.0)
+    assert n.due(60.0) == 51.0  # from Y's start, Y's one chunk: X and the mount left out
+    n.remove(Y)
+    assert n.due(60.0) == 60.0
+
+
+def test_a_node_core_needs_a_positive_line_rate() -> None:
+    with pytest.raises(ValueError, match="line rate"):
+        Node(INTERVAL, now=0.0, line_Bps=0.0)

@@ -277,3 +277,21 @@ def test_a_relay_is_sent_once_its_sender_has_the_chunk_from_the_origin() -> None
     assert sim.run() == "complete"
     assert relays
     assert all(key in fetched and fetched[key] <= t for key, t in relays)
+
+
+def test_earliest_due_serves_the_first_starters_before_each_new_arrival() -> None:
+    """Nodes starting over 3 s: neediest first keeps serving the newest arrival, and
+    the first starters finish last; earliest due serves whoever is furthest behind its
+    line rate (p2p.swarm.uploads)."""
+    text = (BASE.replace('start_jitter = "500ms"', 'start_jitter = "3s"')
+            .replace("nodes = 24", "nodes = 120").replace("hot_fraction = 0.25\n", ""))
+    results = {}
+    for order in ("neediest_first", "earliest_due"):
+        sim, stop, summary = run(scenario(f'\n[agent]\nupload_order = "{order}"\n', text=text))
+        assert stop == "complete"
+        first = sorted(sim.nodes, key=lambda n: n.start_s)[:12]
+        slowest_first = max(n.complete_s - n.start_s for n in first)  # type: ignore[operator]
+        results[order] = (summary["p99"], slowest_first)
+    (p99_needy, first_needy), (p99_due, first_due) = results.values()
+    assert p99_due < 0.7 * p99_needy  # type: ignore[operator]
+    assert first_due < 0.7 * first_needy

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from p2p.swarm.uploads import UploadSlots
+from p2p.swarm.uploads import UploadSlots, request_rank
 from simulations.node import (
     QUEUED,
     READY,
@@ -58,6 +58,18 @@ def test_neediest_first_gives_a_free_slot_to_the_requester_furthest_behind() -> 
     assert [slots.done(), slots.done(), slots.done()] == ["behind", "also-behind",
                                                            "nearly-done"]
     assert slots.done() is None and slots.busy == 0
+
+
+def test_earliest_due_ranks_by_the_due_a_request_carries_not_by_chunks_held() -> None:
+    order = "earliest_due"
+    slots: UploadSlots[str] = UploadSlots(1, order)
+    assert slots.ask("first", request_rank(order, held=0, due_ms=0))
+    # started long ago, holds many chunks, but is 2 s behind its line rate ...
+    assert not slots.ask("old", request_rank(order, held=60, due_ms=-2000))
+    # ... goes before one that just started and holds nothing
+    assert not slots.ask("new", request_rank(order, held=0, due_ms=-10))
+    assert [slots.done(), slots.done()] == ["old", "new"]
+    assert request_rank("neediest_first", held=60, due_ms=-2000) == 60
 
 
 def test_fifo_ignores_ranks_and_a_withdrawn_waiter_is_skipped() -> None:

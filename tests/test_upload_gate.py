@@ -63,7 +63,7 @@ def test_an_unknown_upload_order_is_a_config_error_naming_the_key(tmp_path: Path
     bad.write_text('upload_order = "lifo"\n')
     with pytest.raises(ConfigError, match="upload_order 'lifo'"):
         load_agent_config(str(bad), {})
-    assert AgentConfig().upload_order == "neediest_first"
+    assert AgentConfig().upload_order == "earliest_due"
 
 
 async def test_a_slot_freed_while_the_next_waiter_is_being_cancelled_goes_on() -> None:

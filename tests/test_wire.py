@@ -51,6 +51,8 @@ MESSAGES = [
     Pending(C, 2**32 - 1),
     Withdraw(C, 5),
     Request(C, 3, 99),
+    Request(C, 3, 99, -wire.MAX_DUE_MS),
+    Request(C, 3, 99, 1500),
     Piece(C, 3, 99, 0, MAX_CHUNK_SIZE),
     Piece(C, 3, 99, MAX_CHUNK_SIZE - 1, 1),
     Reject(C, 3, 99, "not held"),
@@ -120,6 +122,9 @@ def test_unknown_keys_are_ignored() -> None:
         pack({"t": "piece", "content": C, "chunk": 0, "req": 0, "len": MAX_CHUNK_SIZE + 1}),
         pack({"t": "piece", "content": C, "chunk": 0, "req": 0, "len": 0}),
         pack({"t": "bye", "reason": "x" * 2000}),
+        pack({"t": "req", "content": C, "chunk": 0, "req": 1}),  # no due (protocol 3)
+        pack({"t": "req", "content": C, "chunk": 0, "req": 1, "due_ms": 86_400_001}),
+        pack({"t": "req", "content": C, "chunk": 0, "req": 1, "due_ms": 0.5}),
         pack({1: "have"}),  # int keys
         b"\x00\x00\x00\x03\xa2\xff\xfe",  # invalid utf-8 string
         b"\x00\x00\x00\x06\xc7\x01\x05abc",  # ext type

@@ -23,6 +23,10 @@ so that the asyncio agent and the simulator make them with the same code:
 * Leaving: a content that fails or is evicted is removed (`remove`), which
   tells the tracker we stopped (`Leave`), and is announced no more. A swarm
   that aborts is removed by the node itself.
+* The node's due (`due`), which its requests carry for the senders' upload
+  order (p2p.swarm.uploads, `earliest_due`): when it would hold what it
+  holds of its unfinished contents had it received at its line rate
+  (`line_Bps`: its download cap, or its NIC) since it began wanting them.
 * Reader waiters. A reader blocked on a chunk is woken (`WakeReaders`) when
   the chunk is stored (`ChunkStored`), or at once if it is held already:
   never as a side effect of announcing the chunk to peers.
@@ -178,6 +182,9 @@ class SwarmActions:
 
 NodeAction = AnnounceAll | Leave | WakeReaders | SwarmActions | LinkAction
 
+# The line rate a node's due assumes when its caller knows none (p2p.config: line_mbps).
+DEFAULT_LINE_BPS = 25e9 / 8
+
 # After these events or actions a swarm may have a deadline earlier than the cached
 # one: back-offs of failures and lost peers, retry times of disconnections and reports.
 _MAY_ADVANCE_TIMER = (ChunkFailed, PeerLost)
@@ -203,8 +210,13 @@ class Node:
     """
 
     def __init__(self, announce_interval_s: float, now: float, *,
-                 timer_slack_s: float | None = None) -> None:
+                 timer_slack_s: float | None = None,
+                 line_Bps: float = DEFAULT_LINE_BPS) -> None:
+        if line_Bps <= 0:
+            raise ValueError("the line rate must be positive")
         self._swarms: dict[ContentId, Swarm] = {}
+        self._since: dict[ContentId, float] = {}  # when each content was added
+        self._line_Bps = line_Bps
         self._interval_s = announce_interval_s
         self._due = now  # the next periodic announce: the first one at once
         self._early: float | None = None  # an announce due before `_due`
@@ -223,6 +235,7 @@ class Node:
     def add(self, content: ContentId, swarm: Swarm, now: float) -> None:
         """Swarm on `content` (replacing a previous swarm for it); announced at once."""
         self._swarms[content] = swarm
+        self._since[content] = now
         self._swarm_due.pop(content, None)
         self.links.forget(content)  # a new swarm sends its own Joins
         self._announce_at(now)
@@ -241,9 +254,22 @@ class Node:
         self._waiting.pop(content, None)
         self.links.forget(content)
         self._swarm_due.pop(content, None)
+        self._since.pop(content, None)
         if self._swarms.pop(content, None) is None:
             return []
         return [Leave(content)]
+
+    def due(self, now: float) -> float:
+        """The node's due (module docstring), on the caller's clock. Its launch began
+        when the oldest content it is still fetching was added; what it holds counts
+        every content added since, finished or not (`now` when it fetches none). Lazy
+        contents (mounts, which fetch what is read, for as long as they are mounted)
+        count for neither."""
+        eager = [(self._since[c], swarm) for c, swarm in self._swarms.items()
+                 if not swarm.lazy]
+        start = min((since for since, swarm in eager if swarm.fetching), default=now)
+        held = sum(swarm.held_bytes for since, swarm in eager if since >= start)
+        return start + held / self._line_Bps
 
     # ---- events -----------------------------------------------------------------
 

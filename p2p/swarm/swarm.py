@@ -180,6 +180,11 @@ class Swarm:
     def held(self, chunk: int) -> bool:
         return bool(self._have >> chunk & 1)
 
+    @property
+    def held_bytes(self) -> int:
+        """Bytes held, counting every chunk as full-sized (the last may be shorter)."""
+        return self._have.bit_count() * self._chunk_bytes
+
     def peer_progress(self, peer: PeerId) -> int:
         """Chunks `peer` holds, as far as we know (0 if it is not connected): the rank
         of its requests for our upload slots (p2p.swarm.uploads)."""

@@ -8,13 +8,34 @@ request at the head of a link asks for a slot (`ask`), and waits if none is
 free. When a piece is sent (`done`) the slot goes to one of the waiters,
 chosen by the named order:
 
-- `fifo`: the one that asked first.
+- `earliest_due` (the default): the one whose requester is furthest behind
+  its own line rate. Each request carries its node's *due*
+  (`p2p.swarm.node.Node.due`): the time at which the node would hold what
+  it holds now, had it received at its line rate since it began wanting its
+  unfinished contents. The earliest due goes first, ties to the one that
+  asked first. A node that started long ago and is still short is served
+  before one that just started; a node that has been served well (holding
+  more than its age at line rate would give) waits.
 - `neediest_first`: the one whose requester holds the fewest chunks of the
   content it asks for (its `rank`, as the sender knows it from the peer's
-  haves), ties to the one that asked first. A node that is behind, a late
-  starter or one whose links were slow, gets its pieces before nodes that are
-  nearly done; in the simulated Kraken run this took the slowest node from
-  15.4 s to 11.0 s with a floor of 10 s, without slowing the median.
+  haves), ties to the one that asked first. A late starter gets its pieces
+  before nodes that are nearly done, however long those have waited.
+- `fifo`: the one that asked first.
+
+Measured in the simulator (simulations/RESULTS.md, "Upload order"), on the
+same seeds: when nodes start over several seconds, neediest first keeps
+serving each new arrival ahead of the nodes that started first, and the
+first starters finish last (`launch`, 1,000 nodes, 10 s of start jitter:
+p50 / p99 6.82 / 12.01 s neediest first, 2.59 / 5.64 s earliest due;
+`scale`, 10,000 nodes: 5.10 / 7.40 s against 3.45 / 4.10 s). When they all
+start within a second and every link is capped (`kraken`), neediest first
+spreads new chunks a little faster: p50 10.75 s against 11.28 s, p99
+11.35 s against 11.84 s.
+
+The rank a waiter is queued with is fixed when it asks; a due is a point in
+time (on the sender's clock: a request carries it relative to its sending),
+so a request that waits long keeps its place rather than being passed by
+later ones.
 
 The agent's links (p2p.link) and the simulator's model of them
 (simulations.node.Uploads) drive the same `UploadSlots`: the caller passes
@@ -30,10 +51,17 @@ from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
 
-UPLOAD_ORDERS = ("neediest_first", "fifo")
+UPLOAD_ORDERS = ("earliest_due", "neediest_first", "fifo")
 # The agent's defaults (p2p.config.AgentConfig), which the simulator models (AgentSpec).
 UPLOAD_SLOTS = 4  # pieces sent at once, over all peers
-UPLOAD_ORDER = "neediest_first"
+UPLOAD_ORDER = "earliest_due"
+
+
+def request_rank(order: str, held: int, due_ms: int) -> int:
+    """A request's rank for `UploadSlots` in the named order: its requester's due (ms,
+    on the sender's clock) for `earliest_due`, else the chunks the sender knows it holds
+    of the content (`fifo` ignores ranks)."""
+    return due_ms if order == "earliest_due" else held
 
 
 class UploadSlots(Generic[K]):
