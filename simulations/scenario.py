@@ -17,7 +17,9 @@ Layout (see simulations/scenarios/*.toml for complete examples):
     [tracker]  handout_limit, announce_interval, peer_ttl, origin_fetchers
     [agent]    upload_slots, upload_order, upload_cap, download_cap, burst: the agent's
                settings of those names (caps are bandwidths; absent = no cap);
-               cancel_on_wire = false models wire protocol 1 (see AgentSpec)
+               cancel_on_wire = false models wire protocol 1 (see AgentSpec); a
+               node's line rate, which its requests' due assumes, is its
+               download cap, else its NIC (the agent's line_mbps)
     [swarm]    overrides of p2p.swarm.SwarmConfig fields; "_s" fields drop
                the suffix and take a duration (request_timeout = "15s"):
                origin_patience, appointed_patience and settle among them

@@ -65,6 +65,7 @@ class HostileLog:
     joined: set[PeerId] = field(default_factory=set)  # authenticated and sent Join
     garbage_sent: Counter[PeerId] = field(default_factory=Counter)  # bad pieces, per peer
     ignored: Counter[PeerId] = field(default_factory=Counter)  # requests left unanswered
+    dues: list[int] = field(default_factory=list)  # the due_ms of every request, in order
     closed_by_peer: dict[PeerId, str] = field(default_factory=dict)  # who hung up on us, why
 
 
@@ -190,10 +191,12 @@ class HostilePeer:
             case Join():
                 self.log.joined.add(peer)
                 await conn.send(Join(m.content_id, wire.pack_bits([True] * m.chunks), ()))
-            case Request(content, chunk, req) if content == m.content_id and \
+            case Request(content, chunk, req, due_ms) if content == m.content_id and \
                     self.pieces == "silent":
+                self.log.dues.append(due_ms)
                 self.log.ignored[peer] += 1
-            case Request(content, chunk, req) if content == m.content_id:
+            case Request(content, chunk, req, due_ms) if content == m.content_id:
+                self.log.dues.append(due_ms)
                 length = m.chunk_length(chunk)
                 if self.pieces == "whole":
                     await conn.send_piece(content, chunk, req, self._garbage, 0, length)

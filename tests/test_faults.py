@@ -316,6 +316,10 @@ async def test_peer_serving_garbage_is_dropped_reported_and_no_bad_byte_is_kept(
 
         fooled = set(hostile.log.garbage_sent)
         assert fooled, f"no agent asked the hostile peer for a chunk: {hostile.log}"
+        # Requests carry their node's due, relative to their sending (p2p.swarm.uploads):
+        # seconds, not the default 0, and never a clock's absolute reading.
+        dues = hostile.log.dues
+        assert any(dues) and all(abs(d) < 60_000 for d in dues), dues
 
         async def all_hung_up() -> bool:
             return fooled <= set(hostile.log.closed_by_peer)

@@ -26,11 +26,13 @@ Measured in the simulator (simulations/RESULTS.md, "Upload order"), on the
 same seeds: when nodes start over several seconds, neediest first keeps
 serving each new arrival ahead of the nodes that started first, and the
 first starters finish last (`launch`, 1,000 nodes, 10 s of start jitter:
-p50 / p99 6.82 / 12.01 s neediest first, 2.59 / 5.64 s earliest due;
-`scale`, 10,000 nodes: 5.10 / 7.40 s against 3.45 / 4.10 s). When they all
+p50 / p99 6.82 / 12.01 s neediest first, 2.54 / 5.86 s earliest due;
+`scale`, 10,000 nodes: 5.10 / 7.40 s against 3.45 / 4.13 s). When they all
 start within a second and every link is capped (`kraken`), neediest first
-spreads new chunks a little faster: p50 10.75 s against 11.28 s, p99
-11.35 s against 11.84 s.
+spreads new chunks a little faster: p50 10.75 s against 11.33 s, p99
+11.35 s against 11.93 s (a node behind its due cannot catch up there, and
+serving it first starves the newest arrivals, which hold nothing to serve
+yet).
 
 The rank a waiter is queued with is fixed when it asks; a due is a point in
 time (on the sender's clock: a request carries it relative to its sending),
