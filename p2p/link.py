@@ -9,7 +9,9 @@ rate, and they can relay it sooner than if every requester got a thin
 share), and picks which waiting piece goes next: by default the one for the
 peer furthest behind its line rate (`p2p.swarm.uploads`, the same core the
 simulator runs). Our Requests carry our node's due for that, stamped when
-the download budget lets them go out; a peer's due is kept on our clock.
+the download budget lets them go out; a peer's due is kept on our clock. A
+peer that lies about its due (the wire bounds it to a day) moves its own
+requests up our queue, no more: it still has one piece at a time per link.
 A request for a chunk we are still fetching from the origin is relayed
 (p2p.relay): a task beside the uploader sends its bytes as they arrive, in
 several Pieces, each under the same limit and slots.
