@@ -66,6 +66,17 @@ def test_an_unknown_upload_order_is_a_config_error_naming_the_key(tmp_path: Path
     assert AgentConfig().upload_order == "earliest_due"
 
 
+def test_the_line_rate_of_the_due_defaults_to_the_download_cap_and_must_be_positive(
+        tmp_path: Path) -> None:
+    assert AgentConfig().line_Bps == 25e9 / 8
+    assert AgentConfig(download_mbps=50).line_Bps == 50e6
+    assert AgentConfig(download_mbps=50, line_mbps=1250).line_Bps == 1250e6
+    bad = tmp_path / "agent.toml"
+    bad.write_text("line_mbps = 0\n")
+    with pytest.raises(ConfigError, match="line_mbps must be positive"):
+        load_agent_config(str(bad), {})
+
+
 async def test_a_slot_freed_while_the_next_waiter_is_being_cancelled_goes_on() -> None:
     hold, send = one_slot()
     owner = asyncio.create_task(send())
