@@ -484,8 +484,7 @@ class Simulation:
         if wait > 0:
             self.loop.after(wait, self._request_paced, transfer)
         else:
-            transfer.due_ms = int(1000 * node.core.due(self.loop.now))
-            self.loop.after(self.top.latency(n, p), self._request_arrived, transfer)
+            self._request_sent(transfer)
 
     def _request_paced(self, transfer: Transfer) -> None:
         """The download budget has room: the request goes out, unless cancelled meanwhile."""
@@ -494,6 +493,10 @@ class Simulation:
         if transfer.orphan:
             self._untrack(transfer)
             return
+        self._request_sent(transfer)
+
+    def _request_sent(self, transfer: Transfer) -> None:
+        """The request leaves its node, carrying the node's due (p2p.swarm.uploads)."""
         transfer.due_ms = int(1000 * self.nodes[transfer.dst].core.due(self.loop.now))
         latency = self.top.latency(transfer.dst, transfer.src)
         self.loop.after(latency, self._request_arrived, transfer)
