@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import random
@@ -480,8 +481,9 @@ class Agent:
 
     def _join_msg(self, session: Session) -> Join:
         have = [session.swarm.held(c) for c in range(session.manifest.chunks)]
-        return Join(content=session.content, have=pack_bits(have),
-                    pending=tuple(sorted(session.origin_tasks)))
+        fetching = session.origin_tasks.keys() | {
+            c for c in list(session.filling) if self.relay_source(session.content, c)}
+        return Join(content=session.content, have=pack_bits(have), pending=tuple(sorted(fetching)))
 
     def _joined_link(self, content: ContentId, peer: PeerId) -> Link | None:
         """The link `peer` is joined on for `content`, if it is."""
@@ -493,8 +495,13 @@ class Agent:
         if link is None or link.closed:
             self._loop.call_soon(self._feed, session, ChunkFailed(chunk, peer, "no link"))
             return
-        link.request(session.content, chunk, session.manifest.chunk_length(chunk),
-                     self._download)
+        length = session.manifest.chunk_length(chunk)
+        req = link.request(session.content, chunk, length, self._download)
+        if session.swarm.relaying(chunk) and self.relay_source(session.content, chunk) is None:
+            # Announced as pending (relay_fetching): peers may ask us to relay it.
+            filling = session.filling[chunk] = Filling(self._buffers.take(length),
+                                                       self._buffers.give)
+            self._parts.expect((link.id, req), filling)
 
     def _disconnect(self, peer: PeerId, reason: str, hostile: bool) -> None:
         """The node core left the peer out of this content; if it misbehaved, cut it off
@@ -600,22 +607,52 @@ class Agent:
         except ValueError as exc:
             self._feed(session, ChunkArrived(msg.chunk, link.peer, ok=False))
             raise RemoteProtocolError(str(exc)) from None
-        await link.conn.recv_payload_into(view)  # paid for at request time
+        filling = self._parts.filling(key)
+        progress = None
+        if filling is not None:  # peers may be relaying it already
+            progress = functools.partial(_advance, filling, msg.off)
+        await link.conn.recv_payload_into(view, progress=progress)  # paid for when asked
         if not self._parts.holds(key):  # cancelled while its payload came in
             self._wasted(msg.len)
             return True
         buf = self._parts.received(key, msg.len)
         if buf is None:
             return False  # more Pieces of a relay to come
-        await self._store_chunk(session, msg.chunk, buf, link.peer)
+        filling = self._parts.hand_over(key)
+        try:
+            stored = await self._store_chunk(session, msg.chunk, buf, link.peer)
+        except asyncio.CancelledError:
+            if filling is not None:
+                filling.abandon()  # the store thread may still read the buffer
+                self._filled(session, msg.chunk, filling, False)
+            raise
         # Back to the pool only now: had this task been cancelled while the store
         # thread was writing from the buffer, the buffer must not be reused.
-        self._buffers.give(buf)
+        if filling is None:
+            self._buffers.give(buf)
+        else:
+            self._filled(session, msg.chunk, filling, stored)
         return True
+
+    def _filled(self, session: Session, chunk: int, filling: Filling, stored: bool) -> None:
+        """A chunk we relayed while it arrived is in: let its relays finish, or end them."""
+        if stored:
+            filling.verified()
+        else:
+            filling.failed("the chunk did not verify or could not be stored")
+        if session.filling.get(chunk) is filling:
+            del session.filling[chunk]
+        filling.release()
 
     def relay_source(self, content: ContentId, chunk: int) -> Filling | None:
         session = self.sessions.get(content)
-        return None if session is None else session.filling.get(chunk)
+        if session is None:
+            return None
+        filling = session.filling.get(chunk)
+        if filling is not None and filling.failure is not None:
+            del session.filling[chunk]  # its peer stopped sending it
+            return None
+        return filling
 
     def on_reject(self, link: Link, content: ContentId, chunk: int, req: int,
                   reason: str) -> None:
@@ -746,6 +783,10 @@ class Agent:
         return {"peer": self.me.peer if self.me else None, "port": self.port,
                 "rack": self.config.rack, "peers_connected": self._conns.peer_count,
                 "contents": contents}
+
+
+def _advance(filling: Filling, offset: int, received: int) -> None:
+    filling.advance(offset + received)
 
 
 def _bps(mbps: float | None) -> float | None:

@@ -197,8 +197,8 @@ class Link:
             self.close(f"send failed: {exc}")
 
     def request(self, content: ContentId, chunk: int, nbytes: int,
-                download: RateLimiter) -> None:
-        """Ask for a chunk once the node's download budget has room for it.
+                download: RateLimiter) -> int:
+        """Ask for a chunk once the node's download budget has room for it; the request's id.
 
         The download cap is enforced here, on requests, not by reading slowly:
         a receiver that throttles its socket stalls the sender's upload slot,
@@ -212,6 +212,7 @@ class Link:
             asyncio.get_running_loop().create_task(
                 self._paced_request(Request(content=content, chunk=chunk, req=req), nbytes,
                                     download))
+        return req
 
     async def _paced_request(self, msg: Request, nbytes: int, download: RateLimiter) -> None:
         await download.acquire(nbytes)

@@ -360,18 +360,20 @@ class PeerConnection:
             return msg
 
     async def recv_payload_into(self, view: memoryview, limiter: RateLimiter | None = None,
-                                ) -> None:
+                                progress: Callable[[int], None] | None = None) -> None:
         """Read the payload of the Piece just received into `view` (exactly piece.len bytes).
 
         With a limiter, bytes are read in SLICE_BYTES slices, each paid for with
-        `limiter.acquire` once it has arrived.
+        `limiter.acquire` once it has arrived. With `progress`, it is called with the
+        bytes in so far after each slice (a chunk relayed while it arrives: p2p.relay).
         """
         view = memoryview(view).cast("B")
         if len(view) != self._payload_left or not self._payload_left or view.readonly:
             raise LocalProtocolError(f"the pending payload is {self._payload_left} bytes, the "
                                      f"buffer {len(view)} (read-only: {view.readonly})")
         with self._io(cancel_breaks=True):
-            await self._recv_exact(view, _limiting(limiter), self._payload_budget(len(view)))
+            await self._recv_exact(view, _limiting(limiter), self._payload_budget(len(view)),
+                                   progress)
             self._payload_left = 0
 
     async def discard_payload(self, n: int) -> None:
@@ -391,13 +393,17 @@ class PeerConnection:
         return self._t.frame_s + n / self._t.min_payload_rate_bps
 
     async def _recv_exact(self, view: memoryview, limiter: RateLimiter | None,
-                          budget: float) -> float:
+                          budget: float, progress: Callable[[int], None] | None = None,
+                          ) -> float:
         """Fill `view`: buffered bytes first, then the socket; return the budget left."""
         pos = min(len(view), self._end - self._start)
         view[:pos] = self._view[self._start:self._start + pos]
         self._start += pos
+        sliced = limiter is not None or progress is not None
         while pos < len(view):
-            stop = len(view) if limiter is None else min(len(view), pos + SLICE_BYTES)
+            if progress is not None:
+                progress(pos)
+            stop = min(len(view), pos + SLICE_BYTES) if sliced else len(view)
             began, first = self._loop.time(), pos
             try:
                 async with asyncio.timeout(budget):
@@ -414,6 +420,8 @@ class PeerConnection:
                 # Pay after receiving: tokens taken before the bytes arrive are spent
                 # while the sender paces itself, and the link runs below its cap.
                 await limiter.acquire(pos - first)
+        if progress is not None:
+            progress(pos)
         return budget
 
     def _header_length(self) -> int:

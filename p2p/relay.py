@@ -1,4 +1,4 @@
-"""Relays: serving a chunk to peers while it still arrives from the origin.
+"""Relays: serving a chunk to peers while it still arrives (from the origin, or a peer).
 
 Theory of operation. With whole-chunk forwarding, the last chunks out of the
 origin reach the other nodes one chunk-time after they land: the fetchers
@@ -9,14 +9,19 @@ bytes as they come. (`bootseer bench swarm`, 8 agents, 256 MiB, 50 MB/s caps,
 eight fetchers: 1.11-1.13x the lower bound with relays, about 1.2x without;
 README, "The swarm".)
 
-The fetcher's origin read fills a `Filling`: the chunk's buffer and how much
-of it has arrived. A relay (`relay`, run by the link that got the request)
-sends what has arrived in Pieces of at least RELAY_PART_BYTES, in order,
-under the node's upload limit and upload slots like any piece. It holds back
-the last RELAY_HOLD_BYTES until the fetcher has verified the whole chunk
-against the manifest: the receiver can complete the chunk only once the
-sender vouched for it, and it verifies it again itself. A corrupt or failed
-origin read ends the relay with a Reject instead, which the receiver takes
+The same goes one hop further (`SwarmConfig.relay_fetching`): a node announces
+as pending the chunks it fetches from peers, and relays those too while they
+arrive, so a chunk crosses several hops in little more than one chunk-time
+instead of one chunk-time per hop.
+
+The fetcher's read (from the origin, or a peer's Pieces) fills a `Filling`:
+the chunk's buffer and how much of it has arrived. A relay (`relay`, run by
+the link that got the request) sends what has arrived in Pieces of at least
+RELAY_PART_BYTES, in order, under the node's upload limit and upload slots
+like any piece. It holds back the last RELAY_HOLD_BYTES until the fetcher has
+verified the whole chunk against the manifest: the receiver can complete the
+chunk only once the sender vouched for it, and it verifies it again itself.
+A corrupt or failed read ends the relay with a Reject instead, which the receiver takes
 as "not held", not as the sender's fault; a peer that completes a relay with
 bytes that fail the receiver's check is banned like any peer that sends a
 corrupt chunk.
@@ -155,11 +160,30 @@ class Parts:
     unfinished chunk, and leaves its buffer to the garbage collector, never to
     the pool: a cancel or a closing link may drop a chunk whose payload is being
     read into that buffer at that moment.
+
+    A chunk that we relay while it arrives (`SwarmConfig.relay_fetching`) is
+    received into a `Filling` given by `expect` before its first Piece; the
+    receiver advances it as bytes come in and ends it once the chunk is stored
+    (`filling`); `drop` fails it, and relays reading it end with a Reject.
     """
 
     def __init__(self, take: Callable[[int], bytearray]) -> None:
         self._take = take
         self._open: dict[PartKey, tuple[bytearray, int]] = {}  # key -> (buffer, bytes in)
+        self._fillings: dict[PartKey, Filling] = {}
+
+    def expect(self, key: PartKey, filling: Filling) -> None:
+        """Receive `key`'s chunk into `filling` (holding it until `filling` or `drop`)."""
+        self._open[key] = (filling.buf, 0)
+        self._fillings[key] = filling
+
+    def filling(self, key: PartKey) -> Filling | None:
+        """The Filling `key` is received into, if any."""
+        return self._fillings.get(key)
+
+    def hand_over(self, key: PartKey) -> Filling | None:
+        """The Filling of `key`, whole now: the caller verifies, ends and releases it."""
+        return self._fillings.pop(key, None)
 
     def place(self, key: PartKey, off: int, n: int, length: int) -> memoryview:
         buf, got = self._open.get(key) or (None, 0)
@@ -188,7 +212,13 @@ class Parts:
     def drop(self, key: PartKey) -> int:
         """Forget an unfinished chunk; the bytes of it that were in (now wasted)."""
         entry = self._open.pop(key, None)
+        filling = self._fillings.pop(key, None)
+        if filling is not None:
+            filling.failed("the chunk stopped arriving from its peer")
+            filling.abandon()  # its payload may be being read into the buffer
+            filling.release()
         return 0 if entry is None else entry[1]
 
     def drop_link(self, link: int) -> int:
-        return sum(self.drop(key) for key in [k for k in self._open if k[0] == link])
+        keys = {k for k in [*self._open, *self._fillings] if k[0] == link}
+        return sum(self.drop(key) for key in keys)

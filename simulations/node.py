@@ -67,8 +67,8 @@ class AgentSpec:
 
 
 class Transfer:
-    __slots__ = ("cancelled", "chunk", "content", "dst", "due_ms", "flow", "nbytes", "origin",
-                 "orphan", "src", "stage")
+    __slots__ = ("cancelled", "chunk", "content", "cut", "dst", "due_ms", "flow", "nbytes",
+                 "origin", "orphan", "src", "stage")
 
     def __init__(self, dst: int, content: int, src: int, chunk: int, nbytes: int,
                  origin: int = -1) -> None:
@@ -79,6 +79,7 @@ class Transfer:
         self.cancelled = False  # a connection broke: nothing more happens
         self.orphan = False  # the receiver cancelled it: bytes still move, then are dropped
         self.due_ms = 0  # its receiver's due when the request went out (p2p.swarm.uploads)
+        self.cut = False  # a cut-through relay (TAILING)
 
     @property
     def key(self) -> TransferKey:
@@ -99,6 +100,11 @@ SENDING = 3  # a flow in the network model
 # that started at once, as the model had it before, made 16 and 32 agents 25-37%
 # faster than the agents were.
 RELAYING = 4
+# A cut-through relay (SwarmConfig.relay_fetching): a request for a chunk the sender
+# is still fetching from a peer. It goes through the sender's upload slots like any
+# request, and its last byte cannot land before the sender holds the chunk: a relay
+# flow that ends first waits here, outside the slots, for the sender's copy.
+TAILING = 5
 
 
 class Uploads:
@@ -230,6 +236,10 @@ class SimNode:
         self.ready_s: float | None = None
         self.complete_s: float | None = None
         self.counters = Counters()
+
+    def holds(self, content: int, chunk: int) -> bool:
+        swarm = self.swarms.get(content)
+        return swarm is not None and swarm.held(chunk)
 
     def have_flags(self, content: int) -> tuple[bool, ...]:
         swarm = self.swarms[content]

@@ -284,6 +284,8 @@ def _swarm(top: _Table) -> dict[str, Any]:
             key = f.name[:-2]
             if key in t.data:
                 overrides[f.name] = t.get(key, parse_duration, minimum=0)
+        elif f.name in t.data and isinstance(f.default, bool):
+            overrides[f.name] = t.get(f.name, _bool)
         elif f.name in t.data:
             kind = _number if isinstance(f.default, float) else _int
             overrides[f.name] = t.get(f.name, kind, minimum=0)

@@ -102,7 +102,15 @@ from p2p.swarm.uploads import request_rank
 from simulations.cpu import CpuPool
 from simulations.engine import Loop
 from simulations.network import Flows, Origin, Topology
-from simulations.node import ORIGIN, RELAYING, SENDING, TRAVELLING, SimNode, Transfer
+from simulations.node import (
+    ORIGIN,
+    RELAYING,
+    SENDING,
+    TAILING,
+    TRAVELLING,
+    SimNode,
+    Transfer,
+)
 from simulations.scenario import Scenario
 from simulations.strategy import get_strategy
 from simulations.tracker import SimTracker
@@ -140,11 +148,13 @@ class Simulation:
         # held[c][chunk * nodes + n]: node n's swarm holds `chunk` of content c, or has
         # finished. Lets `_fan_out` skip haves that cannot change what a swarm does.
         self._held = [bytearray(content.chunks * scenario.nodes) for content in self.contents]
-        self._origin_asked: dict[tuple[int, int], int] = {}  # (node, content) -> chunk mask
         self._transfers: dict[tuple[int, int, int, int], Transfer] = {}
         self._by_flow: dict[int, Transfer] = {}
         # (sender, content, chunk) -> relays waiting for the sender's fetch to end
         self._relays: dict[tuple[int, int, int], list[Transfer]] = {}
+        # (sender, content, chunk) -> cut-through relays of a chunk the sender fetches
+        # from a peer (simulations.node.TAILING)
+        self._cut: dict[tuple[int, int, int], list[Transfer]] = {}
         self.unfinished = scenario.nodes  # live nodes that still lack something
         self.last_progress = 0.0
         self._control_latency = scenario.network.cross_rack_latency_s
@@ -374,9 +384,13 @@ class Simulation:
             case Abort():  # the core removes the content (Leave)
                 node.counters.aborts += 1
                 self._finish(node, c)
-            case Withdraw(chunk):  # an origin fetch failed: take the pending mark back
+            case Withdraw(chunk):  # a fetch failed: take the pending mark back
                 event = PeerWithdrew(node.peer, chunk)
                 self.loop.after(self._control_latency, self._fan_out, (n, c, event, -1))
+                for relayed in self._cut.pop((n, c, chunk), ()):
+                    if not relayed.cancelled:
+                        self._abort(relayed)
+                        self._relay_failed(relayed)
             case _:
                 raise AssertionError(f"unexpected action {action!r}")
 
@@ -414,13 +428,9 @@ class Simulation:
 
     def _advertise(self, n: int, c: int, action: Advertise) -> None:
         peer = self.nodes[n].peer
-        if action.pending:
-            event: Event = PeerPending(peer, action.chunk)
-            skip = -1
-        else:
-            event = PeerHas(peer, action.chunk)
-            asked = self._origin_asked.get((n, c), 0) >> action.chunk & 1
-            skip = -1 if asked or not self.skip_redundant_haves else action.chunk
+        event: Event = PeerPending(peer, action.chunk) if action.pending else \
+            PeerHas(peer, action.chunk)
+        skip = action.chunk if self.skip_redundant_haves else -1
         self.loop.after(self._control_latency, self._fan_out, (n, c, event, skip))
 
     def _fan_out(self, arg: tuple[int, int, Event, int]) -> None:
@@ -428,14 +438,14 @@ class Simulation:
 
         Most swarm calls of a big run come through here, so two kinds of
         receiver are not called. A swarm that has finished ignores every event
-        and has no timer. And a have of a chunk the receiver already holds
-        changes only the receiver's count of that chunk's holders, which the
-        swarm consults for chunks it lacks and never for one it holds (no
-        request, no origin fetch, no deadline depends on it), unless the sender
-        had announced that chunk as pending: then the have also clears a
-        pending mark and its expiry timer, and it is delivered. `skip` is that
-        chunk, or -1 to deliver to all. tests/test_sim.py checks that skipping
-        changes no result; `skip_redundant_haves = False` turns it off.
+        and has no timer. And a have (or pending mark) of a chunk the receiver
+        already holds changes only the receiver's count of that chunk's
+        holders, which the swarm consults for chunks it lacks and never for one
+        it holds (no request, no origin fetch, no deadline depends on it; a
+        swarm drops every pending mark of a chunk when it gets the chunk, and
+        records none after). `skip` is that chunk, or -1 to deliver to all.
+        tests/test_sim.py checks that skipping changes no result;
+        `skip_redundant_haves = False` turns it off.
         """
         n, c, event, skip = arg
         nodes = self.nodes
@@ -512,7 +522,12 @@ class Simulation:
             self._relays.setdefault((transfer.src, transfer.content, transfer.chunk),
                                     []).append(transfer)
             return
-        if not src.alive or swarm is None or not swarm.held(transfer.chunk):
+        if src.alive and swarm is not None and not swarm.held(transfer.chunk) \
+                and swarm.relaying(transfer.chunk):
+            transfer.cut = True
+            self._cut.setdefault((transfer.src, transfer.content, transfer.chunk),
+                                 []).append(transfer)
+        elif not src.alive or swarm is None or not swarm.held(transfer.chunk):
             self._untrack(transfer)
             if not transfer.orphan:
                 self.nodes[transfer.dst].counters.failed_requests += 1
@@ -536,7 +551,6 @@ class Simulation:
         node = self.nodes[n]
         node.counters.origin_fetches += 1
         node.origin_pending[c] |= 1 << chunk
-        self._origin_asked[n, c] = self._origin_asked.get((n, c), 0) | 1 << chunk
         wait = 0.0 if node.download is None else node.download.reserve(transfer.nbytes,
                                                                       self.loop.now)
         self.loop.after(wait + self.origins[o].spec.latency_s, self._origin_request, transfer)
@@ -569,7 +583,8 @@ class Simulation:
         """Stop a transfer that has not finished (a node died, a link closed)."""
         transfer.cancelled = True
         sending = transfer.stage == SENDING
-        moved = self.flows.cancel(transfer.flow, self.loop.now) if transfer.flow >= 0 else 0.0
+        moved = self.flows.cancel(transfer.flow, self.loop.now) if transfer.flow >= 0 else \
+            float(transfer.nbytes) if transfer.stage == TAILING else 0.0
         self._untrack(transfer)
         if transfer.src == ORIGIN:
             self.nodes[transfer.dst].counters.wasted_down += moved
@@ -580,7 +595,7 @@ class Simulation:
             return
         self._waste(transfer, moved)
         src = self.nodes[transfer.src]
-        if src.alive and transfer.stage not in (TRAVELLING, RELAYING):
+        if src.alive and transfer.stage not in (TRAVELLING, RELAYING, TAILING):
             self._send(src.uploads.finished(transfer) if sending else src.uploads.drop(transfer))
 
     def _origin_failed(self, transfer: Transfer) -> None:
@@ -604,7 +619,17 @@ class Simulation:
 
     def _flow_done(self, flow: int) -> None:
         transfer = self._by_flow[flow]
+        if transfer.cut and not self.nodes[transfer.src].holds(transfer.content, transfer.chunk):
+            # The sender's own copy is still coming: the last bytes wait for it.
+            del self._by_flow[flow]
+            transfer.flow, transfer.stage = -1, TAILING
+            self._send(self.nodes[transfer.src].uploads.finished(transfer))
+            return
         self._untrack(transfer)
+        self._landed(transfer)
+
+    def _landed(self, transfer: Transfer) -> None:
+        """The last byte of `transfer` is in: count it, and hand the chunk over."""
         dst = self.nodes[transfer.dst]
         nbytes, c, chunk = transfer.nbytes, transfer.content, transfer.chunk
         if transfer.src == ORIGIN:
@@ -615,7 +640,7 @@ class Simulation:
             dst.origin_pending[c] &= ~(1 << chunk)
         else:
             src = self.nodes[transfer.src]
-            if transfer.stage != RELAYING:
+            if transfer.stage not in (RELAYING, TAILING):
                 self._send(src.uploads.finished(transfer))
             if transfer.orphan:
                 self._waste(transfer, nbytes)
@@ -650,6 +675,10 @@ class Simulation:
         self._deliver(transfer.dst, c, ChunkArrived(chunk, source, True))
         if new and swarm.held(chunk):
             self._held[c][chunk * len(self.nodes) + transfer.dst] = 1
+            for relayed in self._cut.pop((transfer.dst, c, chunk), ()):
+                if relayed.stage == TAILING and not relayed.cancelled:
+                    self._untrack(relayed)
+                    self._landed(relayed)
         if new and c in dst.hot_left and self._hot_mask[c] >> chunk & 1:
             dst.hot_left[c] -= 1
             if dst.hot_left[c] == 0:

@@ -195,3 +195,35 @@ async def test_a_chunk_the_origin_corrupts_ends_its_relays_and_blames_no_peer(
 async def _ensure(agent: AgentHandle, content: str) -> None:
     async with agent.client(None) as client:
         await client.ensure(content)
+
+
+async def test_a_chunk_still_arriving_from_a_peer_is_relayed_on(tmp_path: Path) -> None:
+    """`relay_fetching`: B and C fetch from a slow seed A; each announces what it is
+    fetching, and the other asks it to relay those chunks while they arrive. Every copy
+    is exact, nothing is rejected, and the origin served the content once (to A)."""
+    cluster = LocalCluster(tmp_path / "cluster")
+    try:
+        source = tmp_path / "origin" / "content.bin"
+        await asyncio.to_thread(write_random_file, source, 8 * CHUNK, 9)
+        await cluster.start_tracker()
+        await cluster.start_origin(source.parent, 200.0)
+        content = (await cluster.publish(source, CHUNK)).content_id
+        relaying = {"swarm": {"relay_fetching": True}}
+        seed = await cluster.start_agent(0, "rack0", {**relaying, "upload_mbps": 12.0})
+        async with asyncio.timeout(120):
+            first = await distribute(cluster, [seed], source, content, 8 * CHUNK,
+                                     progress=False, verify=True)
+        assert first.verified and first.origin_bytes == 8 * CHUNK
+        others = [await cluster.start_agent(i, "rack0", relaying) for i in (1, 2)]
+        async with asyncio.timeout(120):
+            result = await distribute(cluster, others, source, content, 8 * CHUNK,
+                                      progress=False, verify=True)
+        assert result.failures == [] and result.verified
+        assert result.origin_bytes == 0
+        texts = [await metrics(a) for a in others]
+        assert sum(metric(t, "bootseer_relays_total", result="sent") for t in texts) >= 1
+        for text in [await metrics(seed), *texts]:
+            assert metric(text, "bootseer_chunks_rejected_total") == 0
+            assert metric(text, "bootseer_peers_dropped_total") == 0
+    finally:
+        await cluster.stop()

@@ -180,12 +180,15 @@ def _per_node(sim: Simulation) -> list[tuple[object, ...]]:
     return [(n.ready_s, n.complete_s, n.counters) for n in sim.nodes]
 
 
-@pytest.mark.parametrize("strategy", ["random_peers", "rack_aware_prefetch"])
+@pytest.mark.parametrize("strategy, relaying", [("random_peers", False),
+                                                ("rack_aware_prefetch", False),
+                                                ("rack_aware", True)])
 def test_skipping_haves_of_held_chunks_changes_no_result(
-        strategy: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        strategy: str, relaying: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     churn = '\nfail_fraction = 0.25\nfail_window_start = "100ms"\nfail_window_end = "1s"\n'
     text = BASE.replace('start_jitter = "500ms"\n', 'start_jitter = "500ms"' + churn)
-    s = scenario(text=text, strategy=strategy)
+    s = scenario(f"\n[swarm]\nrelay_fetching = {str(relaying).lower()}\n", text=text,
+                 strategy=strategy)
     fast, _, a = run(s)
     monkeypatch.setattr(Simulation, "skip_redundant_haves", False)
     slow, _, b = run(s)
@@ -277,6 +280,25 @@ def test_a_relay_is_sent_once_its_sender_has_the_chunk_from_the_origin() -> None
     assert sim.run() == "complete"
     assert relays
     assert all(key in fetched and fetched[key] <= t for key, t in relays)
+
+
+def test_a_cut_through_relay_lands_no_sooner_than_its_senders_own_copy() -> None:
+    """`relay_fetching`: a chunk a node still fetches from a peer is relayed on; in the
+    model (simulations.node.TAILING) its last byte waits for the sender's copy."""
+    sim = Simulation(scenario("\n[swarm]\nrelay_fetching = true\n"))
+    first: dict[tuple[int, int, int], float] = {}
+    cut: list[tuple[tuple[int, int, int], float]] = []
+    arrived = sim._arrived
+
+    def landed(transfer):  # type: ignore[no-untyped-def]
+        first.setdefault((transfer.dst, transfer.content, transfer.chunk), sim.loop.now)
+        if transfer.cut:
+            cut.append(((transfer.src, transfer.content, transfer.chunk), sim.loop.now))
+        arrived(transfer)
+    sim._arrived = landed  # type: ignore[method-assign]
+    assert sim.run() == "complete"
+    assert len(cut) >= 5
+    assert all(key in first and first[key] <= t for key, t in cut)
 
 
 def test_earliest_due_serves_the_first_starters_before_each_new_arrival() -> None:

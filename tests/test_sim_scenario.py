@@ -49,6 +49,8 @@ def test_units() -> None:
         ('hot_fraction = 0.25', 'hot_fraction = 1.5', "workload.content[0].hot_fraction",
          "at most 1"),
         ('[tracker]', '[swarm]\nmax_peers = 0\n[tracker]', "swarm", "at least 1"),
+        ('[tracker]', '[swarm]\nrelay_fetching = 1\n[tracker]', "swarm.relay_fetching",
+         "true or false"),
         ('[tracker]', '[agent]\nupload_slots = 0\n[tracker]', "agent.upload_slots",
          "at least 1"),
         ('[tracker]', '[agent]\ndownload_cap = "5GB"\n[tracker]', "agent.download_cap",
@@ -82,10 +84,11 @@ def test_missing_scenario_lists_bundled_ones() -> None:
 def test_patience_and_settle_take_durations_and_reach_the_swarm(tmp_path: Path) -> None:
     path = tmp_path / "p.toml"
     path.write_text(BASE.replace("[tracker]", '[swarm]\norigin_patience = "2s"\n'
-                                 'appointed_patience = "1m"\nsettle = "250ms"\n[tracker]'))
+                                 'appointed_patience = "1m"\nsettle = "250ms"\n'
+                                 'relay_fetching = false\n[tracker]'))
     scenario = load(str(path))
     assert scenario.swarm_overrides == {"origin_patience_s": 2.0, "appointed_patience_s": 60.0,
-                                        "settle_s": 0.25}
+                                        "settle_s": 0.25, "relay_fetching": False}
     config = get_strategy("rack_aware", scenario.swarm_overrides).swarm
     assert (config.origin_patience_s, config.appointed_patience_s, config.settle_s) == (
         2.0, 60.0, 0.25)

@@ -244,6 +244,39 @@ def test_a_withdrawn_relay_is_no_failure_of_the_peer() -> None:
     assert requests(s.handle(PeerHas(A, 1), 0.7)) == [(A, 1)]
 
 
+def test_with_relay_fetching_a_chunk_asked_of_a_peer_is_announced_until_it_comes() -> None:
+    s = swarm("000", relay_fetching=True, backoff_base_s=5.0)
+    acts = s.handle(PeerJoined(A, "r1", have("110")), 0.0)
+    assert requests(acts) == [(A, 0)] or requests(acts) == [(A, 1)]
+    asked = requests(acts)[0][1]
+    assert Advertise(asked, pending=True) in acts and s.relaying(asked)
+    # It arrives: held, so no longer relayable, and no withdrawal.
+    acts = s.handle(ChunkArrived(asked, A, ok=True), 0.5)
+    assert not s.relaying(asked) and not [a for a in acts if isinstance(a, Withdraw)]
+    other = 1 - asked
+    assert (A, other) in requests(acts) and Advertise(other, pending=True) in acts
+    # Its request fails and no other source has it: the mark is taken back, once.
+    acts = s.handle(ChunkFailed(other, A, "rejected: busy"), 0.7)
+    assert Withdraw(other) in acts and not s.relaying(other)
+    assert Withdraw(other) not in s.handle(PeerHas(A, 2), 0.8)
+    off = swarm("0", relay_fetching=False)
+    acts = off.handle(PeerJoined(A, "r1", have("1")), 0.0)
+    assert requests(acts) == [(A, 0)] and Advertise(0, pending=True) not in acts
+
+
+def test_a_pending_mark_of_a_held_chunk_is_not_kept() -> None:
+    """Marks matter only for chunks we lack: one heard before the chunk came is dropped
+    when it comes, and one heard after is not recorded (the simulator skips both)."""
+    s = swarm("00", pending_ttl_s=30.0, request_timeout_s=100.0, origin_patience_s=100.0,
+              appointed_patience_s=100.0)
+    assert requests(s.handle(PeerJoined(A, "r1", have("00"), pending=(0,)), 0.0)) == [(A, 0)]
+    assert requests(s.handle(PeerJoined(B, "r1", have("01")), 0.0)) == [(B, 1)]
+    assert s.next_timer() == 30.0  # A's mark expires then
+    s.handle(ChunkArrived(0, A, ok=True), 0.1)
+    s.handle(PeerPending(B, 0), 0.2)
+    assert s.next_timer() == 100.0  # B's request times out; no mark of chunk 0 is left
+
+
 @pytest.mark.parametrize("share, cross", [(0.0, 0), (0.5, 2), (1.0, 4)])
 def test_a_share_of_connections_goes_to_other_racks(share: float, cross: int) -> None:
     s = Swarm(PeerId("me"), "r1", 1, have("0"), 100,

@@ -48,6 +48,10 @@ class SwarmConfig:
     # such a peer relays the bytes as they come, so the last chunks out of the origin
     # spread while they arrive instead of after (p2p.relay).
     relay_pending: bool = True
+    # Also announce as pending the chunks we are fetching from peers, so that a peer
+    # can ask us to relay one while it arrives (cut-through): a chunk then crosses
+    # several hops in little more than one chunk-time (p2p.relay).
+    relay_fetching: bool = False
     use_peers: bool = True  # False: the origin-only baseline
     chunk_picker: str = "rarest_first"
     peer_chooser: str = "rack_aware"

@@ -195,7 +195,8 @@ class Advertise:
 
 @dataclass(frozen=True, slots=True)
 class Withdraw:
-    """Tell connected peers we no longer fetch `chunk` from the origin (we had said we did)."""
+    """Tell connected peers we no longer fetch `chunk` (we had said we did: `Advertise`
+    with `pending`)."""
 
     chunk: int
 

@@ -39,7 +39,7 @@ class PeerTable:
         self.peers: dict[PeerId, PeerState] = {}
         self.avail = [0] * chunks  # connected peers holding each chunk
         self.avail_mask = 0
-        self.pending_mask = 0  # chunks some peer is fetching from the origin
+        self.pending_mask = 0  # chunks some peer is fetching (from the origin, or relayable)
         self.requested = 0  # chunks with at least one request in flight
         self.inflight_total = 0  # requests in flight, duplicates included
         self.requesters: dict[int, list[PeerId]] = {}
@@ -66,6 +66,13 @@ class PeerTable:
     def withdrawn(self, state: PeerState, chunk: int) -> None:
         if state.pending.pop(chunk, None) is not None:
             self.refresh_pending()
+
+    def forget_pending(self, chunk: int) -> None:
+        """Drop every peer's mark of `chunk` (we hold it now)."""
+        if self.pending_mask >> chunk & 1:
+            for state in self.peers.values():
+                state.pending.pop(chunk, None)
+            self.pending_mask &= ~(1 << chunk)
 
     def asked(self, peer: PeerId, chunk: int, now: float, deadline: float) -> None:
         self.peers[peer].inflight[chunk] = (now, deadline)

@@ -159,6 +159,7 @@ class Swarm:
         self._banned: set[PeerId] = set()
         self._demand: list[int] = []
         self._prefetch: list[int] = []
+        self._relayable = 0  # chunks requested of peers that we announced as pending
         self._last_progress = now
         self._stall = Stall(config.no_source_deadline_s, now)
         self._now = now
@@ -179,6 +180,11 @@ class Swarm:
 
     def held(self, chunk: int) -> bool:
         return bool(self._have >> chunk & 1)
+
+    def relaying(self, chunk: int) -> bool:
+        """Whether we announced `chunk` as pending because we fetch it from a peer
+        (`relay_fetching`): a peer may ask us to relay it as it arrives."""
+        return bool(self._relayable >> chunk & 1)
 
     @property
     def held_bytes(self) -> int:
@@ -334,7 +340,8 @@ class Swarm:
             return self._misbehaved(peer, "bad join message", now)
         if peer in self._peers:
             self._drop_peer(peer, now)
-        self._table.add(peer, PeerState(event.rack, bits.from_bools(event.have)), event.pending,
+        self._table.add(peer, PeerState(event.rack, bits.from_bools(event.have)),
+                        [c for c in event.pending if not self.held(c)],
                         now + self.config.pending_ttl_s)
         self._known.setdefault(peer, event.rack)
         if self._vacant and now < self._vacant_from:
@@ -373,7 +380,7 @@ class Swarm:
 
     def _on_peer_pending(self, peer: PeerId, chunk: int, now: float) -> list[Action]:
         state, refused = self._peer_chunk(peer, chunk, "pending")
-        if state is not None:
+        if state is not None and not self.held(chunk):  # a mark of a held chunk is moot
             self._table.pending(state, chunk, now + self.config.pending_ttl_s)
         return refused
 
@@ -416,6 +423,7 @@ class Swarm:
         if self.held(chunk):
             return actions
         self._have |= 1 << chunk
+        self._table.forget_pending(chunk)
         self._last_progress = now
         self._stall.progressed(now)
         self.stats["origin_chunks" if source is None else "peer_chunks"] += 1
@@ -543,7 +551,18 @@ class Swarm:
         if self.config.use_peers:
             actions += self._request_from_peers(now)
         actions += self._fetch_from_origin(now)
+        if self.config.relay_fetching:
+            actions += self._announce_fetching()
         return actions
+
+    def _announce_fetching(self) -> list[Action]:
+        """Pending marks for the chunks we now fetch from peers, and withdrawals of those we
+        no longer do without holding them (every request for one failed)."""
+        fetching = self._table.requested & ~self._have
+        new, gone = fetching & ~self._relayable, self._relayable & ~fetching & ~self._have
+        self._relayable = fetching
+        actions: list[Action] = [Advertise(c, pending=True) for c in bits.indices(new)]
+        return actions + [Withdraw(c) for c in bits.indices(gone & ~self._origin_mask())]
 
     def _connect_more(self, now: float) -> list[Action]:
         if not self.config.use_peers:
