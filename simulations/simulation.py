@@ -15,6 +15,7 @@ actions the swarm returns as scheduled callbacks and network flows:
 |                     | after one latency, a place in p's uploads (one piece at a |
 |                     | time per link, `upload_slots` per node; p must hold c),   |
 |                     | then a flow; ChunkArrived(c, p) when its last byte lands  |
+|                     | (a relay, if p is still fetching c: simulations.node)     |
 | FetchFromOrigin(c)  | the same pacing, the origin latency, a slot in the        |
 |                     | origin's queue, then a flow; ChunkArrived(c, None), or    |
 |                     | ChunkFailed if the origin is down                         |

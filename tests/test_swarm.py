@@ -262,6 +262,11 @@ def test_with_relay_fetching_a_chunk_asked_of_a_peer_is_announced_until_it_comes
     off = swarm("0", relay_fetching=False)
     acts = off.handle(PeerJoined(A, "r1", have("1")), 0.0)
     assert requests(acts) == [(A, 0)] and Advertise(0, pending=True) not in acts
+    # Only rare chunks are announced: held by at most `relay_fetching_holders` peers.
+    common = swarm("0", relay_fetching=True, relay_fetching_holders=0)
+    acts = common.handle(PeerJoined(A, "r1", have("1")), 0.0)
+    assert requests(acts) == [(A, 0)] and Advertise(0, pending=True) not in acts
+    assert not common.relaying(0)
 
 
 def test_a_pending_mark_of_a_held_chunk_is_not_kept() -> None:

@@ -50,8 +50,13 @@ class SwarmConfig:
     relay_pending: bool = True
     # Also announce as pending the chunks we are fetching from peers, so that a peer
     # can ask us to relay one while it arrives (cut-through): a chunk then crosses
-    # several hops in little more than one chunk-time (p2p.relay).
+    # several hops in little more than one chunk-time (p2p.relay) ...
     relay_fetching: bool = False
+    # ... if at most this many of our peers hold it (the one we ask, usually): where
+    # more do, our peers' peers likely do too. Simulated at 1,000 nodes, 1 kept the
+    # whole gain of announcing every chunk (scale p99 3.21 s, launch 4.41 s, against
+    # 3.43 and 5.86 without) with 26-29% fewer swarm events; 0 lost launch's.
+    relay_fetching_holders: int = 1
     use_peers: bool = True  # False: the origin-only baseline
     chunk_picker: str = "rarest_first"
     peer_chooser: str = "rack_aware"

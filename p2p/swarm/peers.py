@@ -33,13 +33,21 @@ class PeerState:
 
 
 class PeerTable:
-    """Connected peers, their chunks, and our requests to them; see the module docstring."""
+    """Connected peers, their chunks, and our requests to them; see the module docstring.
+
+    Pending marks are counted per chunk, like holders, so that a have or a
+    withdrawal costs O(1) however many marks there are: with `relay_fetching`
+    every request a peer makes is a mark. Their earliest expiry is kept too,
+    recomputed only when the mark that held it goes.
+    """
 
     def __init__(self, chunks: int) -> None:
         self.peers: dict[PeerId, PeerState] = {}
         self.avail = [0] * chunks  # connected peers holding each chunk
         self.avail_mask = 0
+        self._pending_count = [0] * chunks  # connected peers with a mark of each chunk
         self.pending_mask = 0  # chunks some peer is fetching (from the origin, or relayable)
+        self._expiry: float | None = None  # the earliest mark's expiry (None: recompute)
         self.requested = 0  # chunks with at least one request in flight
         self.inflight_total = 0  # requests in flight, duplicates included
         self.requesters: dict[int, list[PeerId]] = {}
@@ -49,30 +57,40 @@ class PeerTable:
         for chunk in bits.indices(state.have):
             self._add_avail(chunk)
         for chunk in pending:
-            state.pending[chunk] = until
-        self.refresh_pending()
+            self.pending(state, chunk, until)
 
     def has(self, state: PeerState, chunk: int) -> None:
         if not state.have >> chunk & 1:
             state.have |= 1 << chunk
             self._add_avail(chunk)
-        if state.pending.pop(chunk, None) is not None:
-            self.refresh_pending()
+        self.withdrawn(state, chunk)
 
     def pending(self, state: PeerState, chunk: int, until: float) -> None:
+        old = state.pending.get(chunk)
         state.pending[chunk] = until
-        self.pending_mask |= 1 << chunk
+        if old is None:
+            self._pending_count[chunk] += 1
+            self.pending_mask |= 1 << chunk
+        elif old == self._expiry:
+            self._expiry = None
+        if self._expiry is not None and until < self._expiry:
+            self._expiry = until
 
     def withdrawn(self, state: PeerState, chunk: int) -> None:
-        if state.pending.pop(chunk, None) is not None:
-            self.refresh_pending()
+        until = state.pending.pop(chunk, None)
+        if until is None:
+            return
+        self._pending_count[chunk] -= 1
+        if not self._pending_count[chunk]:
+            self.pending_mask &= ~(1 << chunk)
+        if until == self._expiry:
+            self._expiry = None
 
     def forget_pending(self, chunk: int) -> None:
         """Drop every peer's mark of `chunk` (we hold it now)."""
         if self.pending_mask >> chunk & 1:
             for state in self.peers.values():
-                state.pending.pop(chunk, None)
-            self.pending_mask &= ~(1 << chunk)
+                self.withdrawn(state, chunk)
 
     def asked(self, peer: PeerId, chunk: int, now: float, deadline: float) -> None:
         self.peers[peer].inflight[chunk] = (now, deadline)
@@ -111,32 +129,36 @@ class PeerTable:
             return
         for chunk in list(state.inflight):
             self.clear_request(chunk, peer)
+        for chunk in list(state.pending):
+            self.withdrawn(state, chunk)
         del self.peers[peer]
         for chunk in bits.indices(state.have):
             self.avail[chunk] -= 1
             if self.avail[chunk] == 0:
                 self.avail_mask &= ~(1 << chunk)
-        if state.pending:
-            self.refresh_pending()
 
     def expire_pending(self, now: float) -> None:
+        expiry = self.pending_expiry()
+        if expiry is None or expiry > now:
+            return
         for state in self.peers.values():
             for chunk in [c for c, until in state.pending.items() if until <= now]:
-                del state.pending[chunk]
-        self.refresh_pending()
+                self.withdrawn(state, chunk)
 
-    def refresh_pending(self) -> None:
-        mask = 0
-        for state in self.peers.values():
-            for chunk in state.pending:
-                mask |= 1 << chunk
-        self.pending_mask = mask
+    def pending_expiry(self) -> float | None:
+        """When the earliest pending mark expires (None: there is none)."""
+        if self._expiry is None and self.pending_mask:
+            self._expiry = min(until for state in self.peers.values()
+                               for until in state.pending.values())
+        return self._expiry if self.pending_mask else None
 
     def deadlines(self) -> Iterator[float]:
-        """When requests time out and pending marks expire."""
+        """When requests time out and the earliest pending mark expires."""
         for state in self.peers.values():
             yield from (deadline for _, deadline in state.inflight.values())
-            yield from state.pending.values()
+        expiry = self.pending_expiry()
+        if expiry is not None:
+            yield expiry
 
     def _add_avail(self, chunk: int) -> None:
         self.avail[chunk] += 1

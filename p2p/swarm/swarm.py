@@ -556,12 +556,14 @@ class Swarm:
         return actions
 
     def _announce_fetching(self) -> list[Action]:
-        """Pending marks for the chunks we now fetch from peers, and withdrawals of those we
-        no longer do without holding them (every request for one failed)."""
+        """Pending marks for the rare chunks we now fetch from peers, and withdrawals of those
+        we no longer fetch without holding them (every request for one failed)."""
         fetching = self._table.requested & ~self._have
-        new, gone = fetching & ~self._relayable, self._relayable & ~fetching & ~self._have
-        self._relayable = fetching
-        actions: list[Action] = [Advertise(c, pending=True) for c in bits.indices(new)]
+        gone = self._relayable & ~fetching & ~self._have
+        avail, rare = self._table.avail, self.config.relay_fetching_holders
+        new = [c for c in bits.indices(fetching & ~self._relayable) if avail[c] <= rare]
+        self._relayable = (self._relayable & fetching) | bits.from_indices(new)
+        actions: list[Action] = [Advertise(c, pending=True) for c in new]
         return actions + [Withdraw(c) for c in bits.indices(gone & ~self._origin_mask())]
 
     def _connect_more(self, now: float) -> list[Action]:
