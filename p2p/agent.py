@@ -62,7 +62,7 @@ from p2p.ratelimit import BURST_BYTES
 from p2p.relay import Filling, Parts
 from p2p.session import BufferPool, ContentFailed, Session
 from p2p.store import ChunkStore, CorruptChunk, MissingChunk, StoreError, UnknownContent
-from p2p.swarm import Swarm
+from p2p.swarm import Swarm, bits
 from p2p.swarm.events import (
     Abort,
     Action,
@@ -481,8 +481,7 @@ class Agent:
 
     def _join_msg(self, session: Session) -> Join:
         have = [session.swarm.held(c) for c in range(session.manifest.chunks)]
-        fetching = session.origin_tasks.keys() | {
-            c for c in list(session.filling) if self.relay_source(session.content, c)}
+        fetching = session.origin_tasks.keys() | set(bits.indices(session.swarm.relayable))
         return Join(content=session.content, have=pack_bits(have), pending=tuple(sorted(fetching)))
 
     def _joined_link(self, content: ContentId, peer: PeerId) -> Link | None:
@@ -500,7 +499,7 @@ class Agent:
         if session.swarm.relaying(chunk) and self.relay_source(session.content, chunk) is None:
             # Announced as pending (relay_fetching): peers may ask us to relay it.
             filling = session.filling[chunk] = Filling(self._buffers.take(length),
-                                                       self._buffers.give)
+                                                       self._buffers.give, source=peer)
             self._parts.expect((link.id, req), filling)
 
     def _disconnect(self, peer: PeerId, reason: str, hostile: bool) -> None:
@@ -644,7 +643,8 @@ class Agent:
             del session.filling[chunk]
         filling.release()
 
-    def relay_source(self, content: ContentId, chunk: int) -> Filling | None:
+    def relay_source(self, content: ContentId, chunk: int,
+                     peer: PeerId | None = None) -> Filling | None:
         session = self.sessions.get(content)
         if session is None:
             return None
@@ -652,6 +652,8 @@ class Agent:
         if filling is not None and filling.failure is not None:
             del session.filling[chunk]  # its peer stopped sending it
             return None
+        if filling is not None and peer is not None and filling.source == peer:
+            return None  # the peer sends it to us: answered "not held" (p2p.relay)
         return filling
 
     def on_reject(self, link: Link, content: ContentId, chunk: int, req: int,

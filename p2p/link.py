@@ -121,8 +121,9 @@ class LinkOwner(Protocol):
         answered in full (its last Piece)."""
         ...
 
-    def relay_source(self, content: ContentId, chunk: int) -> Filling | None:
-        """The chunk as it arrives from the origin, if we are fetching it now."""
+    def relay_source(self, content: ContentId, chunk: int, peer: PeerId) -> Filling | None:
+        """The chunk as it arrives, if we are fetching it now, to relay to `peer`: never
+        one that `peer` itself is sending us (each would wait on the other)."""
         ...
 
     def on_reject(self, link: Link, content: ContentId, chunk: int, req: int,
@@ -293,7 +294,7 @@ class Link:
                 continue
             content = ContentId(req.content)
             rank = self._owner.upload_rank(self.peer, content, due_ms)
-            filling = self._owner.relay_source(content, req.chunk)
+            filling = self._owner.relay_source(content, req.chunk, self.peer)
             if filling is not None:  # still arriving from the origin: relay it beside us
                 task = asyncio.create_task(
                     self._supervised(self._relay(req, rank, filling.acquire())),

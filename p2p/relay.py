@@ -26,6 +26,13 @@ as "not held", not as the sender's fault; a peer that completes a relay with
 bytes that fail the receiver's check is banned like any peer that sends a
 corrupt chunk.
 
+A chunk is never relayed back to the peer it comes from: when an origin read
+fails, the fetcher may ask for the chunk at once from a peer whose relay of
+it still counts on the fetcher, and each would wait on the other. That peer
+answers "not held" instead, which costs the asker nothing (seen in
+tests/test_relay.py before this rule: the two agents kept asking each other
+until one had more than 64 requests queued at the other, and dropped it).
+
 The buffer goes back to the agent's pool only when the fetcher and every relay
 reading it have released it: a relay never sends bytes of another chunk.
 """
@@ -35,7 +42,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
-from p2p.content import KiB
+from p2p.content import KiB, PeerId
 
 RELAY_PART_BYTES = 256 * KiB  # a relay sends in Pieces this big at least (the last may be less)
 RELAY_HOLD_BYTES = 64 * KiB  # ... and this tail only once the sender has verified the chunk
@@ -54,8 +61,10 @@ class Filling:
     from `acquire`; each calls `release` once, and the last gives `buf` back.
     """
 
-    def __init__(self, buf: bytearray, give_back: Callable[[bytearray], None]) -> None:
+    def __init__(self, buf: bytearray, give_back: Callable[[bytearray], None],
+                 source: PeerId | None = None) -> None:
         self.buf = buf
+        self.source = source  # the peer it arrives from (None: the origin)
         self.filled = 0
         self.ok = False
         self.failure: str | None = None

@@ -247,5 +247,7 @@ class SimNode:
         return tuple([b == "1" for b in bits])
 
     def pending_chunks(self, content: int) -> tuple[int, ...]:
-        mask = self.origin_pending.get(content, 0)
+        """What its Join lists as pending: origin fetches, and relayable peer fetches."""
+        swarm = self.swarms.get(content)
+        mask = self.origin_pending.get(content, 0) | (0 if swarm is None else swarm.relayable)
         return tuple(i for i in range(mask.bit_length()) if mask >> i & 1)

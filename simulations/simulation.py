@@ -524,7 +524,8 @@ class Simulation:
                                     []).append(transfer)
             return
         if src.alive and swarm is not None and not swarm.held(transfer.chunk) \
-                and swarm.relaying(transfer.chunk):
+                and swarm.relaying(transfer.chunk) \
+                and swarm.relay_feeder(transfer.chunk) != self.nodes[transfer.dst].peer:
             transfer.cut = True
             self._cut.setdefault((transfer.src, transfer.content, transfer.chunk),
                                  []).append(transfer)

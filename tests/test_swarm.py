@@ -269,6 +269,18 @@ def test_with_relay_fetching_a_chunk_asked_of_a_peer_is_announced_until_it_comes
     assert not common.relaying(0)
 
 
+def test_a_relayable_chunk_names_its_feeder_and_leaves_the_join_list_once_held() -> None:
+    """The peer a relayable chunk comes from is never relayed it (each would wait on the
+    other: p2p.relay); `relayable` is what a Join lists as pending besides origin fetches."""
+    s = swarm("00", relay_fetching=True)
+    acts = s.handle(PeerJoined(A, "r1", have("10")), 0.0)
+    assert requests(acts) == [(A, 0)]
+    assert s.relay_feeder(0) == A and s.relayable == 0b01
+    assert s.relay_feeder(1) is None  # not asked of anyone: nothing to relay
+    s.handle(ChunkArrived(0, A, ok=True), 0.5)
+    assert s.relay_feeder(0) is None and s.relayable == 0
+
+
 def test_a_pending_mark_of_a_held_chunk_is_not_kept() -> None:
     """Marks matter only for chunks we lack: one heard before the chunk came is dropped
     when it comes, and one heard after is not recorded (the simulator skips both)."""

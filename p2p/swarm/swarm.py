@@ -186,6 +186,17 @@ class Swarm:
         (`relay_fetching`): a peer may ask us to relay it as it arrives."""
         return bool(self._relayable >> chunk & 1)
 
+    def relay_feeder(self, chunk: int) -> PeerId | None:
+        """The peer a relayable chunk comes from (our first request for it standing): we
+        never relay the chunk to it, or each would wait on the other (p2p.relay)."""
+        askers = self._table.requesters.get(chunk) if self.relaying(chunk) else None
+        return askers[0] if askers else None
+
+    @property
+    def relayable(self) -> int:
+        """The chunks `relaying` says so of, as a bit mask (a Join lists them as pending)."""
+        return self._relayable & ~self._have
+
     @property
     def held_bytes(self) -> int:
         """Bytes held, counting every chunk as full-sized (the last may be shorter)."""
