@@ -281,6 +281,31 @@ def test_a_relayable_chunk_names_its_feeder_and_leaves_the_join_list_once_held()
     assert s.relay_feeder(0) is None and s.relayable == 0
 
 
+def test_a_mark_goes_with_its_request_and_after_a_failure_only_a_holder_renews_it() -> None:
+    """Marks made from marks relay a chunk over several hops; once one fails, the marks
+    still heard may be stale, so the chunk is announced again only when asked of a holder
+    (with every origin down, marks made from stale marks kept a swarm asking itself for
+    chunks no one had: tests/test_sim.py)."""
+    s = swarm("0", relay_fetching=True)
+    acts = s.handle(PeerJoined(A, "r1", have("0"), pending=(0,)), 0.0)
+    assert requests(acts) == [(A, 0)] and Advertise(0, pending=True) in acts  # a relay of A's
+    s.handle(PeerJoined(B, "r1", have("0"), pending=(0,)), 0.1)
+    # A's fetch failed: the chunk is asked of B at once, but the mark goes all the same.
+    acts = s.handle(ChunkFailed(0, A, "rejected: the origin fetch it relayed failed"), 0.2)
+    assert requests(acts) == [(B, 0)] and Withdraw(0) in acts and not s.relaying(0)
+    acts = s.handle(ChunkFailed(0, B, "chunk not held"), 0.3)
+    assert requests(acts) == [] and Withdraw(0) not in acts
+    # A fetches it again: asked of A, a peer still fetching it, it is not announced on.
+    acts = s.handle(PeerPending(A, 0), 0.35)
+    assert requests(acts) == [(A, 0)] and Advertise(0, pending=True) not in acts
+    assert not s.relaying(0)
+    s.handle(ChunkFailed(0, A, "rejected: the origin fetch it relayed failed"), 0.38)
+    # A holder turns up: asked of it, the chunk is announced again.
+    acts = s.handle(PeerJoined(C, "r1", have("1")), 0.4)
+    assert requests(acts) == [(C, 0)] and Advertise(0, pending=True) in acts
+    assert s.relay_feeder(0) == C
+
+
 def test_a_pending_mark_of_a_held_chunk_is_not_kept() -> None:
     """Marks matter only for chunks we lack: one heard before the chunk came is dropped
     when it comes, and one heard after is not recorded (the simulator skips both)."""
