@@ -162,8 +162,9 @@ class Swarm:
         self._banned: set[PeerId] = set()
         self._demand: list[int] = []
         self._prefetch: list[int] = []
-        self._relayable = 0  # chunks requested of peers that we announced as pending ...
-        self._feeders: dict[int, PeerId] = {}  # ... each resting on its request to this peer
+        # Chunks requested of peers that we announced as pending, each with the peer its
+        # mark rests on our request to (`relay_fetching`).
+        self._feeders: dict[int, PeerId] = {}
         self._asked = 0  # chunks requested of peers when we last looked (_announce_fetching)
         self._marks_failed = 0  # chunks whose mark went: marked again only if asked of a holder
         self._last_progress = now
@@ -190,17 +191,17 @@ class Swarm:
     def relaying(self, chunk: int) -> bool:
         """Whether we announced `chunk` as pending because we fetch it from a peer
         (`relay_fetching`): a peer may ask us to relay it as it arrives."""
-        return bool(self._relayable >> chunk & 1)
+        return chunk in self._feeders
 
     def relay_feeder(self, chunk: int) -> PeerId | None:
         """The peer a relayable chunk comes from (the request its mark rests on): we
         never relay the chunk to it, or each would wait on the other (p2p.relay)."""
-        return self._feeders.get(chunk) if self.relaying(chunk) else None
+        return self._feeders.get(chunk)
 
     @property
     def relayable(self) -> int:
         """The chunks `relaying` says so of, as a bit mask (a Join lists them as pending)."""
-        return self._relayable & ~self._have
+        return bits.from_indices(self._feeders) & ~self._have
 
     @property
     def held_bytes(self) -> int:
@@ -599,7 +600,6 @@ class Swarm:
         for chunk in new:
             self._feeders[chunk] = requesters[chunk][0]
         self._asked = requested
-        self._relayable = bits.from_indices(self._feeders)
         taken_back = bits.from_indices(gone) & ~self._have & ~self._origin_mask()
         return [*(Advertise(c, pending=True) for c in new),
                 *(Withdraw(c) for c in bits.indices(taken_back))]
