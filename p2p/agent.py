@@ -499,7 +499,7 @@ class Agent:
         if session.swarm.relaying(chunk) and self.relay_source(session.content, chunk) is None:
             # Announced as pending (relay_fetching): peers may ask us to relay it.
             filling = session.filling[chunk] = Filling(self._buffers.take(length),
-                                                       self._buffers.give, source=peer)
+                                                       self._buffers.give)
             self._parts.expect((link.id, req), filling)
 
     def _disconnect(self, peer: PeerId, reason: str, hostile: bool) -> None:
@@ -652,7 +652,7 @@ class Agent:
         if filling is not None and filling.failure is not None:
             del session.filling[chunk]  # its peer stopped sending it
             return None
-        if filling is not None and peer is not None and filling.source == peer:
+        if filling is not None and peer is not None and session.swarm.relay_feeder(chunk) == peer:
             return None  # the peer sends it to us: answered "not held" (p2p.relay)
         return filling
 

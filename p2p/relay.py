@@ -42,7 +42,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
-from p2p.content import KiB, PeerId
+from p2p.content import KiB
 
 RELAY_PART_BYTES = 256 * KiB  # a relay sends in Pieces this big at least (the last may be less)
 RELAY_HOLD_BYTES = 64 * KiB  # ... and this tail only once the sender has verified the chunk
@@ -61,10 +61,8 @@ class Filling:
     from `acquire`; each calls `release` once, and the last gives `buf` back.
     """
 
-    def __init__(self, buf: bytearray, give_back: Callable[[bytearray], None],
-                 source: PeerId | None = None) -> None:
+    def __init__(self, buf: bytearray, give_back: Callable[[bytearray], None]) -> None:
         self.buf = buf
-        self.source = source  # the peer it arrives from (None: the origin)
         self.filled = 0
         self.ok = False
         self.failure: str | None = None

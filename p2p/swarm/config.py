@@ -54,7 +54,7 @@ class SwarmConfig:
     # 20 MB/s caps: 32 nodes 8.6-8.7 s against 9.9-11.4 s without, 16 nodes 5.7-6.3
     # against 6.5-6.9 (simulations/CALIBRATION.md). Off by default: with it on, a swarm
     # whose requests time out (capped links, a short request_timeout_s) churns requests
-    # until its download budget is months in debt, because a timed-out request is
+    # until its download budget is minutes in debt, because a timed-out request is
     # neither cancelled nor refunded (tests/test_sim.py, the late-piece scenario) ...
     relay_fetching: bool = False
     # ... if at most this many of our peers hold it (the one we ask, usually): where
