@@ -347,9 +347,10 @@ class Agent:
                     self._request(session, peer, chunk)
                 case FetchFromOrigin(chunk):
                     session.origin_tasks[chunk] = self._spawn(self._fetch_origin(session, chunk))
-                case Cancel(peer, chunk):
+                case Cancel(peer, chunk, if_unsent):
                     link = self._joined_link(content, peer)
-                    if link is not None and (req := link.cancel(content, chunk)) is not None:
+                    if link is not None \
+                            and (req := link.cancel(content, chunk, if_unsent)) is not None:
                         self._wasted(self._parts.drop((link.id, req)))
                 case Disconnect(peer, reason, hostile):
                     self._disconnect(peer, reason, hostile)

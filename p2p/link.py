@@ -18,7 +18,8 @@ several Pieces, each under the same limit and slots.
 Requests we send are numbered per link, so a piece is matched to exactly the
 request that asked for it. A request we no longer need (an end-game duplicate
 another peer answered first) is withdrawn: not sent if it is still waiting for
-download budget, else followed by a Cancel, which the peer honours if the
+download budget (and the budget it reserved comes back; so is one that timed out
+before it went out), else followed by a Cancel, which the peer honours if the
 request is still in its queue; a piece that comes anyway is read and dropped
 (counted as wasted).
 
@@ -159,6 +160,8 @@ class Link:
         self._asked: dict[int, tuple[ContentId, int]] = {}
         self._by_chunk: dict[tuple[ContentId, int], int] = {}
         self._sent: set[int] = set()  # our requests on the wire, not answered yet
+        # ... and those still waiting for download budget: bytes reserved, and where from
+        self._paced: dict[int, tuple[int, RateLimiter]] = {}
         # The peer's requests, each with its due in ms on our clock (p2p.swarm.uploads).
         self._uploads: asyncio.Queue[tuple[Request, int]] = asyncio.Queue()
         self._queued: set[int] = set()  # the peer's requests in _uploads, by its ids
@@ -210,24 +213,30 @@ class Link:
         self._asked[req] = (content, chunk)
         self._by_chunk[(content, chunk)] = req
         if not self._closed:
+            self._paced[req] = (nbytes, download)
             asyncio.get_running_loop().create_task(
-                self._paced_request(Request(content=content, chunk=chunk, req=req), nbytes,
-                                    download))
+                self._paced_request(Request(content=content, chunk=chunk, req=req),
+                                    download.reserve(nbytes)))
         return req
 
-    async def _paced_request(self, msg: Request, nbytes: int, download: RateLimiter) -> None:
-        await download.acquire(nbytes)
-        if msg.req in self._asked:  # not cancelled while waiting
+    async def _paced_request(self, msg: Request, wait: float) -> None:
+        if wait > 0:
+            await asyncio.sleep(wait)
+        if self._paced.pop(msg.req, None) is not None:  # not cancelled while waiting
             self._sent.add(msg.req)
             await self._send(dataclasses.replace(msg, due_ms=self._owner.request_due_ms()))
 
-    def cancel(self, content: ContentId, chunk: int) -> int | None:
-        """Forget a request; if it went out, ask the peer to skip it. Its piece, if it
-        still comes, is dropped unread. Returns the request's id, if there was one."""
-        req = self._by_chunk.pop((content, chunk), None)
-        if req is None:
+    def cancel(self, content: ContentId, chunk: int, if_unsent: bool = False) -> int | None:
+        """Forget a request: if it still waits for download budget, it never goes out
+        and its budget comes back; if it went out, ask the peer to skip it. Its piece,
+        if it still comes, is dropped unread. `if_unsent`: only a request not sent yet
+        (one that went out stays asked). Returns the forgotten request's id, if any."""
+        req = self._by_chunk.get((content, chunk))
+        if req is None or (if_unsent and req not in self._paced):
             return None
+        del self._by_chunk[(content, chunk)]
         self._asked.pop(req, None)
+        self._refund(req)
         if req in self._sent:
             self._sent.discard(req)
             self.send_soon(Cancel(content=content, chunk=chunk, req=req))
@@ -390,10 +399,17 @@ class Link:
         except (OSError, ConnectionClosed, RemoteProtocolError) as exc:
             self.close(f"upload failed: {exc}")
 
+    def _refund(self, req: int) -> None:
+        if (paced := self._paced.pop(req, None)) is not None:
+            nbytes, download = paced
+            download.refund(nbytes)
+
     def close(self, reason: str, hostile: bool = False) -> None:
         if self._closed:
             return
         self._closed = True
+        for req in list(self._paced):  # never sent: the node may spend that budget elsewhere
+            self._refund(req)
         current = asyncio.current_task()
         for task in [*self._tasks, *self._relays]:
             if task is not current:

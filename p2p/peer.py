@@ -107,11 +107,20 @@ class RateLimiter:
 
     async def acquire(self, n: int) -> None:
         """Return when `n` more bytes may be sent or received."""
-        if self.bucket.unlimited:
-            return
-        wait = self.bucket.reserve(n, asyncio.get_running_loop().time())
+        wait = self.reserve(n)
         if wait > 0:
             await asyncio.sleep(wait)
+
+    def reserve(self, n: int) -> float:
+        """Take `n` bytes of budget now; the seconds to wait before they may move."""
+        if self.bucket.unlimited:
+            return 0.0
+        return self.bucket.reserve(n, asyncio.get_running_loop().time())
+
+    def refund(self, n: int) -> None:
+        """Give back `n` reserved bytes that will never move."""
+        if not self.bucket.unlimited:
+            self.bucket.refund(n, asyncio.get_running_loop().time())
 
 
 def listen_socket(host: str, port: int, backlog: int = 1024) -> socket.socket:

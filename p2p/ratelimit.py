@@ -2,7 +2,8 @@
 
 Theory of operation: a bucket holds up to `burst_bytes` tokens and refills at
 `rate_bytes_per_s`. `reserve(n, now)` takes `n` tokens at once and answers how
-long the caller must wait before sending those bytes. The bucket may go into
+long the caller must wait before sending those bytes, and `refund(n, now)` gives
+back what a cancelled reservation will not send. The bucket may go into
 debt: a reservation larger than what is available (even larger than the
 burst) is granted, and the debt becomes the wait. Later callers then queue
 behind it, because they see the debt first. That gives first-come,
@@ -69,6 +70,17 @@ class TokenBucket:
         self._refill(now)
         self._tokens -= n
         return 0.0 if self._tokens >= 0 else -self._tokens / self._rate
+
+    def refund(self, n: int, now: float) -> None:
+        """Give back `n` tokens of a reservation whose bytes will never be sent (a
+        request cancelled while it waited); the bucket never holds more than its burst.
+        Callers already waiting keep their waits: the tokens go to the next reservation."""
+        if n < 0:
+            raise ValueError(f"cannot refund a negative number of bytes ({n})")
+        if self._rate is None:
+            return
+        self._refill(now)
+        self._tokens = min(float(self._burst), self._tokens + n)
 
     def available(self, now: float) -> float:
         """Tokens that could be taken at `now` without waiting (negative while in debt)."""

@@ -105,6 +105,9 @@ RELAYING = 4
 # request, and its last byte cannot land before the sender holds the chunk: a relay
 # flow that ends first waits here, outside the slots, for the sender's copy.
 TAILING = 5
+# Waiting at its receiver for download budget (AgentSpec.download_cap_Bps): a
+# cancel now means it never goes out, and the budget it reserved comes back.
+PACED = 6
 
 
 class Uploads:

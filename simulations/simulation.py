@@ -21,7 +21,8 @@ actions the swarm returns as scheduled callbacks and network flows:
 |                     | ChunkFailed if the origin is down                         |
 | Advertise(c)        | PeerHas (PeerPending) to every connected peer, one batch  |
 | Withdraw(c)         | PeerWithdrew to every connected peer, one batch           |
-| Cancel(p, c)        | not sent if still paced; else a cancel travels to p,      |
+| Cancel(p, c)        | not sent if still paced (its budget comes back); else,    |
+|                     | unless `if_unsent` (a time-out), a cancel travels to p,   |
 |                     | which skips the request if it has not started sending it; |
 |                     | a piece sent anyway counts as wasted bytes                |
 | Disconnect(p)       | the other side drops the join at once and hears PeerLost  |
@@ -105,6 +106,7 @@ from simulations.engine import Loop
 from simulations.network import Flows, Origin, Topology
 from simulations.node import (
     ORIGIN,
+    PACED,
     RELAYING,
     SENDING,
     TAILING,
@@ -356,12 +358,7 @@ class Simulation:
                 self._advertise(n, c, action)
             elif kind is Cancel:
                 assert isinstance(action, Cancel)
-                key = (n, c, self._index[action.peer], action.chunk)
-                if (transfer := self._transfers.pop(key, None)) is not None:
-                    transfer.orphan = True  # the agent forgets it; the sender still sends
-                    if self.scenario.agent.cancel_on_wire:
-                        latency = self.top.latency(n, transfer.src)
-                        self.loop.after(latency, self._cancel_arrived, transfer)
+                self._cancel(n, c, action)
             elif kind is FetchFromOrigin:
                 assert isinstance(action, FetchFromOrigin)
                 self._fetch_origin(n, c, action.chunk)
@@ -493,21 +490,26 @@ class Simulation:
         node.counters.requests += 1
         wait = 0.0 if node.download is None else node.download.reserve(nbytes, self.loop.now)
         if wait > 0:
+            transfer.stage = PACED
             self.loop.after(wait, self._request_paced, transfer)
         else:
             self._request_sent(transfer)
 
     def _request_paced(self, transfer: Transfer) -> None:
         """The download budget has room: the request goes out, unless cancelled meanwhile."""
-        if transfer.cancelled:
-            return
-        if transfer.orphan:
-            self._untrack(transfer)
-            return
-        self._request_sent(transfer)
+        if not transfer.cancelled:
+            self._request_sent(transfer)
+
+    def _unpace(self, transfer: Transfer) -> None:
+        """A request that waited for download budget will not go out: the budget comes back
+        (p2p.link, `Link.cancel`)."""
+        download = self.nodes[transfer.dst].download
+        if download is not None:
+            download.refund(transfer.nbytes, self.loop.now)
 
     def _request_sent(self, transfer: Transfer) -> None:
         """The request leaves its node, carrying the node's due (p2p.swarm.uploads)."""
+        transfer.stage = TRAVELLING
         transfer.due_ms = int(1000 * self.nodes[transfer.dst].core.due(self.loop.now))
         latency = self.top.latency(transfer.dst, transfer.src)
         self.loop.after(latency, self._request_arrived, transfer)
@@ -595,6 +597,9 @@ class Simulation:
             if sending:
                 self.origins[transfer.origin].release()
             return
+        if transfer.stage == PACED:
+            self._unpace(transfer)
+            return
         self._waste(transfer, moved)
         src = self.nodes[transfer.src]
         if src.alive and transfer.stage not in (TRAVELLING, RELAYING, TAILING):
@@ -608,6 +613,24 @@ class Simulation:
             if not relayed.cancelled:
                 self._untrack(relayed)
                 self._relay_failed(relayed)
+
+    def _cancel(self, n: int, c: int, action: Cancel) -> None:
+        """As `Link.cancel`: a paced request is dropped and refunded; a sent one (unless
+        the cancel is only `if_unsent`) is forgotten and a cancel travels to its sender."""
+        key = (n, c, self._index[action.peer], action.chunk)
+        transfer = self._transfers.get(key)
+        if transfer is None:
+            return
+        if transfer.stage == PACED:
+            self._unpace(transfer)
+            transfer.cancelled = True
+            self._untrack(transfer)
+        elif not action.if_unsent:
+            del self._transfers[key]
+            transfer.orphan = True  # the agent forgets it; the sender still sends
+            if self.scenario.agent.cancel_on_wire:
+                self.loop.after(self.top.latency(n, transfer.src), self._cancel_arrived,
+                                transfer)
 
     def _cancel_arrived(self, transfer: Transfer) -> None:
         """The sender skips a cancelled request unless its piece is going out (p2p.link)."""

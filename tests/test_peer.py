@@ -578,6 +578,18 @@ def test_bucket_grants_reservations_larger_than_the_burst() -> None:
     assert bucket.reserve(1010, 0.0) == pytest.approx(10.0)
 
 
+def test_a_refund_goes_to_the_next_reservation_and_never_past_the_burst() -> None:
+    bucket = TokenBucket(100.0, 10)
+    assert bucket.reserve(10, 0.0) == 0.0
+    assert bucket.reserve(100, 0.0) == pytest.approx(1.0)  # cancelled while it waits
+    bucket.refund(100, 0.0)
+    assert bucket.reserve(10, 0.0) == pytest.approx(0.1)  # as if it had never been asked
+    bucket.refund(10**6, 0.0)
+    assert bucket.available(0.0) == pytest.approx(10)  # a refund never exceeds the burst
+    with pytest.raises(ValueError):
+        bucket.refund(-1, 0.0)
+
+
 def test_bucket_unlimited_and_clock_going_back() -> None:
     assert TokenBucket(None, 0).reserve(10**12, 0.0) == 0.0
     bucket = TokenBucket(10.0, 10)

@@ -6,6 +6,7 @@ import tomllib
 
 import pytest
 
+from p2p.swarm import SwarmConfig
 from simulations import report
 from simulations.node import RELAYING
 from simulations.scenario import Scenario, override, parse
@@ -250,7 +251,10 @@ def test_nodes_announce_as_the_agents_node_core_decides() -> None:
 def test_a_late_piece_of_a_chunk_already_held_counts_as_wasted() -> None:
     """As in the agent (`on_piece`): a request that timed out went elsewhere; when its
     piece still comes, every byte of it is counted as wasted, so that every byte a node
-    received beyond the content is in `wasted_bytes`."""
+    received beyond the content is in `wasted_bytes`. A request that timed out before
+    it went out never goes, and its download budget comes back: no node ends owing
+    more than its full pipeline (before that, budgets ran hundreds of MB into debt,
+    and with relay_fetching on the run stalled)."""
     sim, stop, _ = run(scenario('\n[agent]\nupload_cap = "400Mbps"\ndownload_cap = "400Mbps"\n'
                                 '\n[swarm]\nrequest_timeout = "1s"\n'))
     assert stop == "complete"
@@ -261,6 +265,9 @@ def test_a_late_piece_of_a_chunk_already_held_counts_as_wasted() -> None:
         received = c.down_same_rack + c.down_cross_rack + c.down_origin
         needed = sum(sim.contents[i].size for i in node.needs)
         assert received - needed <= c.wasted_down + 1e-6, node.index
+        pipeline = SwarmConfig().max_inflight * sim.contents[0].chunk_bytes(0)
+        assert node.download is not None
+        assert node.download.available(sim.loop.now) >= -pipeline, node.index
 
 
 def test_a_relay_is_sent_once_its_sender_has_the_chunk_from_the_origin() -> None:

@@ -139,6 +139,7 @@ def test_timeout_reissues_to_another_peer() -> None:
     assert t is not None and t <= 5.0
     acts = s.handle_timer(5.0)
     assert (B, 0) in requests(acts)
+    assert Cancel(A, 0, if_unsent=True) in acts  # dropped if it has not gone out yet
     assert s.stats["timeouts"] == 1
 
 

@@ -52,11 +52,12 @@ class SwarmConfig:
     # can ask us to relay one while it arrives (cut-through): a chunk then crosses
     # several hops in little more than one chunk-time (p2p.relay). Real agents, 64 MiB,
     # 20 MB/s caps: 32 nodes 8.6-8.7 s against 9.9-11.4 s without, 16 nodes 5.7-6.3
-    # against 6.5-6.9 (simulations/CALIBRATION.md). Off by default: with it on, a swarm
-    # whose requests time out (capped links, a short request_timeout_s) churns requests
-    # until its download budget is minutes in debt, because a timed-out request is
-    # neither cancelled nor refunded (tests/test_sim.py, the late-piece scenario) ...
-    relay_fetching: bool = False
+    # against 6.5-6.9 (simulations/CALIBRATION.md). It needs timed-out requests that
+    # never went out to be dropped and refunded (Cancel.if_unsent): without that, a
+    # swarm whose requests time out (capped links, a short request_timeout_s) churned
+    # requests until its download budget was minutes in debt (tests/test_sim.py, the
+    # late-piece scenario) ...
+    relay_fetching: bool = True
     # ... if at most this many of our peers hold it (the one we ask, usually): where
     # more do, our peers' peers likely do too. Simulated at 1,000 nodes, 1 kept the
     # whole gain of announcing every chunk (scale p99 3.21 s, launch 4.41 s, against

@@ -162,10 +162,14 @@ class FetchFromOrigin:
 
 @dataclass(frozen=True, slots=True)
 class Cancel:
-    """Drop the request for `chunk` at `peer`: another copy already arrived."""
+    """Drop the request for `chunk` at `peer`: another copy arrived. `if_unsent`: it
+    timed out, and is dropped only if it still waits for our download budget; one
+    already sent is left to finish, and its piece is taken if the chunk is still
+    missing when it comes."""
 
     peer: PeerId
     chunk: int
+    if_unsent: bool = False
 
 
 @dataclass(frozen=True, slots=True)

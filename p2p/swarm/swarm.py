@@ -58,7 +58,12 @@ After every event it fills free request slots:
    the same chunk all read it from the origin.
 
 Failures: a request that times out or is rejected counts against the peer,
-which then backs off exponentially; a peer that sends bytes failing
+which then backs off exponentially. One that times out while it still waits
+for our download budget is cancelled and its budget comes back (without that,
+on a capped node, re-asked chunks pile up budget debt until nothing goes out);
+one already sent is left to finish: its piece is taken if the chunk is still
+missing when it comes (cancelling those too took twice as long in a swarm whose
+requests time out, tests/test_sim.py's late-piece scenario). a peer that sends bytes failing
 verification is banned, disconnected and reported. An origin that fails is
 retried with backoff; one that keeps serving bad bytes aborts the content.
 When no chunk arrives for `no_source_deadline_s` while chunks are missing, the
@@ -521,6 +526,7 @@ class Swarm:
             for chunk in late:
                 self.stats["timeouts"] += 1
                 self._table.clear_request(chunk, peer)
+                actions.append(Cancel(peer, chunk, if_unsent=True))
             if late and peer in self._peers:
                 actions += self._peer_failed(peer, now)
         for chunk in [c for c, deadline in self._origin.items() if deadline <= now]:
