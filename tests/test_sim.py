@@ -248,7 +248,8 @@ def test_nodes_announce_as_the_agents_node_core_decides() -> None:
     assert sum(complete for complete, _, _ in seen) == len(sim.nodes) - 1
 
 
-def test_a_late_piece_of_a_chunk_already_held_counts_as_wasted() -> None:
+@pytest.mark.parametrize("relays", ["false", "true"])
+def test_a_late_piece_of_a_chunk_already_held_counts_as_wasted(relays: str) -> None:
     """As in the agent (`on_piece`): a request that timed out went elsewhere; when its
     piece still comes, every byte of it is counted as wasted, so that every byte a node
     received beyond the content is in `wasted_bytes`. A request that timed out before
@@ -256,7 +257,7 @@ def test_a_late_piece_of_a_chunk_already_held_counts_as_wasted() -> None:
     more than its full pipeline (before that, budgets ran hundreds of MB into debt,
     and with relay_fetching on the run stalled)."""
     sim, stop, _ = run(scenario('\n[agent]\nupload_cap = "400Mbps"\ndownload_cap = "400Mbps"\n'
-                                '\n[swarm]\nrequest_timeout = "1s"\n'))
+                                f'\n[swarm]\nrequest_timeout = "1s"\nrelay_fetching = {relays}\n'))
     assert stop == "complete"
     timeouts = sum(sw.stats["timeouts"] for node in sim.nodes for sw in node.swarms.values())
     assert timeouts > 0  # the scenario has what it tests

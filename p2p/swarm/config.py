@@ -50,14 +50,12 @@ class SwarmConfig:
     relay_pending: bool = True
     # Also announce as pending the chunks we are fetching from peers, so that a peer
     # can ask us to relay one while it arrives (cut-through): a chunk then crosses
-    # several hops in little more than one chunk-time (p2p.relay). Real agents, 64 MiB,
-    # 20 MB/s caps: 32 nodes 8.6-8.7 s against 9.9-11.4 s without, 16 nodes 5.7-6.3
-    # against 6.5-6.9 (simulations/CALIBRATION.md). It needs timed-out requests that
-    # never went out to be dropped and refunded (Cancel.if_unsent): without that, a
-    # swarm whose requests time out (capped links, a short request_timeout_s) churned
-    # requests until its download budget was minutes in debt (tests/test_sim.py, the
-    # late-piece scenario) ...
-    relay_fetching: bool = True
+    # several hops in little more than one chunk-time (p2p.relay). Off by default: real
+    # agents do not gain from it here. 64 MiB, 20 MB/s caps, three runs each way on one
+    # day (stop 29): 32 agents 12.9-15.1 s with it against 10.8-12.6 s without, 16
+    # agents 5.8-7.2 against 6.5-7.1; and the simulator's relays, which gain much more
+    # (32 agents 5.7 s against 10.9), are not calibrated (simulations/CALIBRATION.md) ...
+    relay_fetching: bool = False
     # ... if at most this many of our peers hold it (the one we ask, usually): where
     # more do, our peers' peers likely do too. Simulated at 1,000 nodes, 1 kept the
     # whole gain of announcing every chunk (scale p99 3.21 s, launch 4.41 s, against
