@@ -137,6 +137,18 @@ def test_a_peer_the_tracker_did_not_hand_out_brings_the_announce_forward_but_not
     assert not any(isinstance(a, AnnounceAll) for a in n.handle_timer(50.0))  # in flight
 
 
+def test_a_swarm_about_to_cover_vacant_fetcher_slots_brings_the_announce_forward() -> None:
+    s = swarm("0000")
+    n = node(x=s)
+    fire(n)
+    n.handle(Announced(INTERVAL), 0.01)
+    n.swarm_event(X, PeersFound((), origin_slot=0, origin_slots=2, origin_filled=1), 0.01)
+    grace = SwarmConfig().vacant_grace_s
+    assert n.next_timer() == 0.01 + grace  # the swarm's grace ends before the announce
+    assert announced(fire(n))  # asked at once, not INTERVAL after the last answer
+    assert s.wants_view(0.01 + grace)  # until the answer comes
+
+
 def test_a_completed_content_is_announced_at_once_and_asks_for_no_peers() -> None:
     s = swarm("0")
     n = node(x=s)

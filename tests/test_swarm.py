@@ -447,7 +447,24 @@ def test_fetchers_share_the_vacant_slots() -> None:
         assert sorted(origin_fetches(acts)) == own  # its own now; the vacant ones after a grace
         grace = s.next_timer()
         assert grace == SwarmConfig().vacant_grace_s
-        assert sorted(origin_fetches(s.handle_timer(grace))) == vacant
+        assert origin_fetches(s.handle_timer(grace)) == [] and s.wants_view(grace)
+        acts = s.handle(PeersFound((), origin_slot=slot, origin_slots=4, origin_filled=2),
+                        grace + 0.01)  # the tracker, asked again, still has two fetchers
+        assert sorted(origin_fetches(acts)) == vacant and not s.wants_view(grace + 0.01)
+
+
+def test_a_fetcher_asks_the_tracker_again_before_it_covers_a_vacant_slot() -> None:
+    # Fetcher 0 was told it is alone; by the end of its grace the tracker has filled
+    # slot 1 with a node that is still settling and has announced nothing yet.
+    s = swarm("0000", max_origin_inflight=4)
+    acts = s.handle(PeersFound((), origin_slot=0, origin_slots=2, origin_filled=1), 0.0)
+    assert origin_fetches(acts) == [0, 2]
+    grace = SwarmConfig().vacant_grace_s
+    assert not s.wants_view(grace - 0.01)
+    assert origin_fetches(s.handle_timer(grace)) == [] and s.wants_view(grace)
+    acts = s.handle(PeersFound((), origin_slot=0, origin_slots=2, origin_filled=2), 0.3)
+    assert origin_fetches(acts) == [] and not s.wants_view(0.3)
+    assert origin_fetches(s.handle_timer(10.0)) == []  # slot 1's chunks are its owner's
 
 
 def test_a_full_set_of_fetchers_covers_no_vacant_slot() -> None:
@@ -560,7 +577,9 @@ def test_fetcher_zero_waits_for_newcomers_before_it_covers_their_slots() -> None
     join(s, A, "00000", now=0.2)
     s.handle(PeerPending(A, 1), 0.2)  # fetcher 1 started on chunk 1
     assert s.next_timer() == 0.2 + SwarmConfig().vacant_grace_s  # a joiner puts it off
-    assert origin_fetches(s.handle_timer(0.5)) == [3]
+    assert origin_fetches(s.handle_timer(0.5)) == []  # asks the tracker again first
+    acts = s.handle(PeersFound((), origin_slot=0, origin_slots=4, origin_filled=1), 0.5)
+    assert origin_fetches(acts) == [3]
     assert origin_fetches(s.handle(ChunkArrived(3, None, ok=True), 0.6)) == [2]
 
 
@@ -577,7 +596,10 @@ def test_a_lazy_content_ensured_later_gets_its_grace_from_then() -> None:
     assert s.next_timer() == 5.0 + SwarmConfig().vacant_grace_s
     join(s, A, "0000", now=5.1)
     s.handle(PeerPending(A, 1), 5.1)  # fetcher 1 ensured it too
-    assert origin_fetches(s.handle_timer(5.1 + SwarmConfig().vacant_grace_s)) == [3]
+    end = 5.1 + SwarmConfig().vacant_grace_s
+    assert origin_fetches(s.handle_timer(end)) == [] and s.wants_view(end)
+    acts = s.handle(PeersFound((), origin_slot=0, origin_slots=2, origin_filled=1), end)
+    assert origin_fetches(acts) == [3]
 
 
 def test_a_peer_joining_during_the_grace_puts_it_off_for_its_pending_marks() -> None:
@@ -598,7 +620,9 @@ def test_a_peer_joining_during_the_grace_puts_it_off_for_its_pending_marks() -> 
     join(t, A, "00", now=0.2)
     join(t, B, "00", now=0.4)
     assert t.next_timer() == 2 * grace
-    assert origin_fetches(t.handle_timer(2 * grace)) == [1]
+    assert origin_fetches(t.handle_timer(2 * grace)) == [] and t.wants_view(2 * grace)
+    acts = t.handle(PeersFound((), origin_slot=0, origin_slots=4, origin_filled=1), 2 * grace)
+    assert origin_fetches(acts) == [1]
 
 
 def test_prefetched_chunks_are_not_held_back_by_the_grace() -> None:

@@ -15,7 +15,9 @@ so that the asyncio agent and the simulator make them with the same code:
   image opens six contents one after another, and a gap for each cost
   0.3 s of a 2.3 s launch), and no sooner than `EARLY_ANNOUNCE_GAP_S` after
   the last announce when a peer the tracker did not hand us joins one of our
-  swarms (the swarm grew, so our origin-fetcher slot may have changed).
+  swarms (the swarm grew, so our origin-fetcher slot may have changed) or a
+  swarm is about to cover vacant fetcher slots on an old count
+  (`Swarm.wants_view`).
 * What each content asks of the tracker (`want`): 0, no handout, once it is
   complete or its swarm is linked to as many peers as it would open itself;
   else None, the tracker's own limit. This spares the tracker most handouts
@@ -343,6 +345,8 @@ class Node:
                    advance: bool, now: float) -> list[NodeAction]:
         """The node's share of a swarm call: tag its actions, react to them, and ask
         for its next timer again if need be."""
+        if swarm.wants_view(now):  # (p2p.swarm.swarm: the vacant fetcher slots)
+            self._announce_at(max(now, self._last_sent + EARLY_ANNOUNCE_GAP_S))
         if not actions:
             self._refresh(content, swarm, advance, now)
             return []

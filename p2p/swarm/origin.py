@@ -16,14 +16,16 @@ order, and fetchers that briefly disagree about the fetcher set start apart.
 Nodes that start together are appointed a moment apart (the first is fetcher 0
 of one, the next fetcher 1 of two, ...), and fetcher 0 learns of the others
 only at its next announce, so for a moment it covers chunks that their owners
-fetch too. Two rules keep it off them: it leaves the vacant slots' chunks
+fetch too. Three rules keep it off them: it leaves the vacant slots' chunks
 alone for `vacant_grace_s` after it first covers and wants them (the swarm's
 rule: by then it has heard the newcomers' pending marks, or the tracker's new
 count), unless they are on the prefetch list, and a peer joining it during the
 grace puts the end off to a grace after the join (at most twice the grace from
-the start: the joiner's marks follow its Join); and it takes them last, from
-the end of the content down, while the newcomers take theirs from their
-regions up. Measured, 8 agents ensuring nine contents of 1-7 chunks at once,
+the start: the joiner's marks follow its Join); when the grace ends, it asks
+the tracker again and covers only the slots still vacant (newcomers wait up to
+`settle_s` before their first fetch, longer than the grace, so their marks may
+not have come yet); and it takes them last, from the end of the content down,
+while the newcomers take theirs from their regions up. Measured, 8 agents ensuring nine contents of 1-7 chunks at once,
 the origin served 1.0-1.27x the bytes (9 runs) with neither rule, 1.0-1.10x (6
 runs) with the order alone, and with both 1.0x in 5 of 6 runs (1.012x in the
 sixth) at a 0.25 s grace, 1.0x in 6 of 6 at 0.5 s. The price is paid by a node
