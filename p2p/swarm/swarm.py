@@ -64,8 +64,8 @@ for our download budget is cancelled and its budget comes back (without that,
 on a capped node, re-asked chunks pile up budget debt until nothing goes out);
 one already sent is left to finish: its piece is taken if the chunk is still
 missing when it comes (cancelling those too took twice as long in a swarm whose
-requests time out, tests/test_sim.py's late-piece scenario). a peer that sends bytes failing
-verification is banned, disconnected and reported. An origin that fails is
+requests time out, tests/test_sim.py's late-piece scenario). A peer that sends
+bytes failing verification is banned, disconnected and reported. An origin that fails is
 retried with backoff; one that keeps serving bad bytes aborts the content.
 When no chunk arrives for `no_source_deadline_s` while chunks are missing, the
 content aborts with what was tried (see `stall.py`). A held chunk that the
