@@ -21,7 +21,8 @@ import uvloop
 
 from p2p import wire
 from p2p.auth import AuthError, handshake_mac
-from p2p.content import KiB, MiB, PeerId
+from p2p.content import ContentId, KiB, MiB, PeerId
+from p2p.link import Link, UploadGate
 from p2p.peer import (
     ConnectionClosed,
     IdentityError,
@@ -36,6 +37,9 @@ from p2p.peer import (
     listen_socket,
 )
 from p2p.ratelimit import TokenBucket
+from p2p.store import ChunkStore
+from p2p.swarm.links import LinkId
+from p2p.swarm.uploads import UPLOAD_ORDER
 from p2p.wire import (
     Auth,
     Bye,
@@ -599,3 +603,47 @@ def test_bucket_unlimited_and_clock_going_back() -> None:
         TokenBucket(0.0, 10)
     with pytest.raises(ValueError):
         bucket.reserve(-1, 6.0)
+
+
+# A link's requests against the node's download budget (p2p.link).
+
+
+class _Owner:
+    """The agent's side of a link, as far as sending requests needs it."""
+
+    def request_due_ms(self) -> int:
+        return 0
+
+    def link_ending(self, link: Link, reason: str, hostile: bool) -> None:
+        pass
+
+    def link_closed(self, link: Link, reason: str, hostile: bool) -> None:
+        pass
+
+
+def test_a_request_cancelled_while_it_waits_for_budget_never_goes_out_and_refunds_it(
+        run: Run, tmp_path: Path) -> None:
+    async def scenario() -> None:
+        ours, theirs = await pair()
+        store = ChunkStore(tmp_path / "store", 64 * MiB)
+        link = Link(ours, LinkId(1), _Owner(), store,  # type: ignore[arg-type]
+                    RateLimiter(None), UploadGate(1, UPLOAD_ORDER))
+        download = RateLimiter(100 * MiB, burst=1 * MiB)
+        try:
+            content = ContentId(C)
+            link.request(content, 0, 1 * MiB, download)  # the burst: goes out at once
+            second = link.request(content, 1, 10 * MiB, download)  # waits 0.1 s
+            assert download.bucket.available(asyncio.get_running_loop().time()) < 0
+            assert link.cancel(content, 1, if_unsent=True) == second
+            assert download.bucket.available(asyncio.get_running_loop().time()) >= 0
+            first = await theirs.recv()
+            assert isinstance(first, wire.Request) and first.chunk == 0
+            assert link.cancel(content, 0, if_unsent=True) is None  # sent: it stays asked
+            await asyncio.sleep(0.3)  # past the cancelled request's wait
+            link.request(content, 2, 1 * KiB, download)
+            after = await theirs.recv()
+            assert isinstance(after, wire.Request) and after.chunk == 2  # not chunk 1
+        finally:
+            link.close("test over")
+            theirs.close()
+    run(scenario)
