@@ -622,9 +622,7 @@ class Simulation:
         if transfer is None:
             return
         if transfer.stage == PACED:
-            self._unpace(transfer)
-            transfer.cancelled = True
-            self._untrack(transfer)
+            self._abort(transfer)  # never sent: its budget comes back
         elif not action.if_unsent:
             del self._transfers[key]
             transfer.orphan = True  # the agent forgets it; the sender still sends
