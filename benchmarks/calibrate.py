@@ -57,6 +57,8 @@ def bench(nodes: int, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     cmd = ["bootseer", "bench", "swarm", "--nodes", str(nodes), "--size", args.size,
            "--node-cap", str(args.node_cap), "--origin-cap", str(args.origin_cap),
            "--chunk-size-mb", str(args.chunk_mb), "--racks", str(args.racks), "--json"]
+    if args.no_baseline:
+        cmd.append("--no-baseline")
     for option in agent_options(args):
         cmd += ["--agent-option", option]
     exe = Path(sys.executable).with_name("bootseer")
@@ -155,6 +157,8 @@ def main() -> int:
                         "e.g. appointed_patience_s=20")
     p.add_argument("--upload-slots", type=int, default=None,
                    help="the agents' upload_slots, for both (default: the agent's)")
+    p.add_argument("--no-baseline", action="store_true",
+                   help="skip the origin-only rounds (at low caps they take minutes)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--rate-update-ms", type=float, default=5.0)
     p.add_argument("--timeout", type=float, default=1800.0)
@@ -197,6 +201,8 @@ def table(rows: list[dict[str, Any]], commands: list[str], args: argparse.Namesp
              f"--node-cap {args.node_cap:g}", f"--origin-cap {args.origin_cap:g}",
              f"--chunk-mb {args.chunk_mb}", f"--racks {args.racks}", f"--repeat {args.repeat}"]
     flags += [f"--swarm {s}" for s in args.swarm]
+    if args.no_baseline:
+        flags.append("--no-baseline")
     if args.upload_slots is not None:
         flags.append(f"--upload-slots {args.upload_slots}")
     lines = [

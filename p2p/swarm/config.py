@@ -50,12 +50,13 @@ class SwarmConfig:
     relay_pending: bool = True
     # Also announce as pending the chunks we are fetching from peers, so that a peer
     # can ask us to relay one while it arrives (cut-through): a chunk then crosses
-    # several hops in little more than one chunk-time (p2p.relay). Off by default: real
-    # agents do not gain from it here. 64 MiB, 20 MB/s caps, three runs each way on one
-    # day (stop 29): 32 agents 12.9-15.1 s with it against 10.8-12.6 s without, 16
-    # agents 5.8-7.2 against 6.5-7.1; and the simulator's relays, which gain much more
-    # (32 agents 5.7 s against 10.9), are not calibrated (simulations/CALIBRATION.md) ...
-    relay_fetching: bool = False
+    # several hops in little more than one chunk-time (p2p.relay). Real agents, stop
+    # 30: the capped bench (8 x 256 MiB, 50 MB/s, alternating rounds) 1.077-1.097 x its
+    # bound with it against 1.127-1.139 without; 64 MiB at 8 MB/s caps, 16 agents
+    # 12.9-14.0 s against 16.4-17.3, 32 agents 17.1-18.8 against 21.7-22.8. Where 32
+    # agents share this machine's 2 cores at 20 MB/s each they are CPU-bound, and slower
+    # with it (stop 29: 12.9-15.1 s against 10.8-12.6; simulations/CALIBRATION.md).
+    relay_fetching: bool = True
     # ... if at most this many of our peers hold it (the one we ask, usually): where
     # more do, our peers' peers likely do too. Simulated at 1,000 nodes, 1 kept the
     # whole gain of announcing every chunk (scale p99 3.21 s, launch 4.41 s, against
