@@ -55,7 +55,8 @@ class SwarmConfig:
     # bound with it against 1.127-1.139 without; 64 MiB at 8 MB/s caps, 16 agents
     # 12.9-14.0 s against 16.4-17.3, 32 agents 17.1-18.8 against 21.7-22.8. Where 32
     # agents share this machine's 2 cores at 20 MB/s each they are CPU-bound, and slower
-    # with it (stop 29: 12.9-15.1 s against 10.8-12.6; simulations/CALIBRATION.md).
+    # with it (stop 29: 12.9-15.1 s against 10.8-12.6; simulations/CALIBRATION.md), as
+    # is the uncapped bench on loopback (474-530 MB/s against 547-643): relays cost CPU.
     relay_fetching: bool = True
     # ... if at most this many of our peers hold it (the one we ask, usually): where
     # more do, our peers' peers likely do too. Simulated at 1,000 nodes, 1 kept the
