@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -51,6 +52,7 @@ LOOPBACK_LATENCY_S = 100e-6  # one message between two local agents (asyncio, lo
 ORIGIN_LATENCY_S = 1e-3  # first byte from the local HTTP origin
 ORIGIN_CONCURRENCY = 256  # the local origin does not queue requests
 LOOPBACK_BPS = 1e9  # per agent, each way: well above any cap the calibration uses
+CPU_BOUND = 0.75  # of the host's cores, used by the agents over a round
 
 
 def bench(nodes: int, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
@@ -177,6 +179,8 @@ def main() -> int:
                 "nodes": n, "measured_s": real["seconds"],
                 "simulated_s": round(sim["makespan_s"], 3),
                 "measured_node_p50_s": median(real["node_seconds"]),
+                "measured_agent_cores": real.get("agent_cores"),
+                "host_cpus": real.get("host_cpus"),
                 "simulated_node_p50_s": round(median(sim_nodes), 3),
                 "measured_egress": real["origin_egress_ratio"],
                 "simulated_egress": round(sim["origin_egress_ratio"], 4),
@@ -188,6 +192,15 @@ def main() -> int:
     args.out.write_text(table(rows, commands, args))
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
+
+
+def cores(reals: list[dict[str, Any]]) -> str:
+    """The agents' cores of each run, and whether any run was CPU-bound."""
+    used = [x["agent_cores"] for x in reals if x.get("agent_cores") is not None]
+    if not used:
+        return "-"
+    bound = max(used) >= CPU_BOUND * (os.cpu_count() or 1)
+    return " / ".join(f"{x:.2f}" for x in used) + (" (CPU-bound)" if bound else "")
 
 
 def median(values: list[float]) -> float:
@@ -216,11 +229,14 @@ def table(rows: list[dict[str, Any]], commands: list[str], args: argparse.Namesp
         "Completion is the time until the last node holds the content; node p50 is the",
         "median of the per-node times (`node_seconds`). Errors are against the mean of",
         "the measured runs. Targets: completion within +-10%, origin egress within +-5%.",
+        "Agents' cores: the real agents' CPU over the round divided by its time, of the",
+        f"host's {os.cpu_count()}. The simulator has no CPU: a run marked CPU-bound (at least",
+        f"{CPU_BOUND:.0%} of the host's cores) measured this machine, not the swarm.",
         "",
-        "| N | measured s | simulated s | error | node p50 measured | node p50 simulated "
-        "| error | measured egress | simulated egress | error | baseline measured s "
-        "| baseline simulated s | error | bound s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| N | measured s | simulated s | error | agents' cores | node p50 measured "
+        "| node p50 simulated | error | measured egress | simulated egress | error "
+        "| baseline measured s | baseline simulated s | error | bound s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         reals, sim, base = r["reals"], r["sim"], r["base"]
@@ -232,6 +248,7 @@ def table(rows: list[dict[str, Any]], commands: list[str], args: argparse.Namesp
         lines.append(
             f"| {r['nodes']} | {' / '.join(f'{x:.2f}' for x in seconds)} "
             f"| {sim['makespan_s']:.2f} | {pct(sim['makespan_s'], mean(seconds))} "
+            f"| {cores(reals)} "
             f"| {' / '.join(f'{x:.2f}' for x in p50s)} | {sim_p50:.2f} "
             f"| {pct(sim_p50, mean(p50s))} "
             f"| {' / '.join(f'{x:.3f}' for x in egress)} | {sim['origin_egress_ratio']:.3f} "

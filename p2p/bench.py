@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import tempfile
 from importlib.metadata import entry_points
@@ -130,6 +131,11 @@ async def _rounds(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, 
         "seconds_over_bound": round(swarm.seconds / bound, 3) if bound else None,
         "origin_egress_ratio": round(swarm.origin_bytes / args.size, 4),
         "max_agent_rss_mb": round(rss, 1),
+        # The agents' CPU over the round, and how many cores it kept busy: near the
+        # host's count, the round measured the host's CPU rather than the swarm.
+        "agent_cpu_seconds": round(swarm.agent_cpu_seconds, 2),
+        "agent_cores": round(swarm.agent_cpu_seconds / swarm.seconds, 2),
+        "host_cpus": os.cpu_count(),
         "wasted_bytes": int(wasted), "requests_cancelled": int(cancelled),
         "relays": int(relays), "request_timeouts": int(timeouts),
         "aggregate_mbps": round(args.nodes * args.size / swarm.seconds / 1e6, 1),

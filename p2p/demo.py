@@ -75,6 +75,7 @@ class Round:
     per_node: dict[int, dict[str, Any]]
     verified: bool
     failures: list[str]
+    agent_cpu_seconds: float  # the agents' user + system CPU until the last completed
 
 
 async def distribute(cluster: LocalCluster, agents: list[AgentHandle], source: Path,
@@ -82,12 +83,14 @@ async def distribute(cluster: LocalCluster, agents: list[AgentHandle], source: P
                      verify: bool = True) -> Round:
     """Have every agent fetch `content`; measure, then check every copy."""
     origin_before = await cluster.origin_bytes()
+    cpu_before = sum(a.child.cpu_seconds() for a in agents)
     started = time.monotonic()
     watcher = asyncio.ensure_future(_watch(agents, content, size, started)) if progress else None
     from p2p.localcluster import wait_all_complete
 
     results = await wait_all_complete(agents, content, ROUND_TIMEOUT_S)
     seconds = time.monotonic() - started
+    agent_cpu = sum(a.child.cpu_seconds() for a in agents) - cpu_before  # before the checks
     if watcher:
         watcher.cancel()
         print(file=sys.stderr)
@@ -97,7 +100,8 @@ async def distribute(cluster: LocalCluster, agents: list[AgentHandle], source: P
         failures += await _verify(agents, source, content, size)
     return Round(len(agents), size, seconds, origin_bytes,
                  sum(int(r.get("peer_bytes", 0)) for r in results.values()), results,
-                 verified=verify and not failures, failures=failures)
+                 verified=verify and not failures, failures=failures,
+                 agent_cpu_seconds=agent_cpu)
 
 
 async def _watch(agents: list[AgentHandle], content: ContentId, size: int,
