@@ -495,6 +495,7 @@ class Agent:
         if link is None or link.closed:
             self._loop.call_soon(self._feed, session, ChunkFailed(chunk, peer, "no link"))
             return
+        log.debug("request %s/%d from %s", session.content, chunk, peer)
         length = session.manifest.chunk_length(chunk)
         req = link.request(session.content, chunk, length, self._download)
         if session.swarm.relaying(chunk) and self.relay_source(session.content, chunk) is None:
@@ -547,6 +548,8 @@ class Agent:
         for info in reply.peers:
             self._conns.handed_out(info.peer, info.addr)
             hints.append(PeerHint(info.peer, info.rack))
+        log.debug("tracker: %d peers for %s, origin slot %s of %s (%s filled)", len(hints),
+                  session.content, reply.origin_slot, reply.origin_slots, reply.origin_filled)
         self._feed(session, PeersFound(tuple(hints), reply.origin_slot, reply.origin_slots,
                                        reply.origin_filled))
 
@@ -722,6 +725,7 @@ class Agent:
         if self.sessions.get(session.content) is not session or session.failed is not None:
             return False
         self.metrics.chunks_verified.inc()
+        log.debug("stored %s/%d from %s", session.content, chunk, source or "the origin")
         if source is None:
             session.origin_bytes += len(data)
             self.metrics.origin_bytes.inc(len(data))
@@ -757,6 +761,7 @@ class Agent:
         manifest = session.manifest
         try:
             await self._download.acquire(filling.length)  # paid before asking, as for peers
+            log.debug("origin read %s/%d", session.content, chunk)
             origin = self._origins.for_url(manifest.origin)
             await origin.read_into(manifest.origin, manifest.chunk_offset(chunk),
                                    memoryview(filling.buf), filling.advance)

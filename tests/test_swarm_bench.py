@@ -6,8 +6,11 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_bench_swarm_reports_the_round_and_the_agents_cpu() -> None:
@@ -27,3 +30,19 @@ def test_bench_swarm_reports_the_round_and_the_agents_cpu() -> None:
         result["agent_cpu_seconds"] / result["seconds"], abs=0.02)  # (both were rounded)
     assert result["host_cpus"] == os.cpu_count()
     assert result["baseline_seconds"] is not None and result["speedup"] is not None
+
+
+def test_trace_round_times_every_origin_chunk_from_the_agents_logs() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "trace_round.py"), "--nodes", "3",
+         "--size", "8MiB", "--chunk-mb", "1", "--node-cap", "40", "--origin-cap", "40"],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert not result["failures"] and len(result["node_seconds"]) == 3
+    # Every one of the 8 chunks came from the origin to someone first, and the logs say when
+    # each read was decided, began and ended, in that order, within the round.
+    chunks = result["origin_chunks"]
+    assert {c["chunk"] for c in chunks} == set(range(8))
+    for c in chunks:
+        assert 0 <= c["fetch_s"] <= c["read_s"] <= c["stored_s"] <= result["seconds"]
