@@ -6,8 +6,9 @@
 Starts a tracker, a capped origin and N agents on loopback (as `bootseer bench
 swarm` does), with the agents logging at debug level, has every agent fetch
 the content, and reads the agents' logs back. It prints one JSON line: the
-round's time, every node's completion time, and, for each chunk read from the
-origin, when its fetcher decided to read it, when the read began (after the
+round's time, every node's completion time, when each agent first asked for a
+chunk (of a peer or the origin: the simulator's nodes do at once), and, for
+each chunk read from the origin, when its fetcher decided to read it, when the read began (after the
 fetcher's download budget allowed it) and when it was stored; all in seconds
 from the start of the round. With --keep, the logs stay in DIR, for a closer
 look (`request`, `stored`, `origin fetch`, `origin read` and `tracker:` lines).
@@ -94,6 +95,7 @@ async def round_(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             "chunk_bytes": args.chunk_mb * MiB, "seconds": round(seconds, 3),
             "node_seconds": sorted(round(float(r.get("seconds", -1)), 2)
                                    for r in results.values()),
+            "first_action_s": sorted(events[0][0] for events in logs.values() if events),
             "origin_chunks": origin_chunks(logs), "failures": failures}
 
 

@@ -346,6 +346,8 @@ class Agent:
                 case Request(peer, chunk):
                     self._request(session, peer, chunk)
                 case FetchFromOrigin(chunk):
+                    if session.first_fetch is None:
+                        session.first_fetch = self._loop.time()
                     session.origin_tasks[chunk] = self._spawn(self._fetch_origin(session, chunk))
                 case Cancel(peer, chunk, if_unsent):
                     link = self._joined_link(content, peer)
@@ -496,6 +498,8 @@ class Agent:
             self._loop.call_soon(self._feed, session, ChunkFailed(chunk, peer, "no link"))
             return
         log.debug("request %s/%d from %s", session.content, chunk, peer)
+        if session.first_fetch is None:
+            session.first_fetch = self._loop.time()
         length = session.manifest.chunk_length(chunk)
         req = link.request(session.content, chunk, length, self._download)
         if session.swarm.relaying(chunk) and self.relay_source(session.content, chunk) is None:

@@ -136,6 +136,10 @@ async def _rounds(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, 
         "agent_cpu_seconds": round(swarm.agent_cpu_seconds, 2),
         "agent_cores": round(swarm.agent_cpu_seconds / swarm.seconds, 2),
         "host_cpus": os.cpu_count(),
+        # When each agent first asked for a chunk, from the round's start: hearing the
+        # tracker, joining peers and settling take that long (the simulator's nodes start
+        # at once; benchmarks/calibrate.py gives it this spread as start jitter).
+        "start_offsets_s": sorted(round(x, 3) for x in swarm.start_offsets),
         "wasted_bytes": int(wasted), "requests_cancelled": int(cancelled),
         "relays": int(relays), "request_timeouts": int(timeouts),
         "aggregate_mbps": round(args.nodes * args.size / swarm.seconds / 1e6, 1),

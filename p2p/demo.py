@@ -15,7 +15,7 @@ import json
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +76,8 @@ class Round:
     verified: bool
     failures: list[str]
     agent_cpu_seconds: float  # the agents' user + system CPU until the last completed
+    # When each agent first asked for a chunk, from the round's start (agents that say)
+    start_offsets: list[float] = field(default_factory=list)
 
 
 async def distribute(cluster: LocalCluster, agents: list[AgentHandle], source: Path,
@@ -84,7 +86,7 @@ async def distribute(cluster: LocalCluster, agents: list[AgentHandle], source: P
     """Have every agent fetch `content`; measure, then check every copy."""
     origin_before = await cluster.origin_bytes()
     cpu_before = sum(a.child.cpu_seconds() for a in agents)
-    started = time.monotonic()
+    started, started_wall = time.monotonic(), time.time()
     watcher = asyncio.ensure_future(_watch(agents, content, size, started)) if progress else None
     from p2p.localcluster import wait_all_complete
 
@@ -101,7 +103,11 @@ async def distribute(cluster: LocalCluster, agents: list[AgentHandle], source: P
     return Round(len(agents), size, seconds, origin_bytes,
                  sum(int(r.get("peer_bytes", 0)) for r in results.values()), results,
                  verified=verify and not failures, failures=failures,
-                 agent_cpu_seconds=agent_cpu)
+                 agent_cpu_seconds=agent_cpu,
+                 start_offsets=[r["started_at"] + r["first_fetch_s"] - started_wall
+                                for r in results.values()
+                                if r.get("started_at") is not None
+                                and r.get("first_fetch_s") is not None])
 
 
 async def _watch(agents: list[AgentHandle], content: ContentId, size: int,

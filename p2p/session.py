@@ -9,6 +9,7 @@ complete when it holds them all.
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 
 from p2p.content import ContentId, Manifest
@@ -31,6 +32,8 @@ class Session:
     origin_bytes: int = 0
     peer_bytes: int = 0
     started: float = 0.0
+    started_wall: float = field(default_factory=time.time)  # the same moment, as a date
+    first_fetch: float | None = None  # when a chunk was first asked of a peer or the origin
     finished: float | None = None
     pinned: bool = True  # attached in the store: not evictable
     failed: str | None = None  # why it stopped; the next request opens a new session
@@ -75,6 +78,11 @@ class Session:
             "peer_bytes": self.peer_bytes,
             "peers": peers,
             "seconds": round((self.finished or now) - self.started, 3),
+            # When the session began (Unix time), and how long it took to ask for its first
+            # chunk: the tracker's answer, the peers' joins, the origin's settle time.
+            "started_at": round(self.started_wall, 3),
+            "first_fetch_s": (None if self.first_fetch is None
+                              else round(self.first_fetch - self.started, 3)),
         }
 
 

@@ -30,6 +30,9 @@ def test_bench_swarm_reports_the_round_and_the_agents_cpu() -> None:
         result["agent_cpu_seconds"] / result["seconds"], abs=0.02)  # (both were rounded)
     assert result["host_cpus"] == os.cpu_count()
     assert result["baseline_seconds"] is not None and result["speedup"] is not None
+    # Each agent said when it first asked for a chunk: after the round began, before its end.
+    offsets = result["start_offsets_s"]
+    assert len(offsets) == 3 and all(0 <= x <= result["seconds"] for x in offsets)
 
 
 def test_trace_round_times_every_origin_chunk_from_the_agents_logs() -> None:
