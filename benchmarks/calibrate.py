@@ -33,10 +33,12 @@ import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from p2p.localcluster import bootseer_command
 from p2p.swarm import SwarmConfig
 from p2p.swarm.uploads import UPLOAD_SLOTS
 from simulations import report
@@ -58,22 +60,25 @@ LOOPBACK_BPS = 1e9  # per agent, each way: well above any cap the calibration us
 CPU_BOUND = 0.6
 
 
-def bench(nodes: int, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
-    cmd = ["bootseer", "bench", "swarm", "--nodes", str(nodes), "--size", args.size,
+def bench(nodes: int, args: argparse.Namespace, extra: Sequence[str] = (),
+          env: dict[str, str] | None = None) -> tuple[str, dict[str, Any]]:
+    """Run `bootseer bench swarm` on the setup of `args` (plus `extra` arguments): the
+    command, and its JSON line."""
+    cmd = ["bench", "swarm", "--nodes", str(nodes), "--size", args.size,
            "--node-cap", str(args.node_cap), "--origin-cap", str(args.origin_cap),
            "--chunk-size-mb", str(args.chunk_mb), "--racks", str(args.racks), "--json"]
     if args.no_baseline:
         cmd.append("--no-baseline")
     for option in agent_options(args):
         cmd += ["--agent-option", option]
-    exe = Path(sys.executable).with_name("bootseer")
-    run = [str(exe) if exe.exists() else cmd[0], *cmd[1:]]
-    done = subprocess.run(run, capture_output=True, text=True, timeout=args.timeout)
+    cmd += extra
+    done = subprocess.run([*bootseer_command(), *cmd], capture_output=True, text=True,
+                          timeout=args.timeout, env=env)
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
     if done.returncode != 0 or not lines:
-        raise SystemExit(f"{shlex.join(cmd)} failed ({done.returncode}): "
+        raise SystemExit(f"bootseer {shlex.join(cmd)} failed ({done.returncode}): "
                          f"{(done.stderr or done.stdout).strip()[-400:]}")
-    return shlex.join(cmd), json.loads(lines[-1])
+    return shlex.join(["bootseer", *cmd]), json.loads(lines[-1])
 
 
 def agent_options(args: argparse.Namespace) -> list[str]:

@@ -3,15 +3,15 @@
     python benchmarks/trace_round.py [--nodes 16] [--size 64MiB] [--node-cap 8]
         [--origin-cap 16] [--chunk-mb 4] [--racks 2] [--keep DIR]
 
-Starts a tracker, a capped origin and N agents on loopback (as `bootseer bench
-swarm` does), with the agents logging at debug level, has every agent fetch
-the content, and reads the agents' logs back. It prints one JSON line: the
-round's time, every node's completion time, when each agent first asked for a
-chunk (of a peer or the origin: the simulator's nodes do at once), and, for
-each chunk read from the origin, when its fetcher decided to read it, when the read began (after the
-fetcher's download budget allowed it) and when it was stored; all in seconds
-from the start of the round. With --keep, the logs stay in DIR, for a closer
-look (`request`, `stored`, `origin fetch`, `origin read` and `tracker:` lines).
+Runs `bootseer bench swarm --no-baseline` as benchmarks/calibrate.py does (a
+tracker, a capped origin and N agents on loopback), with the agents logging at
+debug level into a work directory it keeps until it has read their logs back.
+It prints one JSON line: the bench's round time, every node's completion time
+and each agent's first request (`start_offsets_s`), and, for each chunk read
+from the origin, when its fetcher decided to read it, when the read began
+(after the fetcher's download budget allowed it) and when it was stored; all in
+seconds from the start of the round. With --keep, the logs stay in DIR, for a closer look
+(`request`, `stored`, `origin fetch`, `origin read` and `tracker:` lines).
 
 This is the tool that compares a real round with the simulator's (the
 simulator's runs are deterministic and can be traced by hand): stop 31 found
@@ -23,21 +23,17 @@ staggered.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import re
 import shutil
 import sys
 import tempfile
-import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from p2p.content import MiB
-from p2p.localcluster import LocalCluster, wait_all_complete, write_random_file
-from simulations.scenario import parse_size
+import calibrate  # benchmarks/calibrate.py: this script's directory is on the path
 
 Event = tuple[float, str, int, str | None]  # seconds since the start, what, chunk, peer
 EVENT = re.compile(r"^(\S+ \S+) DEBUG p2p\.agent: (origin fetch|origin read|request|stored) "
@@ -70,35 +66,6 @@ def origin_chunks(logs: dict[str, list[Event]]) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: r["stored_s"])
 
 
-async def round_(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    size = int(parse_size(args.size))
-    cluster = LocalCluster(workdir)
-    try:
-        source = workdir / "origin" / "content.bin"
-        source.parent.mkdir(parents=True)
-        await asyncio.to_thread(write_random_file, source, size)
-        await cluster.start_tracker()
-        await cluster.start_origin(source.parent, args.origin_cap)
-        manifest = await cluster.publish(source, args.chunk_mb * MiB)
-        caps = {"upload_mbps": args.node_cap, "download_mbps": args.node_cap}
-        agents = await asyncio.gather(*(
-            cluster.start_agent(i, f"rack{i % args.racks}", caps) for i in range(args.nodes)))
-        started = time.time()
-        results = await wait_all_complete(agents, manifest.content_id, 600.0)
-        seconds = time.time() - started
-    finally:
-        await cluster.stop()
-    failures = [f"agent{i}: {r['error']}" for i, r in results.items() if "error" in r]
-    logs = {p.stem: parse_log(p, started) for p in sorted(workdir.glob("agent*.log"))}
-    return {"bench": "trace_round", "nodes": args.nodes, "bytes": size,
-            "node_cap_mbps": args.node_cap, "origin_cap_mbps": args.origin_cap,
-            "chunk_bytes": args.chunk_mb * MiB, "seconds": round(seconds, 3),
-            "node_seconds": sorted(round(float(r.get("seconds", -1)), 2)
-                                   for r in results.values()),
-            "first_action_s": sorted(events[0][0] for events in logs.values() if events),
-            "origin_chunks": origin_chunks(logs), "failures": failures}
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--nodes", type=int, default=16)
@@ -109,15 +76,23 @@ def main() -> int:
     p.add_argument("--racks", type=int, default=2)
     p.add_argument("--keep", type=Path, help="copy the agents' logs into this directory")
     args = p.parse_args()
-    os.environ["BOOTSEER_LOG_LEVEL"] = "DEBUG"  # the agents' children inherit it
+    setup = argparse.Namespace(**vars(args), no_baseline=True, swarm=[], upload_slots=None,
+                               timeout=1800.0)
     with tempfile.TemporaryDirectory(prefix="bootseer-trace-") as tmp:
-        result = asyncio.run(round_(args, Path(tmp)))
+        workdir = Path(tmp)
+        _, bench = calibrate.bench(args.nodes, setup, ["--workdir", tmp],
+                                   env={**os.environ, "BOOTSEER_LOG_LEVEL": "DEBUG"})
+        agents = sorted(workdir.glob("swarm*.log"))  # the bench's agents are swarm0, swarm1...
+        logs = {log.stem: parse_log(log, bench["started_at"]) for log in agents}
         if args.keep:
             args.keep.mkdir(parents=True, exist_ok=True)
-            for log in Path(tmp).glob("*.log"):
+            for log in workdir.glob("*.log"):
                 shutil.copy(log, args.keep)
-    print(json.dumps(result))
-    return 1 if result["failures"] else 0
+    keys = ("nodes", "bytes", "node_cap_mbps", "origin_cap_mbps", "chunk_bytes", "seconds",
+            "node_seconds", "start_offsets_s", "failures")
+    print(json.dumps({"bench": "trace_round", **{k: bench[k] for k in keys},
+                      "origin_chunks": origin_chunks(logs)}))
+    return 0
 
 
 if __name__ == "__main__":

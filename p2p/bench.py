@@ -140,6 +140,7 @@ async def _rounds(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, 
         # tracker, joining peers and settling take that long (the simulator's nodes start
         # at once; benchmarks/calibrate.py gives it this spread as start jitter).
         "start_offsets_s": sorted(round(x, 3) for x in swarm.start_offsets),
+        "started_at": round(swarm.started_wall, 3),  # the round's start (Unix time)
         "wasted_bytes": int(wasted), "requests_cancelled": int(cancelled),
         "relays": int(relays), "request_timeouts": int(timeouts),
         "aggregate_mbps": round(args.nodes * args.size / swarm.seconds / 1e6, 1),

@@ -15,7 +15,7 @@ import json
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -76,8 +76,9 @@ class Round:
     verified: bool
     failures: list[str]
     agent_cpu_seconds: float  # the agents' user + system CPU until the last completed
+    started_wall: float  # when the round began (Unix time)
     # When each agent first asked for a chunk, from the round's start (agents that say)
-    start_offsets: list[float] = field(default_factory=list)
+    start_offsets: list[float]
 
 
 async def distribute(cluster: LocalCluster, agents: list[AgentHandle], source: Path,
@@ -103,7 +104,7 @@ async def distribute(cluster: LocalCluster, agents: list[AgentHandle], source: P
     return Round(len(agents), size, seconds, origin_bytes,
                  sum(int(r.get("peer_bytes", 0)) for r in results.values()), results,
                  verified=verify and not failures, failures=failures,
-                 agent_cpu_seconds=agent_cpu,
+                 agent_cpu_seconds=agent_cpu, started_wall=started_wall,
                  start_offsets=[r["started_at"] + r["first_fetch_s"] - started_wall
                                 for r in results.values()
                                 if r.get("started_at") is not None
