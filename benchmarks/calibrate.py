@@ -172,7 +172,7 @@ def main() -> int:
     p.add_argument("--no-baseline", action="store_true",
                    help="skip the origin-only rounds (at low caps they take minutes)")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--start-jitter", type=float, default=None, metavar="SECONDS",
+    p.add_argument("--start-jitter", type=seconds, default=None, metavar="SECONDS",
                    help="the simulated nodes start at uniform(0, SECONDS); by default the "
                         "real agents' measured spread (see start_jitter)")
     p.add_argument("--rate-update-ms", type=float, default=5.0)
@@ -208,6 +208,17 @@ def main() -> int:
     args.out.write_text(table(rows, commands, args))
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
+
+
+def seconds(text: str) -> float:
+    """A --start-jitter value: seconds, not negative (a node cannot start before t = 0)."""
+    try:
+        value = float(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from exc
+    if not value >= 0:  # (NaN too)
+        raise argparse.ArgumentTypeError(f"must be 0 or more seconds, got {text}")
+    return value
 
 
 def start_jitter(reals: list[dict[str, Any]]) -> float:

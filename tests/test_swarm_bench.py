@@ -49,3 +49,12 @@ def test_trace_round_times_every_origin_chunk_from_the_agents_logs() -> None:
     assert {c["chunk"] for c in chunks} == set(range(8))
     for c in chunks:
         assert 0 <= c["fetch_s"] <= c["read_s"] <= c["stored_s"] <= result["seconds"]
+
+
+@pytest.mark.parametrize("value", ["-0.5", "soon", "nan"])
+def test_calibrate_refuses_a_start_jitter_that_is_not_seconds(value: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "calibrate.py"), "--start-jitter", value],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 2  # argparse's usage error, before any bench runs
+    assert "--start-jitter" in proc.stderr and "Traceback" not in proc.stderr
