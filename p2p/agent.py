@@ -139,7 +139,11 @@ class Agent:
         self._upload = RateLimiter(_bps(config.upload_mbps), BURST_BYTES)
         self._download = RateLimiter(_bps(config.download_mbps), BURST_BYTES)
         self._upload_slots = UploadGate(config.upload_slots, config.upload_order)
-        self._buffers = BufferPool()
+        # Enough chunk buffers for one content's requests and origin reads in flight:
+        # a fresh 4 MiB buffer costs page faults and zeroing (uncapped 8 x 256 MiB:
+        # 3.5% less CPU, 4% faster than keeping 4).
+        self._buffers = BufferPool(config.swarm.max_inflight
+                                   + config.swarm.max_origin_inflight)
         self._parts = Parts(self._buffers.take)
         self._origins = OriginPool(config.origin_concurrency)
         self._rng = random.Random()

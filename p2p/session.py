@@ -87,9 +87,10 @@ class Session:
 
 
 class BufferPool:
-    """Chunk-sized receive buffers, reused: a fresh 4 MiB bytearray is zeroed first."""
+    """Chunk-sized receive buffers, reused: a fresh 4 MiB bytearray is zeroed first, and
+    its pages faulted in. Up to `keep` free buffers of each size are kept."""
 
-    def __init__(self, keep: int = 4) -> None:
+    def __init__(self, keep: int) -> None:
         self._keep = keep
         self._free: dict[int, list[bytearray]] = {}
 

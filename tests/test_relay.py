@@ -21,6 +21,7 @@ from p2p.content import ContentId, MiB
 from p2p.demo import distribute
 from p2p.localcluster import AgentHandle, LocalCluster, write_random_file
 from p2p.relay import RELAY_HOLD_BYTES, RELAY_PART_BYTES, Filling, Parts, RelayFailed, relay
+from p2p.session import BufferPool
 
 KiB = 1024
 
@@ -113,6 +114,16 @@ def test_parts_come_in_order_or_not_at_all() -> None:
     parts.place((2, 8), 0, 5, 25)
     parts.received((2, 8), 5)
     assert parts.holds((2, 8)) and parts.drop_link(2) == 5 and not parts.holds((2, 8))
+
+
+def test_buffer_pool_reuses_up_to_keep_buffers_of_each_size() -> None:
+    pool = BufferPool(keep=2)
+    taken = [pool.take(8) for _ in range(3)]
+    for buf in taken:
+        pool.give(buf)
+    again = [pool.take(8) for _ in range(3)]
+    assert sum(any(b is t for t in taken) for b in again) == 2  # the third was not kept
+    assert len(pool.take(5)) == 5  # another size: a buffer of its own
 
 
 # ---- real agents -----------------------------------------------------------------
