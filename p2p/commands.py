@@ -1,4 +1,5 @@
-"""Subcommands owned by p2p: agent, origin, publish, get, status, demo, bench."""
+"""Subcommands owned by p2p: agent, origin, publish, get, status, demo (`bench` is
+p2p.bench's own entry point: its parser loads every package's benchmarks)."""
 
 from __future__ import annotations
 
@@ -52,11 +53,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _api_socket_flag(p)
     p.set_defaults(run=_run_status)
 
-    from p2p.bench import add_parser as add_bench
     from p2p.demo import add_parser as add_demo
 
     add_demo(sub)
-    add_bench(sub)
 
 
 def _api_socket_flag(p: argparse.ArgumentParser) -> None:

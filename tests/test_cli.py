@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -119,6 +120,27 @@ def test_help_lists_every_role() -> None:
     result = run("--help")
     for command in ("agent", "tracker", "demo", "bench", "sim", "origin", "publish", "get"):
         assert command in result.stdout
+
+
+def test_every_command_has_an_entry_point_of_its_name() -> None:
+    """Else `bootseer CMD` would import every package to find CMD."""
+    from importlib.metadata import entry_points
+
+    from p2p.cli import build_parser
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert set(commands.choices) == {ep.name for ep in entry_points(group="bootseer.commands")}
+
+
+def test_the_agent_command_imports_no_other_package() -> None:
+    code = ("import sys; from p2p.cli import build_parser; build_parser('agent'); "
+            "print(' '.join(sorted({m.split('.')[0] for m in sys.modules})))")
+    loaded = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                check=True).stdout.split())
+    assert "p2p" in loaded
+    assert not loaded & {"tracker", "simulations", "depsnap", "fusefs", "hdfs_stripe", "numpy",
+                         "pyarrow", "redis"}
 
 
 if __name__ == "__main__":
