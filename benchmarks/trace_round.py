@@ -36,8 +36,8 @@ from typing import Any
 import calibrate  # benchmarks/calibrate.py: this script's directory is on the path
 
 Event = tuple[float, str, int, str | None]  # seconds since the start, what, chunk, peer
-EVENT = re.compile(r"^(\S+ \S+) DEBUG p2p\.agent: (origin fetch|origin read|request|stored) "
-                   r"\S+/(\d+)(?: from (.+))?$")
+EVENT = re.compile(r"^(\S+ \S+) DEBUG p2p\.(?:agent|intake): "
+                   r"(origin fetch|origin read|request|stored) \S+/(\d+)(?: from (.+))?$")
 
 
 def parse_log(path: Path, started: float) -> list[Event]:

@@ -20,8 +20,10 @@ A session that fails (the store cannot write, no source within the
 deadline) says why to every waiter, stops, and unpins its bytes; the next
 request for the content opens a fresh session, so no failure is sticky.
 
-Two rooms of the agent's work live beside it. Peer connections (accepting,
-dialling, address bans, reports to the tracker) are p2p.connections'. Who is
+Three rooms of the agent's work live beside it. The bytes coming in (requests'
+Pieces, origin reads, relays' buffers, verifying and storing) are
+p2p.intake's. Peer connections (accepting, dialling, address bans, reports
+to the tracker) are p2p.connections'. Who is
 joined for which content, on which link, is the node core's join table
 (p2p.swarm.links): the agent tells it of links opened and closed, dials
 failed and Joins heard, names each link by its `id`, carries out the
@@ -41,7 +43,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import itertools
 import logging
 import random
@@ -54,21 +55,21 @@ from p2p.announcer import Announcer
 from p2p.config import AgentConfig
 from p2p.connections import Connections
 from p2p.content import ContentId, Manifest, PeerId
+from p2p.intake import Intake
 from p2p.link import Link, UploadGate
 from p2p.metrics import AgentMetrics
-from p2p.origin import OriginError, OriginPool
+from p2p.origin import OriginPool
 from p2p.peer import PeerConnection, PeerInfo, RateLimiter
 from p2p.ratelimit import BURST_BYTES
-from p2p.relay import Filling, Parts
-from p2p.session import BufferPool, ContentFailed, Session
-from p2p.store import ChunkStore, CorruptChunk, MissingChunk, StoreError, UnknownContent
+from p2p.relay import Filling
+from p2p.session import ContentFailed, Session
+from p2p.store import ChunkStore, MissingChunk, StoreError
 from p2p.swarm import Swarm, bits
 from p2p.swarm.events import (
     Abort,
     Action,
     Advertise,
     Cancel,
-    ChunkArrived,
     ChunkFailed,
     ChunkLost,
     Complete,
@@ -119,7 +120,7 @@ from p2p.tracker_client import (
     TrackerError,
     TrackerUnavailable,
 )
-from p2p.wire import Have, Join, Pending, Piece, RemoteProtocolError, pack_bits, unpack_bits
+from p2p.wire import Have, Join, Pending, Piece, pack_bits, unpack_bits
 
 log = logging.getLogger(__name__)
 GOODBYE_S = 1.5  # of the 5 s a stop may take: the tracker hears "stopped" within this
@@ -137,15 +138,16 @@ class Agent:
         self._opening: dict[ContentId, asyncio.Future[Session]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._upload = RateLimiter(_bps(config.upload_mbps), BURST_BYTES)
-        self._download = RateLimiter(_bps(config.download_mbps), BURST_BYTES)
         self._upload_slots = UploadGate(config.upload_slots, config.upload_order)
+        self._origins = OriginPool(config.origin_concurrency)
         # Enough chunk buffers for one content's requests and origin reads in flight:
         # a fresh 4 MiB buffer costs page faults and zeroing (uncapped 8 x 256 MiB:
         # 3.5% less CPU, 4% faster than keeping 4).
-        self._buffers = BufferPool(config.swarm.max_inflight
-                                   + config.swarm.max_origin_inflight)
-        self._parts = Parts(self._buffers.take)
-        self._origins = OriginPool(config.origin_concurrency)
+        self._intake = Intake(self.store, self.metrics, self.sessions,
+                              RateLimiter(_bps(config.download_mbps), BURST_BYTES),
+                              self._origins,
+                              config.swarm.max_inflight + config.swarm.max_origin_inflight,
+                              feed=self._feed, stored=self._stored, failed=self._failed)
         self._rng = random.Random()
         self._link_ids = itertools.count(1)
         # Tracker requests leave from our own address, as peer dials do.
@@ -352,12 +354,13 @@ class Agent:
                 case FetchFromOrigin(chunk):
                     if session.first_fetch is None:
                         session.first_fetch = self._loop.time()
-                    session.origin_tasks[chunk] = self._spawn(self._fetch_origin(session, chunk))
+                    session.origin_tasks[chunk] = self._spawn(
+                        self._intake.fetch_origin(session, chunk))
                 case Cancel(peer, chunk, if_unsent):
                     link = self._joined_link(content, peer)
                     if link is not None \
                             and (req := link.cancel(content, chunk, if_unsent)) is not None:
-                        self._wasted(self._parts.drop((link.id, req)))
+                        self._intake.drop(link.id, req)
                 case Disconnect(peer, reason, hostile):
                     self._disconnect(peer, reason, hostile)
                 case Report(peer, reason):
@@ -395,6 +398,9 @@ class Agent:
             self._failed(session, str(exc))
             return
         session.pinned = fetching
+
+    def _stored(self, session: Session, chunk: int) -> None:
+        self._node_event(ChunkStored(session.content, chunk))  # wakes its readers
 
     def _node_event(self, event: NodeEvent) -> None:
         self._node_execute(self.node.handle(event, self._loop.time()))
@@ -504,13 +510,7 @@ class Agent:
         log.debug("request %s/%d from %s", session.content, chunk, peer)
         if session.first_fetch is None:
             session.first_fetch = self._loop.time()
-        length = session.manifest.chunk_length(chunk)
-        req = link.request(session.content, chunk, length, self._download)
-        if session.swarm.relaying(chunk) and self.relay_source(session.content, chunk) is None:
-            # Announced as pending (relay_fetching): peers may ask us to relay it.
-            filling = session.filling[chunk] = Filling(self._buffers.take(length),
-                                                       self._buffers.give)
-            self._parts.expect((link.id, req), filling)
+        self._intake.request(session, link, chunk)
 
     def _disconnect(self, peer: PeerId, reason: str, hostile: bool) -> None:
         """The node core left the peer out of this content; if it misbehaved, cut it off
@@ -605,79 +605,18 @@ class Agent:
         self._feed(session, event(link.peer, msg.chunk))
 
     async def on_piece(self, link: Link, msg: Piece, asked: tuple[ContentId, int] | None) -> bool:
-        content = ContentId(msg.content)
-        session = self.sessions.get(content)
-        key = (link.id, msg.req)
-        if asked is None or session is None or session.swarm.held(msg.chunk):
-            self._wasted(self._parts.drop(key) + msg.len)
-            await link.conn.discard_payload(msg.len)
-            return True
-        try:
-            view = self._parts.place(key, msg.off, msg.len,
-                                     session.manifest.chunk_length(msg.chunk))
-        except ValueError as exc:
-            self._feed(session, ChunkArrived(msg.chunk, link.peer, ok=False))
-            raise RemoteProtocolError(str(exc)) from None
-        filling = self._parts.filling(key)
-        progress = None
-        if filling is not None:  # peers may be relaying it already
-            progress = functools.partial(_advance, filling, msg.off)
-        await link.conn.recv_payload_into(view, progress=progress)  # paid for when asked
-        if not self._parts.holds(key):  # cancelled while its payload came in
-            self._wasted(msg.len)
-            return True
-        buf = self._parts.received(key, msg.len)
-        if buf is None:
-            return False  # more Pieces of a relay to come
-        filling = self._parts.hand_over(key)
-        try:
-            stored = await self._store_chunk(session, msg.chunk, buf, link.peer)
-        except asyncio.CancelledError:
-            if filling is not None:
-                filling.abandon()  # the store thread may still read the buffer
-                self._filled(session, msg.chunk, filling, False)
-            raise
-        # Back to the pool only now: had this task been cancelled while the store
-        # thread was writing from the buffer, the buffer must not be reused.
-        if filling is None:
-            self._buffers.give(buf)
-        else:
-            self._filled(session, msg.chunk, filling, stored)
-        return True
-
-    def _filled(self, session: Session, chunk: int, filling: Filling, stored: bool) -> None:
-        """A chunk we relayed while it arrived is in: let its relays finish, or end them."""
-        if stored:
-            filling.verified()
-        else:
-            filling.failed("the chunk did not verify or could not be stored")
-        if session.filling.get(chunk) is filling:
-            del session.filling[chunk]
-        filling.release()
+        return await self._intake.on_piece(link, msg, asked)
 
     def relay_source(self, content: ContentId, chunk: int,
                      peer: PeerId | None = None) -> Filling | None:
-        session = self.sessions.get(content)
-        if session is None:
-            return None
-        filling = session.filling.get(chunk)
-        if filling is not None and filling.failure is not None:
-            del session.filling[chunk]  # its peer stopped sending it
-            return None
-        if filling is not None and peer is not None and session.swarm.relay_feeder(chunk) == peer:
-            return None  # the peer sends it to us: answered "not held" (p2p.relay)
-        return filling
+        return self._intake.relay_source(content, chunk, peer)
 
     def on_reject(self, link: Link, content: ContentId, chunk: int, req: int,
                   reason: str) -> None:
-        self._wasted(self._parts.drop((link.id, req)))
+        self._intake.drop(link.id, req)
         session = self.sessions.get(content)
         if session is not None:
             self._feed(session, ChunkFailed(chunk, link.peer, f"rejected: {reason}"))
-
-    def _wasted(self, nbytes: int) -> None:
-        if nbytes:
-            self.metrics.wasted_bytes.inc(nbytes)
 
     def on_relayed(self, result: str) -> None:
         self.metrics.relays.labels(result).inc()
@@ -706,89 +645,9 @@ class Agent:
         self._conns.link_ending(link, reason, hostile)
 
     def link_closed(self, link: Link, reason: str, hostile: bool) -> None:
-        self._wasted(self._parts.drop_link(link.id))
+        self._intake.drop_link(link.id)
         self._conns.link_closed(link, hostile)
         self._node_event(LinkClosed(link.id, reason, hostile))
-
-    # ---- chunks ---------------------------------------------------------------
-
-    async def _store_chunk(self, session: Session, chunk: int, data: bytearray,
-                           source: PeerId | None) -> bool:
-        """Verify and store a chunk, count its bytes, and tell the swarm; whether it is
-        stored. Bytes are counted once verified, so the byte counters and
-        `chunks_verified` agree at every moment (a relay cut short is wasted)."""
-        try:
-            await asyncio.to_thread(self.store.put, session.content, chunk, memoryview(data))
-        except UnknownContent:
-            return False  # the session failed or was evicted while the chunk was written
-        except CorruptChunk:
-            self.metrics.chunks_rejected.labels("origin" if source is None else "peer").inc()
-            log.warning("chunk %s/%d from %s failed verification", session.content, chunk,
-                        source or "the origin")
-            self._feed(session, ChunkArrived(chunk, source, ok=False))
-            return False
-        except StoreError as exc:
-            self._failed(session, str(exc))
-            return False
-        if self.sessions.get(session.content) is not session or session.failed is not None:
-            return False
-        self.metrics.chunks_verified.inc()
-        log.debug("stored %s/%d from %s", session.content, chunk, source or "the origin")
-        if source is None:
-            session.origin_bytes += len(data)
-            self.metrics.origin_bytes.inc(len(data))
-        else:
-            session.peer_bytes += len(data)
-            self.metrics.peer_bytes.inc(len(data))
-        self._feed(session, ChunkArrived(chunk, source, ok=True))
-        self._node_event(ChunkStored(session.content, chunk))
-        return True
-
-    async def _fetch_origin(self, session: Session, chunk: int) -> None:
-        """Read a chunk from the origin into a `Filling` that peers' relays read as it fills,
-        then verify and store it."""
-        length = session.manifest.chunk_length(chunk)
-        log.debug("origin fetch %s/%d", session.content, chunk)
-        filling = session.filling[chunk] = Filling(self._buffers.take(length),
-                                                   self._buffers.give)
-        try:
-            if (await self._read_origin(session, chunk, filling)
-                    and await self._store_chunk(session, chunk, filling.buf, None)):
-                filling.verified()
-        except asyncio.CancelledError:
-            filling.abandon()  # a worker thread (file read, store) may still use the buffer
-            raise
-        finally:
-            if session.filling.get(chunk) is filling:
-                del session.filling[chunk]
-            filling.failed("the chunk from the origin did not verify or could not be stored")
-            filling.release()
-
-    async def _read_origin(self, session: Session, chunk: int, filling: Filling) -> bool:
-        """Fill `filling` from the origin; False, and the swarm told, if that failed."""
-        manifest = session.manifest
-        try:
-            await self._download.acquire(filling.length)  # paid before asking, as for peers
-            log.debug("origin read %s/%d", session.content, chunk)
-            origin = self._origins.for_url(manifest.origin)
-            await origin.read_into(manifest.origin, manifest.chunk_offset(chunk),
-                                   memoryview(filling.buf), filling.advance)
-        except OriginError as exc:
-            log.warning("origin read of %s/%d failed: %s", session.content, chunk, exc)
-            session.origin_tasks.pop(chunk, None)
-            self._feed(session, ChunkFailed(chunk, None, str(exc)))  # peers hear Withdraw...
-            filling.failed(f"the origin read failed: {exc}")  # ... before relays' Rejects
-            return False
-        except Exception as exc:
-            # A bug in an adapter must not leave the chunk "in flight" until the
-            # origin time-out: report it loudly and let the swarm retry.
-            log.exception("origin read of %s/%d crashed", session.content, chunk)
-            session.origin_tasks.pop(chunk, None)
-            self._feed(session, ChunkFailed(chunk, None, f"origin adapter crashed: {exc!r}"))
-            filling.failed("the origin read failed")
-            return False
-        session.origin_tasks.pop(chunk, None)
-        return True
 
     # ---- status ---------------------------------------------------------------
 
@@ -799,10 +658,6 @@ class Agent:
         return {"peer": self.me.peer if self.me else None, "port": self.port,
                 "rack": self.config.rack, "peers_connected": self._conns.peer_count,
                 "contents": contents}
-
-
-def _advance(filling: Filling, offset: int, received: int) -> None:
-    filling.advance(offset + received)
 
 
 def _bps(mbps: float | None) -> float | None:

@@ -1,0 +1,230 @@
+"""The agent's incoming bytes: chunks from peers and from the origin, verified into the store.
+
+The swarm decides what to ask of whom; the intake carries it out. A request's
+answer comes as Pieces into a chunk-sized buffer (`p2p.relay.Parts`). A chunk
+read from the origin, or one we announced to peers as pending (`relay_fetching`),
+fills a `Filling` instead, which peers' relays read as it arrives. Whatever its
+source, a chunk is verified and written by the store in a worker thread, and
+only then counted, told to the swarm (`ChunkArrived`) and to the node core
+(`stored`, which wakes readers): a byte that did not verify is never served
+or read. Every byte asked for is paid for at the download limit first, and the
+chunk buffers are reused (`p2p.session.BufferPool`).
+
+The agent owns the sessions and hands the intake three callbacks: `feed` (an
+event for a session's swarm), `stored` (a chunk of a session is in the store)
+and `failed` (the session cannot go on, e.g. the store cannot write).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Callable
+
+from p2p.content import ContentId, PeerId
+from p2p.link import Link
+from p2p.metrics import AgentMetrics
+from p2p.origin import OriginError, OriginPool
+from p2p.peer import RateLimiter
+from p2p.relay import Filling, Parts
+from p2p.session import BufferPool, Session
+from p2p.store import ChunkStore, CorruptChunk, StoreError, UnknownContent
+from p2p.swarm.events import ChunkArrived, ChunkFailed, Event
+from p2p.wire import Piece, RemoteProtocolError
+
+log = logging.getLogger(__name__)
+
+
+class Intake:
+    def __init__(self, store: ChunkStore, metrics: AgentMetrics, sessions: dict[ContentId, Session],
+                 download: RateLimiter, origins: OriginPool, keep_buffers: int, *,
+                 feed: Callable[[Session, Event], None],
+                 stored: Callable[[Session, int], None],
+                 failed: Callable[[Session, str], None]) -> None:
+        self.store = store
+        self.metrics = metrics
+        self.sessions = sessions  # the agent's: read here, never changed
+        self.download = download
+        self.origins = origins
+        self._buffers = BufferPool(keep_buffers)
+        self._parts = Parts(self._buffers.take)
+        self._feed, self._stored, self._failed = feed, stored, failed
+
+    # ---- from peers ---------------------------------------------------------------
+
+    def request(self, session: Session, link: Link, chunk: int) -> None:
+        """Ask `link`'s peer for `chunk`; if we announced it as pending, peers may relay
+        it from us while it arrives."""
+        length = session.manifest.chunk_length(chunk)
+        req = link.request(session.content, chunk, length, self.download)
+        if session.swarm.relaying(chunk) and self.relay_source(session.content, chunk) is None:
+            filling = session.filling[chunk] = Filling(self._buffers.take(length),
+                                                       self._buffers.give)
+            self._parts.expect((link.id, req), filling)
+
+    async def on_piece(self, link: Link, msg: Piece, asked: tuple[ContentId, int] | None) -> bool:
+        """Take one Piece (read or discard its payload); True once the request is answered
+        in full (its last Piece)."""
+        content = ContentId(msg.content)
+        session = self.sessions.get(content)
+        key = (link.id, msg.req)
+        if asked is None or session is None or session.swarm.held(msg.chunk):
+            self.wasted(self._parts.drop(key) + msg.len)
+            await link.conn.discard_payload(msg.len)
+            return True
+        try:
+            view = self._parts.place(key, msg.off, msg.len,
+                                     session.manifest.chunk_length(msg.chunk))
+        except ValueError as exc:
+            self._feed(session, ChunkArrived(msg.chunk, link.peer, ok=False))
+            raise RemoteProtocolError(str(exc)) from None
+        filling = self._parts.filling(key)
+        progress = None
+        if filling is not None:  # peers may be relaying it already
+            progress = functools.partial(_advance, filling, msg.off)
+        await link.conn.recv_payload_into(view, progress=progress)  # paid for when asked
+        if not self._parts.holds(key):  # cancelled while its payload came in
+            self.wasted(msg.len)
+            return True
+        buf = self._parts.received(key, msg.len)
+        if buf is None:
+            return False  # more Pieces of a relay to come
+        filling = self._parts.hand_over(key)
+        try:
+            stored = await self._store_chunk(session, msg.chunk, buf, link.peer)
+        except asyncio.CancelledError:
+            if filling is not None:
+                filling.abandon()  # the store thread may still read the buffer
+                self._filled(session, msg.chunk, filling, False)
+            raise
+        # Back to the pool only now: had this task been cancelled while the store
+        # thread was writing from the buffer, the buffer must not be reused.
+        if filling is None:
+            self._buffers.give(buf)
+        else:
+            self._filled(session, msg.chunk, filling, stored)
+        return True
+
+    def _filled(self, session: Session, chunk: int, filling: Filling, stored: bool) -> None:
+        """A chunk we relayed while it arrived is in: let its relays finish, or end them."""
+        if stored:
+            filling.verified()
+        else:
+            filling.failed("the chunk did not verify or could not be stored")
+        if session.filling.get(chunk) is filling:
+            del session.filling[chunk]
+        filling.release()
+
+    def relay_source(self, content: ContentId, chunk: int,
+                     peer: PeerId | None = None) -> Filling | None:
+        """The chunk as it arrives, if we are fetching it now (to relay to `peer`: never
+        one that `peer` itself is sending us, or each would wait on the other)."""
+        session = self.sessions.get(content)
+        if session is None:
+            return None
+        filling = session.filling.get(chunk)
+        if filling is not None and filling.failure is not None:
+            del session.filling[chunk]  # its peer stopped sending it
+            return None
+        if filling is not None and peer is not None and session.swarm.relay_feeder(chunk) == peer:
+            return None  # the peer sends it to us: answered "not held" (p2p.relay)
+        return filling
+
+    def drop(self, link_id: int, req: int) -> None:
+        """Request `req` on the link ends unanswered (rejected, cancelled)."""
+        self.wasted(self._parts.drop((link_id, req)))
+
+    def drop_link(self, link_id: int) -> None:
+        """The link closed: its requests' partial chunks are wasted."""
+        self.wasted(self._parts.drop_link(link_id))
+
+    def wasted(self, nbytes: int) -> None:
+        if nbytes:
+            self.metrics.wasted_bytes.inc(nbytes)
+
+    # ---- from the origin ------------------------------------------------------------
+
+    async def fetch_origin(self, session: Session, chunk: int) -> None:
+        """Read a chunk from the origin into a `Filling` that peers' relays read as it fills,
+        then verify and store it."""
+        length = session.manifest.chunk_length(chunk)
+        log.debug("origin fetch %s/%d", session.content, chunk)
+        filling = session.filling[chunk] = Filling(self._buffers.take(length),
+                                                   self._buffers.give)
+        try:
+            if (await self._read_origin(session, chunk, filling)
+                    and await self._store_chunk(session, chunk, filling.buf, None)):
+                filling.verified()
+        except asyncio.CancelledError:
+            filling.abandon()  # a worker thread (file read, store) may still use the buffer
+            raise
+        finally:
+            if session.filling.get(chunk) is filling:
+                del session.filling[chunk]
+            filling.failed("the chunk from the origin did not verify or could not be stored")
+            filling.release()
+
+    async def _read_origin(self, session: Session, chunk: int, filling: Filling) -> bool:
+        """Fill `filling` from the origin; False, and the swarm told, if that failed."""
+        manifest = session.manifest
+        try:
+            await self.download.acquire(filling.length)  # paid before asking, as for peers
+            log.debug("origin read %s/%d", session.content, chunk)
+            origin = self.origins.for_url(manifest.origin)
+            await origin.read_into(manifest.origin, manifest.chunk_offset(chunk),
+                                   memoryview(filling.buf), filling.advance)
+        except OriginError as exc:
+            log.warning("origin read of %s/%d failed: %s", session.content, chunk, exc)
+            session.origin_tasks.pop(chunk, None)
+            self._feed(session, ChunkFailed(chunk, None, str(exc)))  # peers hear Withdraw...
+            filling.failed(f"the origin read failed: {exc}")  # ... before relays' Rejects
+            return False
+        except Exception as exc:
+            # A bug in an adapter must not leave the chunk "in flight" until the
+            # origin time-out: report it loudly and let the swarm retry.
+            log.exception("origin read of %s/%d crashed", session.content, chunk)
+            session.origin_tasks.pop(chunk, None)
+            self._feed(session, ChunkFailed(chunk, None, f"origin adapter crashed: {exc!r}"))
+            filling.failed("the origin read failed")
+            return False
+        session.origin_tasks.pop(chunk, None)
+        return True
+
+    # ---- into the store ---------------------------------------------------------------
+
+    async def _store_chunk(self, session: Session, chunk: int, data: bytearray,
+                           source: PeerId | None) -> bool:
+        """Verify and store a chunk, count its bytes, and tell the swarm; whether it is
+        stored. Bytes are counted once verified, so the byte counters and
+        `chunks_verified` agree at every moment (a relay cut short is wasted)."""
+        try:
+            await asyncio.to_thread(self.store.put, session.content, chunk, memoryview(data))
+        except UnknownContent:
+            return False  # the session failed or was evicted while the chunk was written
+        except CorruptChunk:
+            self.metrics.chunks_rejected.labels("origin" if source is None else "peer").inc()
+            log.warning("chunk %s/%d from %s failed verification", session.content, chunk,
+                        source or "the origin")
+            self._feed(session, ChunkArrived(chunk, source, ok=False))
+            return False
+        except StoreError as exc:
+            self._failed(session, str(exc))
+            return False
+        if self.sessions.get(session.content) is not session or session.failed is not None:
+            return False
+        self.metrics.chunks_verified.inc()
+        log.debug("stored %s/%d from %s", session.content, chunk, source or "the origin")
+        if source is None:
+            session.origin_bytes += len(data)
+            self.metrics.origin_bytes.inc(len(data))
+        else:
+            session.peer_bytes += len(data)
+            self.metrics.peer_bytes.inc(len(data))
+        self._feed(session, ChunkArrived(chunk, source, ok=True))
+        self._stored(session, chunk)
+        return True
+
+
+def _advance(filling: Filling, offset: int, received: int) -> None:
+    filling.advance(offset + received)
