@@ -10,6 +10,7 @@ generous margin.
 from __future__ import annotations
 
 import asyncio
+import errno
 import hashlib
 import os
 import shutil
@@ -171,6 +172,20 @@ async def break_mid_transfer(cluster: LocalCluster, agent: AgentHandle, content:
     return None
 
 
+def delete_tree(path: Path) -> None:
+    """rmtree under a live writer: the agent may put a chunk file into a directory
+    between rmtree's listing and its rmdir (ENOTEMPTY), so go again, a bounded number
+    of times."""
+    for _ in range(20):
+        try:
+            shutil.rmtree(path)
+            return
+        except OSError as exc:
+            if exc.errno != errno.ENOTEMPTY:
+                raise
+    raise AssertionError(f"{path} kept being written to while it was deleted")
+
+
 async def test_store_directory_deleted_under_a_running_agent(tmp_path: Path) -> None:
     cluster = LocalCluster(tmp_path / "cluster")
     try:
@@ -178,7 +193,7 @@ async def test_store_directory_deleted_under_a_running_agent(tmp_path: Path) -> 
         content = manifest.content_id
         agent = await cluster.start_agent(0, "rack0", SLOW)
         error = await break_mid_transfer(cluster, agent, content,
-                                         lambda: shutil.rmtree(agent.store_dir))
+                                         lambda: delete_tree(agent.store_dir))
         if error is not None:  # a clear failure, then a clean retry
             assert str(agent.store_dir) in error and "No such file" in error, error
             assert str(agent.store_dir) in agent.child.stderr_path.read_text()
@@ -201,7 +216,7 @@ async def test_store_write_error_other_than_disk_full_fails_then_recovers(
         directory = agent.store_dir / content
 
         def file_instead_of_directory() -> None:
-            shutil.rmtree(directory)
+            delete_tree(directory)
             directory.write_bytes(b"not a directory")
 
         error = await break_mid_transfer(cluster, agent, content, file_instead_of_directory)
