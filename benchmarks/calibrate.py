@@ -172,7 +172,7 @@ def main() -> int:
     p.add_argument("--no-baseline", action="store_true",
                    help="skip the origin-only rounds (at low caps they take minutes)")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--start-jitter", type=seconds, default=None, metavar="SECONDS",
+    p.add_argument("--start-jitter", type=jitter_seconds, default=None, metavar="SECONDS",
                    help="the simulated nodes start at uniform(0, SECONDS); by default the "
                         "real agents' measured spread (see start_jitter)")
     p.add_argument("--rate-update-ms", type=float, default=5.0)
@@ -210,7 +210,7 @@ def main() -> int:
     return 0
 
 
-def seconds(text: str) -> float:
+def jitter_seconds(text: str) -> float:
     """A --start-jitter value: seconds, not negative (a node cannot start before t = 0)."""
     try:
         value = float(text)

@@ -70,7 +70,7 @@ class Intake:
         session = self.sessions.get(content)
         key = (link.id, msg.req)
         if asked is None or session is None or session.swarm.held(msg.chunk):
-            self.wasted(self._parts.drop(key) + msg.len)
+            self._wasted(self._parts.drop(key) + msg.len)
             await link.conn.discard_payload(msg.len)
             return True
         try:
@@ -85,7 +85,7 @@ class Intake:
             progress = functools.partial(_advance, filling, msg.off)
         await link.conn.recv_payload_into(view, progress=progress)  # paid for when asked
         if not self._parts.holds(key):  # cancelled while its payload came in
-            self.wasted(msg.len)
+            self._wasted(msg.len)
             return True
         buf = self._parts.received(key, msg.len)
         if buf is None:
@@ -133,13 +133,13 @@ class Intake:
 
     def drop(self, link_id: int, req: int) -> None:
         """Request `req` on the link ends unanswered (rejected, cancelled)."""
-        self.wasted(self._parts.drop((link_id, req)))
+        self._wasted(self._parts.drop((link_id, req)))
 
     def drop_link(self, link_id: int) -> None:
         """The link closed: its requests' partial chunks are wasted."""
-        self.wasted(self._parts.drop_link(link_id))
+        self._wasted(self._parts.drop_link(link_id))
 
-    def wasted(self, nbytes: int) -> None:
+    def _wasted(self, nbytes: int) -> None:
         if nbytes:
             self.metrics.wasted_bytes.inc(nbytes)
 

@@ -85,6 +85,11 @@ class Session:
                               else round(self.first_fetch - self.started, 3)),
         }
 
+    def fetching(self, now: float) -> None:
+        """A chunk is being asked of a peer or the origin (the first one sets first_fetch)."""
+        if self.first_fetch is None:
+            self.first_fetch = now
+
 
 class BufferPool:
     """Chunk-sized receive buffers, reused: a fresh 4 MiB bytearray is zeroed first, and
