@@ -32,10 +32,10 @@ class AgentConfig:
     tracker: str = "http://127.0.0.1:7070"  # tracker URL; replicas: several, comma-separated
     host: str = "127.0.0.1"  # where peers connect to us
     port: int = 7080  # 0 = pick a free port
-    rack: str = "default"
+    rack: str = "default"  # the node's rack: peers in it are preferred (rack_aware)
     peer_id: str = ""  # default: hostname:port
-    store_dir: str = "/var/cache/bootseer"
-    store_budget_gb: float = 50.0
+    store_dir: str = "/var/cache/bootseer"  # verified chunks, kept across restarts
+    store_budget_gb: float = 50.0  # the store's size cap (GiB); least recently used go first
     api_socket: str = "/run/bootseer/agent.sock"  # local API (Unix socket), mode 0660
     api_group: str | None = None  # group of the socket and its 0750 directory (readers)
     metrics_port: int | None = None  # also serve GET /metrics on host:metrics_port
@@ -51,7 +51,7 @@ class AgentConfig:
     max_connections: int = 1024  # peer connections, authenticating or not, at once
     max_handshakes: int = 64  # unauthenticated peer connections at once (8 per address)
     announce_interval_s: float = 2.0  # until the tracker says otherwise
-    swarm: SwarmConfig = field(default_factory=SwarmConfig)
+    swarm: SwarmConfig = field(default_factory=SwarmConfig)  # the [swarm] table: policies
 
     def __post_init__(self) -> None:
         if self.upload_order not in UPLOAD_ORDERS:
