@@ -187,16 +187,17 @@ async def _until_signalled() -> None:
 
 
 def _run_origin(args: argparse.Namespace) -> int:
-    from p2p.origin.server import serve_forever
+    from p2p.origin.server import start
 
     if not args.root.is_dir():
         raise UserError(f"{args.root} is not a directory")
 
     async def main() -> None:
-        task = asyncio.ensure_future(serve_forever(args.root, args.host, args.port,
-                                                   args.rate_mbps))
-        await _until_signalled()
-        task.cancel()
+        runner, _ = await start(args.root, args.host, args.port, args.rate_mbps)
+        try:
+            await _until_signalled()
+        finally:
+            await runner.cleanup()
 
     try:
         uvloop.run(main())
