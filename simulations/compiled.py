@@ -55,7 +55,7 @@ def source_root() -> Path:
 
 def cache_dir() -> Path:
     """`BOOTSEER_CACHE`, else the user's cache directory as the sample images use it
-    (`fusefs.image.debian`: `XDG_CACHE_HOME`, else ~/.cache), then bootseer/."""
+    (`fusefs.testing.debian`: `XDG_CACHE_HOME`, else ~/.cache), then bootseer/."""
     base = os.environ.get("BOOTSEER_CACHE") or Path(
         os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "bootseer"
     return Path(base) / "sim-compiled"

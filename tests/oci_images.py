@@ -1,7 +1,7 @@
-"""Registry test helpers around the sample images of `fusefs.image.sample` (not a test module).
+"""Registry test helpers around the sample images of `fusefs.testing.sample` (not a test module).
 
 The images themselves (`busybox_image`, `BuiltImage`) come from
-`fusefs.image.sample`, the one place images are built. Here: an OCI image
+`fusefs.testing.sample`, the one place images are built. Here: an OCI image
 index over several of them, an OCI layout directory on disk, and the two ways
 such images reach a registry in the tests: `write_oci_layout` + `skopeo_copy`
 (skopeo reading an OCI layout directory), and `push_sample`/`push_index`
@@ -15,7 +15,7 @@ import json
 import shutil
 from pathlib import Path
 
-from fusefs.image.sample import BuiltImage, busybox_image, push_sample
+from fusefs.testing.sample import BuiltImage, busybox_image, push_sample
 from p2p.origin.oci import RegistryClient, sha256_digest
 from p2p.origin.oci_manifest import OCI_INDEX
 from p2p.origin.oci_ref import ImageRef

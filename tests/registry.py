@@ -44,7 +44,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 from cryptography.x509.oid import NameOID
 
-from fusefs.image.testbed import TestbedError, local_registry
+from fusefs.testing.registry import RegistryStartError, local_registry
 from p2p.origin.oci_auth import Credentials
 from p2p.origin.oci_ref import ImageRef
 
@@ -205,7 +205,7 @@ def running_registry(directory: Path, mode: str = "none") -> Iterator[RunningReg
         with local_registry(directory, _auth_config(mode, directory, issuer)) as started:
             yield RunningRegistry(mode, started.address, started.root, started.log_path,
                                   issuer, started.process)
-    except TestbedError as exc:
+    except RegistryStartError as exc:
         raise AssertionError(str(exc)) from None
     finally:
         if issuer is not None:

@@ -15,7 +15,7 @@ from hostile import RawClient
 from promtext import metric
 
 from p2p.content import MiB
-from p2p.localcluster import LocalCluster, wait_all_complete, write_random_file
+from p2p.testing.localcluster import LocalCluster, wait_all_complete, write_random_file
 from p2p.wire import Cancel, Piece, Request
 
 CHUNK = 2 * MiB  # the agent's upload burst (4 MiB) covers the first two pieces only

@@ -28,15 +28,15 @@ from waiting import until
 import hdfs_stripe
 from fusefs.mount import Mount, is_mounted
 from hdfs_stripe.index import resolve
-from hdfs_stripe.minicluster import MiniClusterError, MiniHdfs
 from hdfs_stripe.mount import MountOptions
 from hdfs_stripe.naming import parse_uri
 from hdfs_stripe.origin import webhdfs_for
 from hdfs_stripe.reader import StripeReader
+from hdfs_stripe.testing.minicluster import MiniClusterError, MiniHdfs
 from hdfs_stripe.webhdfs import WebHdfs
 from p2p.agentclient import AgentError
 from p2p.content import PeerId
-from p2p.localcluster import AgentHandle, LocalCluster, bootseer_command
+from p2p.testing.localcluster import AgentHandle, LocalCluster, bootseer_command
 from p2p.tracker_client import TrackerClient
 
 MiB = 1 << 20

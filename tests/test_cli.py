@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 
 from p2p.config import ConfigError, load_agent_config
-from p2p.localcluster import LocalCluster, bootseer_command
+from p2p.testing.localcluster import LocalCluster, bootseer_command
 
 SECRET = "s" * 32
 

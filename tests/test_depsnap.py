@@ -1,10 +1,10 @@
 """Dependency snapshots end to end: real wheels, real pip, a tracker, an origin, agents.
 
 A tracker, an HTTP origin serving the snapshot directory and agents run on
-127.0.0.1 (`p2p.localcluster`); `bootseer depsnap ...` runs as a child
+127.0.0.1 (`p2p.testing.localcluster`); `bootseer depsnap ...` runs as a child
 process, as a job launcher would run it. Wheels are real (numpy, tabulate
 with its console script, six), downloaded once into a local wheelhouse
-(depsnap/wheelhouse.py) and installed with `--no-index --find-links`. What is
+(depsnap/testing/wheelhouse.py) and installed with `--no-index --find-links`. What is
 proved:
 
 - `depsnap run` on agent A installs and publishes; on agent B (empty store)
@@ -36,9 +36,9 @@ from typing import Any
 from waiting import until
 
 from depsnap.mount import MountOptions
-from depsnap.wheelhouse import PYTHON
+from depsnap.testing.wheelhouse import PYTHON
 from fusefs.mount import Mount
-from p2p.localcluster import AgentHandle, LocalCluster, bootseer_command
+from p2p.testing.localcluster import AgentHandle, LocalCluster, bootseer_command
 
 PINS = "numpy==2.2.6\ntabulate==0.9.0\n"
 

@@ -1,7 +1,7 @@
 """End to end: a tracker, an HTTP origin and 8 agent processes on loopback.
 
 One 256 MiB content (4 MiB chunks) goes from the origin to every agent
-through `p2p.demo.distribute`, which checks every copy byte for byte through
+through `p2p.testing.demo.distribute`, which checks every copy byte for byte through
 each agent's read API. Origin egress is what the origin server itself counts
 (its /stats), not what the agents claim. Then each agent's Prometheus
 metrics must tell the same story as its status.
@@ -16,8 +16,8 @@ from typing import Any
 from promtext import metric
 
 from p2p.content import CHUNK_SIZE, MiB
-from p2p.demo import distribute
-from p2p.localcluster import AgentHandle, LocalCluster, write_random_file
+from p2p.testing.demo import distribute
+from p2p.testing.localcluster import AgentHandle, LocalCluster, write_random_file
 
 NODES = 8
 SIZE = 256 * MiB

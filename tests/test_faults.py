@@ -1,13 +1,13 @@
 """Faults and bad input against real processes on loopback.
 
 Each test starts a tracker, an HTTP origin and a few agent processes
-(p2p.localcluster), distributes a 64 MiB content in 1 MiB chunks, and breaks
+(p2p.testing.localcluster), distributes a 64 MiB content in 1 MiB chunks, and breaks
 something while the transfer runs: agents die, the tracker restarts, a peer
 serves garbage, a process holds the wrong cluster secret, a connection sends
 malformed frames or drips bytes. Agents are capped (`download_mbps`) so
 that a transfer lasts long enough to be interrupted. Every wait is bounded;
 nothing asserts on elapsed time. Copies are checked byte for byte through the
-agents' read API (p2p.demo.distribute).
+agents' read API (p2p.testing.demo.distribute).
 """
 
 from __future__ import annotations
@@ -30,15 +30,15 @@ from waiting import until
 from p2p.agentclient import AgentError
 from p2p.auth import AuthError
 from p2p.content import ContentId, Manifest, MiB, PeerId
-from p2p.demo import Round, distribute
-from p2p.localcluster import (
+from p2p.peer import PeerInfo, Timeouts, connect
+from p2p.testing.demo import Round, distribute
+from p2p.testing.localcluster import (
     AgentHandle,
     LocalCluster,
     to_toml,
     wait_all_complete,
     write_random_file,
 )
-from p2p.peer import PeerInfo, Timeouts, connect
 from p2p.wire import PROTOCOL_VERSION, Bye, Hello, Request
 
 SIZE = 64 * MiB

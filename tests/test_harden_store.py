@@ -2,7 +2,7 @@
 and never hands out a bad byte (issue 7, store and local-API rows).
 
 Every test runs a real tracker, origin and agent processes on loopback
-(p2p.localcluster). Waits are bounded; nothing asserts on elapsed time except
+(p2p.testing.localcluster). Waits are bounded; nothing asserts on elapsed time except
 the one bound that is the property itself (an agent exits after SIGTERM), with a
 generous margin.
 """
@@ -26,14 +26,14 @@ from waiting import WAIT_S, until
 
 from p2p.agentclient import AgentError
 from p2p.content import ContentId, Manifest, MiB
-from p2p.localcluster import (
+from p2p.store import ChunkStore
+from p2p.testing.localcluster import (
     AgentHandle,
     LocalCluster,
     bootseer_command,
     to_toml,
     write_random_file,
 )
-from p2p.store import ChunkStore
 
 SIZE = 16 * MiB
 CHUNK = 1 * MiB

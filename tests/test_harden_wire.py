@@ -1,7 +1,7 @@
 """Attacks on an agent's peer port, against real processes on loopback (issue 7).
 
 Each test starts a tracker, an HTTP origin and one or two agents
-(p2p.localcluster) on 127.0.0.1, and attacks from other loopback addresses
+(p2p.testing.localcluster) on 127.0.0.1, and attacks from other loopback addresses
 (127.0.0.2, 127.0.0.3): a node's identity is its address, so an attacker
 needs one of its own. The attacks: a flood that exhausts the agent's file
 descriptors, thousands of idle unauthenticated connections, requests for
@@ -33,8 +33,8 @@ from waiting import WAIT_S, until
 from p2p import wire
 from p2p.content import ContentId, Manifest, MiB, PeerId
 from p2p.guard import ConnectionGuard, ConnectionLimits
-from p2p.localcluster import AgentHandle, LocalCluster, write_random_file
 from p2p.ratelimit import LogLimiter
+from p2p.testing.localcluster import AgentHandle, LocalCluster, write_random_file
 from p2p.tracker_client import TrackerClient
 from p2p.wire import Piece, Reject, Request
 

@@ -6,7 +6,7 @@ symlinks; a layer with a directory tree, a hard link, xattrs, a whiteout of a
 base file and an opaque directory; and a plain (uncompressed) tar layer, as
 incompressible contents should be, with a small "hot" and a larger "cold" file
 of random bytes spanning several 1 MiB chunks. Each test starts a tracker and agents on
-127.0.0.1 (`p2p.localcluster`), indexes the image with `bootseer image index`
+127.0.0.1 (`p2p.testing.localcluster`), indexes the image with `bootseer image index`
 and mounts or runs it with `bootseer image ...` in child processes (a process
 must not read a pyfuse3 mount it serves). What is proved:
 
@@ -51,12 +51,12 @@ import pytest
 from registry import RunningRegistry, running_registry
 
 from fusefs.image.mount import MountOptions
-from fusefs.image.sample import BUSYBOX, BuiltImage, assemble, push_sample
-from fusefs.image.sample import Layer as SampleLayer
 from fusefs.mount import Mount, is_mounted
-from p2p.localcluster import AgentHandle, LocalCluster, bootseer_command
+from fusefs.testing.sample import BUSYBOX, BuiltImage, assemble, push_sample
+from fusefs.testing.sample import Layer as SampleLayer
 from p2p.origin.oci import RegistryClient, sha256_digest
 from p2p.origin.oci_manifest import Platform
+from p2p.testing.localcluster import AgentHandle, LocalCluster, bootseer_command
 
 TEST_BOUND_S = 240.0
 MiB = 1 << 20
@@ -250,7 +250,7 @@ def describe(root: Path) -> dict[str, tuple[object, ...]]:
 
 async def test_a_mounted_image_on_two_agents_is_what_the_real_tools_unpack(
         fuse_ready: None, registry: RunningRegistry, image: BuiltImage, tmp_path: Path) -> None:
-    from fusefs.image.baseline import full_pull
+    from fusefs.bench.baseline import full_pull
 
     ref = await push(registry, "test/tree", image)
     async with asyncio.timeout(TEST_BOUND_S), cluster_of(tmp_path, 2) as (cluster, agents):

@@ -1,6 +1,6 @@
 """`bootseer launch` end to end: a real registry, real HDFS, real pip, real FUSE, real runc.
 
-The image is Debian bookworm with python3 (`fusefs.image.sample.python3_image`,
+The image is Debian bookworm with python3 (`fusefs.testing.sample.python3_image`,
 built once with debootstrap and cached), pushed to a `docker-registry` and
 indexed; the environment is a requirements file of real wheels (installed with
 pip from the local wheelhouse); the checkpoint is two files in Hadoop's mini
@@ -42,12 +42,12 @@ from typing import Any
 import pytest
 from registry import RunningRegistry, running_registry
 
-from depsnap.wheelhouse import PYTHON
-from fusefs.image.sample import push_sample, python3_image
-from hdfs_stripe.minicluster import MiniClusterError, MiniHdfs
+from depsnap.testing.wheelhouse import PYTHON
+from fusefs.testing.sample import push_sample, python3_image
+from hdfs_stripe.testing.minicluster import MiniClusterError, MiniHdfs
 from hdfs_stripe.webhdfs import WebHdfs
-from p2p.localcluster import AgentHandle, LocalCluster, bootseer_command
 from p2p.origin.oci import RegistryClient
+from p2p.testing.localcluster import AgentHandle, LocalCluster, bootseer_command
 
 TEST_BOUND_S = 600.0
 MiB = 1 << 20

@@ -6,7 +6,7 @@ import tomllib
 
 import pytest
 
-from p2p.launch.plan import CkptPlan, PlanError, merge, plan_from
+from fusefs.launch.plan import CkptPlan, PlanError, merge, plan_from
 
 KEY = "ab" * 32
 FILE = tomllib.loads("""

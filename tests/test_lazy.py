@@ -14,7 +14,7 @@ from typing import Any
 from waiting import until
 
 from p2p.content import MiB
-from p2p.localcluster import AgentHandle, LocalCluster, write_random_file
+from p2p.testing.localcluster import AgentHandle, LocalCluster, write_random_file
 
 CHUNK = 1 * MiB
 CHUNKS = 8

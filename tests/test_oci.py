@@ -28,7 +28,7 @@ from oci_images import (
 )
 from registry import MODES, PASSWORD, READER, USER, RunningRegistry, running_registry
 
-from fusefs.image import testbed
+from fusefs.testing import registry as testbed
 from p2p.origin import OriginError, OriginPool
 from p2p.origin.oci import RegistryClient, RegistryError, sha256_digest
 from p2p.origin.oci_auth import Credentials

@@ -25,8 +25,7 @@ from pathlib import Path
 import pytest
 from registry import running_registry
 
-from fusefs.image import debian, mounts
-from fusefs.image.baseline import full_pull
+from fusefs.bench.baseline import full_pull
 from fusefs.image.process import (
     ContainerError,
     Process,
@@ -35,7 +34,9 @@ from fusefs.image.process import (
     resolve_in_root,
 )
 from fusefs.image.runtime import RUNTIMES, find_command, run_in_rootfs
-from fusefs.image.sample import (
+from fusefs.image.tool import ToolError
+from fusefs.testing import debian, mounts
+from fusefs.testing.sample import (
     BIG_FILE_PATH,
     WHITED_OUT,
     big_file_layer,
@@ -43,7 +44,6 @@ from fusefs.image.sample import (
     push_sample,
     top_tar,
 )
-from fusefs.image.tool import ToolError
 from p2p.origin.oci import RegistryClient
 
 PASSWD = "root:x:0:0:root:/root:/bin/sh\napp:x:1234:2345:App:/home/app:/bin/sh\n"

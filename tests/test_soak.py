@@ -30,8 +30,8 @@ from hostile import HostilePeer, RawClient, fetch_chunk
 from promtext import metric
 
 from p2p.content import ContentId, Manifest, MiB
-from p2p.demo import distribute
-from p2p.localcluster import AgentHandle, LocalCluster, bootseer_command, write_random_file
+from p2p.testing.demo import distribute
+from p2p.testing.localcluster import AgentHandle, LocalCluster, bootseer_command, write_random_file
 from p2p.tracker_client import TrackerClient
 
 SIZE = 48 * MiB

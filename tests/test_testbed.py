@@ -16,9 +16,14 @@ from pathlib import Path
 import pytest
 
 from p2p.content import MiB
-from p2p.localcluster import LocalCluster, bootseer_command, wait_all_complete, write_random_file
-from p2p.testbed import netns
-from p2p.testbed.plan import MAX_IFNAME, Host, Spec, SpecError, commands, plan
+from p2p.testing.localcluster import (
+    LocalCluster,
+    bootseer_command,
+    wait_all_complete,
+    write_random_file,
+)
+from p2p.testing.testbed import netns
+from p2p.testing.testbed.plan import MAX_IFNAME, Host, Spec, SpecError, commands, plan
 
 NAME, SUBNET = "tq", "10.214.0.0/16"
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tracker.loadgen import Swarm, build_pool
+from tracker.bench.loadgen import Swarm, build_pool
 
 SECRET = b"bench-test-secret-0123456789abcdef"
 
@@ -18,8 +18,10 @@ SECRET = b"bench-test-secret-0123456789abcdef"
 def test_bench_prints_one_json_line_with_the_swarm_fully_announced(
         protocol: str, extra: list[str]) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "tracker.bench", "tracker", "--nodes", "60", "--contents", "2",
-         "--seconds", "1", "--max-rate", "40000", "--protocol", protocol, "--json", *extra],
+        [sys.executable, "-m", "tracker.bench.announces", "tracker", "--nodes", "60",
+         "--contents", "2",
+         "--seconds", "1", "--max-rate", "40000", "--protocol", protocol, "--json",
+         *extra],
         capture_output=True, text=True, timeout=300)
     assert proc.returncode in (0, 1), proc.stderr
     result = json.loads(proc.stdout)
@@ -44,7 +46,8 @@ def test_pool_requests_are_distinct_and_signed_once_each() -> None:
 
 def test_bench_with_replicas_drives_both_and_they_share_one_swarm() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "tracker.bench", "tracker", "--replicas", "2", "--nodes", "60",
+        [sys.executable, "-m", "tracker.bench.announces", "tracker", "--replicas", "2",
+         "--nodes", "60",
          "--contents", "2", "--seconds", "1", "--max-rate", "40000", "--json"],
         capture_output=True, text=True, timeout=300)
     assert proc.returncode in (0, 1), proc.stderr

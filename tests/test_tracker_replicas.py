@@ -38,16 +38,16 @@ from test_tracker_service import SECRET, manifest, start_tracker
 from waiting import until
 
 from p2p.content import ContentId, PeerId
-from p2p.localcluster import LocalCluster, write_random_file
+from p2p.testing.localcluster import LocalCluster, write_random_file
 from p2p.tracker_client import ContentState, TrackerClient, TrackerError
 from tracker import machine, replicas
 from tracker.app import make_app
 from tracker.config import TrackerConfig
 from tracker.guard import Unavailable
 from tracker.handout import get_policy
-from tracker.redisproc import RedisServer
 from tracker.registry import Registry
 from tracker.state import TRACKER, Tracker
+from tracker.testing.redisproc import RedisServer
 
 CONTENTS = [ContentId("c1-" + d * 64) for d in "abc"]
 __all__ = ["background"]  # the fixture, from test_faults
@@ -244,7 +244,7 @@ async def test_a_replica_that_joins_late_loads_the_snapshot_and_agrees(
 
 
 async def test_redis_unreachable_at_start_is_one_line_naming_the_url(tmp_path: Path) -> None:
-    from tracker.redisproc import free_port
+    from tracker.testing.redisproc import free_port
 
     url = f"redis://127.0.0.1:{free_port()}/0"
     t = await start_tracker(tmp_path, "--redis", url)

@@ -16,7 +16,7 @@ from promtext import metric
 from waiting import until
 
 from p2p.content import MiB
-from p2p.localcluster import LocalCluster, write_random_file
+from p2p.testing.localcluster import LocalCluster, write_random_file
 
 
 async def test_failed_origin_fetches_are_withdrawn_to_peers(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@
 The image is mounted with its hot-block record prefetched, the environment
 restored (or mounted), the checkpoint mounted (and prefetched), all at once;
 then CMD runs in the image and its exit status is ours. Flags override the
-file's settings (see `p2p.launch.plan` for the file). The per-phase timeline
+file's settings (see `fusefs.launch.plan` for the file). The per-phase timeline
 goes to stderr, and with `--json` to stdout as one JSON line.
 """
 
@@ -21,7 +21,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from p2p.cli import UserError
+from p2p.errors import UserError
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -60,7 +60,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 def settings_of(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     """The file's settings with the flags over them, and the directory relative paths in the
     file start from."""
-    from p2p.launch.plan import merge
+    from fusefs.launch.plan import merge
 
     file: dict[str, Any] = {}
     base = "."
@@ -87,17 +87,17 @@ def settings_of(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
 def expected_errors() -> tuple[type[Exception], ...]:
     from depsnap.cli import expected_errors as depsnap_errors
     from fusefs.image.cli import expected_errors as image_errors
+    from fusefs.launch.plan import PlanError
+    from fusefs.launch.run import LaunchError
     from hdfs_stripe.cli import expected_errors as ckpt_errors
-    from p2p.launch.plan import PlanError
-    from p2p.launch.run import LaunchError
 
     return (*image_errors(), *depsnap_errors(), *ckpt_errors(), PlanError, LaunchError)
 
 
 def _run(args: argparse.Namespace) -> int:
     from depsnap.cli import places
-    from p2p.launch.plan import PlanError, plan_from
-    from p2p.launch.run import launch
+    from fusefs.launch.plan import PlanError, plan_from
+    from fusefs.launch.run import launch
 
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

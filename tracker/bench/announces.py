@@ -2,7 +2,7 @@
 
 Starts `bootseer tracker` (the real command), announces every node's
 contents once so the swarm has its full size, then replays signed announces
-from all N nodes with `wrk` (tracker.loadgen) over `--connections` keep-alive
+from all N nodes with `wrk` (tracker.bench.loadgen) over `--connections` keep-alive
 connections for `--seconds`, and prints one JSON line:
 
     nodes, contents, replicas, protocol, announces_per_second (node announces),
@@ -52,11 +52,11 @@ from typing import Any
 import aiohttp
 import uvloop
 
-from p2p.cli import UserError
-from p2p.demo import positive_int
-from p2p.localcluster import Child, LocalCluster, to_toml
-from tracker import loadgen
-from tracker.redisproc import RedisMissing, RedisServer
+from p2p.errors import UserError
+from p2p.testing.demo import positive_int
+from p2p.testing.localcluster import Child, LocalCluster, to_toml
+from tracker.bench import loadgen
+from tracker.testing.redisproc import RedisMissing, RedisServer
 
 SATURATED_CORE = 0.85  # a process this busy (of one core per thread) is the bound
 POOL_SEED = 11
@@ -248,7 +248,7 @@ async def _healthz_peers(url: str) -> int:
 
 
 def main() -> int:
-    """`python -m tracker.bench ...`: the bench without the installed entry point."""
+    """`python -m tracker.bench.announces ...`: the bench without the installed entry point."""
     parser = argparse.ArgumentParser(prog="bootseer bench")
     add_parser(parser.add_subparsers(dest="bench", required=True))
     args = parser.parse_args()

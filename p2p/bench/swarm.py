@@ -27,13 +27,13 @@ from typing import TYPE_CHECKING, Any
 
 import uvloop
 
-from p2p.cli import UserError
 from p2p.content import CHUNK_SIZE, DEFAULT_DIGEST, DIGESTS, MiB
-from p2p.demo import distribute, parse_size, positive_int
-from p2p.localcluster import AgentHandle, LocalCluster, write_random_file
+from p2p.errors import UserError
+from p2p.testing.demo import distribute, parse_size, positive_int
+from p2p.testing.localcluster import AgentHandle, LocalCluster, write_random_file
 
 if TYPE_CHECKING:  # a testbed is optional: load its shell only when one is used
-    from p2p.testbed.netns import Testbed
+    from p2p.testing.testbed.netns import Testbed
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -153,7 +153,7 @@ async def _rounds(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, 
 
 def _testbed(args: argparse.Namespace) -> Testbed:
     """The testbed named by --testbed, with the caps and racks in `args` set from it."""
-    from p2p.testbed.netns import TestbedError, find
+    from p2p.testing.testbed.netns import TestbedError, find
 
     try:
         bed = find(args.testbed)

@@ -1,9 +1,9 @@
 """`bootseer bench depsnap`: install vs restore vs lazy mount, side by side, in one run.
 
 On a real, ML-shaped environment installed from a local wheelhouse (numpy,
-pandas, pyarrow, scipy and their dependencies; `depsnap.wheelhouse`), each
+pandas, pyarrow, scipy and their dependencies; `depsnap.testing.wheelhouse`), each
 case on a fresh prefix and with an empty cache, on loopback agents
-(`p2p.localcluster`):
+(`p2p.testing.localcluster`):
 
 - `pip_seconds`: `pip install --no-index --find-links WHEELHOUSE ...` into a
   fresh venv (pip compiles byte-code: `pip_compiles_bytecode`);
@@ -74,9 +74,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from depsnap.wheelhouse import ML_WHEELS, PYTHON, wheelhouse
+from depsnap.testing.wheelhouse import ML_WHEELS, PYTHON, wheelhouse
 from fusefs.server import SERVER_ENV
-from p2p.localcluster import AgentHandle, LocalCluster, bootseer_command
+from p2p.testing.localcluster import AgentHandle, LocalCluster, bootseer_command
 
 IMPORT = "import pandas, numpy; print(pandas.__version__)"
 

@@ -2,7 +2,7 @@
 
 - `testbed up --nodes N [--racks R] [--node-cap MB/s] [--origin-cap MB/s]
   [--oversubscription X | --uplink-cap MB/s] [--name NAME]`: build it (see
-  `p2p.testbed.plan`) and print its layout as one JSON line;
+  `p2p.testing.testbed.plan`) and print its layout as one JSON line;
 - `testbed status [--name NAME]`: the layout of the testbed that is up;
 - `testbed exec [--name NAME] HOST -- CMD...`: run CMD in a host's namespace
   (`n3`, `3` or `origin`), returning its exit status;
@@ -19,7 +19,7 @@ import argparse
 import json
 import subprocess
 
-from p2p.cli import UserError
+from p2p.errors import UserError
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -51,8 +51,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 
 
 def _run(args: argparse.Namespace) -> int:
-    from p2p.testbed import netns
-    from p2p.testbed.plan import Spec, SpecError
+    from p2p.testing.testbed import netns
+    from p2p.testing.testbed.plan import Spec, SpecError
 
     try:
         if args.action == "up":

@@ -9,7 +9,7 @@ its OCI manifest, as the registry will hold them. Three builders:
   the same inputs give the same digests. `arch` is recorded in the config and
   in `/etc/bootseer-platform`, so two platforms have distinct layers.
 - `python3_image(...)` (async): a Debian bookworm minbase tree with python3
-  from debootstrap (`fusefs.image.debian`, built once per machine and
+  from debootstrap (`fusefs.testing.debian`, built once per machine and
   cached), an optional small layer on top (a few files and one whiteout of a
   base file, so a reader must merge layers), and an optional layer holding
   one incompressible file of `big_file_bytes` for read-throughput tests.
@@ -35,8 +35,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
-from fusefs.image import debian
 from fusefs.image.tool import ToolError
+from fusefs.testing import debian
 from p2p.origin.oci import RegistryClient, sha256_digest
 from p2p.origin.oci_manifest import OCI_MANIFEST, Descriptor, Platform
 from p2p.origin.oci_ref import ImageRef
@@ -73,7 +73,7 @@ class Layer:
 
     @classmethod
     def cached(cls, path: Path) -> Layer:
-        """A layer built into the cache (`fusefs.image.debian.record`)."""
+        """A layer built into the cache (`fusefs.testing.debian.record`)."""
         info = debian.cached(path)
         if info is None:
             raise ToolError(f"cached layer {path} is incomplete; delete it and build again")

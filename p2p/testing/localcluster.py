@@ -2,7 +2,7 @@
 
 Used by `bootseer demo`, `bootseer bench swarm` and the end-to-end tests, so
 all three exercise the real command-line entry points and the real processes.
-On a testbed (`p2p.testbed`), the tracker and the origin run in its origin
+On a testbed (`p2p.testing.testbed`), the tracker and the origin run in its origin
 namespace and agent `i` in node `i`'s, each bound to its namespace's address,
 with the node's rack; the links' caps are then the testbed's.
 Every child prints one JSON line when it is ready; we read it with a bounded
@@ -24,12 +24,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from p2p.agentclient import AgentClient
-from p2p.cli import UserError
-from p2p.content import CHUNK_SIZE, DEFAULT_DIGEST, ContentId, Manifest, ManifestBuilder
+from p2p.content import CHUNK_SIZE, DEFAULT_DIGEST, ContentId, Manifest
+from p2p.errors import UserError
+from p2p.publish import manifest_of_file
 from p2p.tracker_client import TrackerClient
 
 if TYPE_CHECKING:  # a testbed is optional: load its shell only when one is used
-    from p2p.testbed.netns import Testbed
+    from p2p.testing.testbed.netns import Testbed
 
 READY_TIMEOUT_S = 30.0
 
@@ -115,7 +116,7 @@ class LocalCluster:
         stderr_path = self.workdir / f"{name}.log"
         argv = [*bootseer_command(), *args]
         if netns is not None:
-            from p2p.testbed.plan import in_namespace
+            from p2p.testing.testbed.plan import in_namespace
 
             argv = in_namespace(netns, argv)
         with open(stderr_path, "ab") as err:
@@ -203,14 +204,6 @@ class LocalCluster:
                              return_exceptions=True)
         self.children.clear()
 
-
-def manifest_of_file(path: Path, chunk_size: int, origin: str,
-                     digest: str = DEFAULT_DIGEST) -> Manifest:
-    builder = ManifestBuilder(chunk_size, digest)
-    with open(path, "rb") as f:
-        while block := f.read(16 * chunk_size):
-            builder.feed(block)
-    return builder.finish("blob", origin)
 
 
 def write_random_file(path: Path, size: int, seed: int = 0) -> None:

@@ -44,8 +44,8 @@ from pathlib import Path
 from typing import Any
 
 from p2p.chunkfile import CHUNK_SUFFIX
-from p2p.cli import UserError
-from p2p.demo import parse_size, positive_int
+from p2p.errors import UserError
+from p2p.testing.demo import parse_size, positive_int
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -75,7 +75,7 @@ def add_parser(kinds: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 
 def _run(args: argparse.Namespace) -> int:
     from hdfs_stripe.cli import expected
-    from hdfs_stripe.minicluster import MiniClusterError
+    from hdfs_stripe.testing.minicluster import MiniClusterError
 
     try:
         result = expected(_bench(args))
@@ -86,7 +86,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 async def _bench(args: argparse.Namespace) -> dict[str, Any]:
-    from hdfs_stripe.minicluster import MiniHdfs
+    from hdfs_stripe.testing.minicluster import MiniHdfs
 
     with tempfile.TemporaryDirectory(prefix="bootseer-bench-ckpt-") as tmp:
         work = args.workdir or Path(tmp)
@@ -106,12 +106,12 @@ def _progress(show: bool) -> Any:
 
 async def _rounds(dfs: Any, work: Path, args: argparse.Namespace, say: Any) -> dict[str, Any]:
     from hdfs_stripe.index import index
-    from hdfs_stripe.minicluster import write_spread
     from hdfs_stripe.naming import content_name, parse_uri
     from hdfs_stripe.reader import StripeReader
     from hdfs_stripe.stripe import STRIPE_SIZE
+    from hdfs_stripe.testing.minicluster import write_spread
     from hdfs_stripe.webhdfs import WebHdfs
-    from p2p.localcluster import LocalCluster
+    from p2p.testing.localcluster import LocalCluster
     from p2p.tracker_client import TrackerClient
 
     data = os.urandom(args.size)
@@ -220,7 +220,7 @@ async def _fuse_read(cluster: Any, agent: Any, uri: Any, work: Path, size: int,
     (each a first read through FUSE), after a sync (the stripes were just written: their
     writeback is not a read), with GB/s of reading the stripe files directly before each
     (what the disk and page cache give); then one untimed read that checks every byte."""
-    from fusefs.image.bench import cpu_seconds, dd_seconds, read_all_seconds
+    from fusefs.bench.image import cpu_seconds, dd_seconds, read_all_seconds
     from fusefs.mount import Mount
     from hdfs_stripe.mount import MountOptions
 

@@ -27,7 +27,7 @@ leaves and what enters the rack. The uplink cap defaults to the rack's total
 node cap divided by `oversubscription` (1: non-blocking).
 
 This module does no I/O. `commands` gives the `ip` and `tc` batches that build
-the plan (see `p2p.testbed.netns` for running them, and for removal).
+the plan (see `p2p.testing.testbed.netns` for running them, and for removal).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Building and removing a testbed (see `p2p.testbed.plan`) with `ip` and `tc`.
+"""Building and removing a testbed (see `p2p.testing.testbed.plan`) with `ip` and `tc`.
 
 `up` adds the namespaces, runs the plan's batches and records the spec in a
 state file (`/run/bootseer/testbed-<name>.json`); if any step fails, what was
@@ -24,7 +24,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from p2p.testbed.plan import Batch, Host, Plan, Spec, commands, in_namespace, plan
+from p2p.testing.testbed.plan import Batch, Host, Plan, Spec, commands, in_namespace, plan
 
 STATE_DIR = Path("/run/bootseer")
 COMMAND_TIMEOUT_S = 60.0

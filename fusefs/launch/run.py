@@ -43,9 +43,9 @@ from typing import Any
 from depsnap.run import Places
 from fusefs.image.forked import ForkedMount, Serve
 from fusefs.image.process import Bind
+from fusefs.launch import cpu
+from fusefs.launch.plan import LaunchPlan
 from fusefs.mount import is_mounted
-from p2p.launch import cpu
-from p2p.launch.plan import LaunchPlan
 
 log = logging.getLogger(__name__)
 

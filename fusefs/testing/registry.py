@@ -36,7 +36,7 @@ RELAY_BLOCK = 256 << 10
 BURST_BYTES = 1 << 20
 
 
-class TestbedError(Exception):
+class RegistryStartError(Exception):
     """A component of the testbed cannot start; the message names what is missing."""
 
 
@@ -59,7 +59,8 @@ def local_registry(directory: Path, auth: dict[str, object] | None = None
                    ) -> Iterator[Registry]:
     """A started docker-registry on 127.0.0.1 (see the module docstring); stopped on exit."""
     if not Path(REGISTRY_BIN).is_file():
-        raise TestbedError("docker-registry is not installed: apt-get install docker-registry")
+        raise RegistryStartError(
+            "docker-registry is not installed: apt-get install docker-registry")
     directory.mkdir(parents=True, exist_ok=True)
     log_path = directory / "registry.log"
     process = None
@@ -73,7 +74,7 @@ def local_registry(directory: Path, auth: dict[str, object] | None = None
             if _wait_ready(process, port, log_path):
                 break
         else:
-            raise TestbedError(f"docker-registry exited at start; its log:\n"
+            raise RegistryStartError(f"docker-registry exited at start; its log:\n"
                                f"{log_path.read_text()[-2000:]}")
         yield Registry(f"127.0.0.1:{port}", directory / "storage", log_path, process)
     finally:
@@ -113,7 +114,7 @@ def _wait_ready(process: subprocess.Popen[bytes], port: int, log_path: Path) -> 
             return True  # 401: up, and asking for credentials
         except OSError:
             time.sleep(0.05)
-    raise TestbedError(f"docker-registry did not answer within {START_TIMEOUT_S:g} s; its "
+    raise RegistryStartError(f"docker-registry did not answer within {START_TIMEOUT_S:g} s; its "
                        f"log:\n{log_path.read_text()[-2000:]}")
 
 

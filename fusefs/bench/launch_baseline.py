@@ -1,13 +1,13 @@
 """Today's way to start a job on one node: the baseline arm of `bootseer bench launch`.
 
-    python -m p2p.launch.baseline --image REF --mirror URL --work DIR
+    python -m fusefs.bench.launch_baseline --image REF --mirror URL --work DIR
         [--package SPEC ...] [--ckpt hdfs://HOST:PORT/path] [--python PY]
         [--runtime runc] -- CMD ...
 
 With the standard tools and nothing shared between nodes, three parts at once
 (as generous to the baseline as `bootseer launch` is to itself):
 
-- image: `skopeo copy` of every blob, then `umoci unpack` (`fusefs.image.baseline`);
+- image: `skopeo copy` of every blob, then `umoci unpack` (`fusefs.bench.baseline`);
 - environment: `python -m venv`, then `pip install` of the pinned packages from
   the package mirror at URL (a plain directory listing, as `--find-links` reads);
 - checkpoint: each hdfs:// file read in one WebHDFS stream into a local file;
@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from fusefs.launch.cpu import own_and_children
 from hdfs_stripe.webhdfs import HdfsError
-from p2p.launch.cpu import own_and_children
 
 CKPT_PATH = "/ckpt"
 READ_BLOCK = 1 << 20
@@ -44,7 +44,7 @@ class BaselineError(Exception):
 
 
 async def _image(ref: str, work: Path) -> tuple[Path, dict[str, Any]]:
-    from fusefs.image.baseline import full_pull
+    from fusefs.bench.baseline import full_pull
     from fusefs.image.catalog import resolve
     from p2p.origin.oci import RegistryClient
     from p2p.origin.oci_ref import parse_reference
@@ -95,7 +95,7 @@ async def _timed(name: str, work: Any, into: dict[str, float], started: float) -
 async def baseline(args: argparse.Namespace) -> dict[str, Any]:
     from fusefs.image.process import Bind, image_process
     from fusefs.image.runtime import run_in_rootfs
-    from p2p.launch.run import with_environ
+    from fusefs.launch.run import with_environ
 
     started, parts = time.monotonic(), dict[str, float]()
     venv, ckpt = args.work / "venv", args.work / "ckpt"
@@ -127,7 +127,7 @@ async def baseline(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(prog="python -m p2p.launch.baseline", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m fusefs.bench.launch_baseline", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--image", required=True)
     p.add_argument("--mirror", default="", help="package mirror URL (a directory listing)")

@@ -2,7 +2,7 @@
 
 Pure: a dict of settings in (the TOML file's tables, with the command line's
 flags laid over them), a `LaunchPlan` out, or a PlanError naming the setting
-that is wrong and what it should be. The shell (`p2p.launch.run`) does the rest.
+that is wrong and what it should be. The shell (`fusefs.launch.run`) does the rest.
 
 A launch.toml, every key optional except `image`:
 

@@ -70,15 +70,15 @@ def add_parser(kinds: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 def _run(args: argparse.Namespace) -> int:
     import uvloop
 
-    from p2p.cli import UserError
+    from p2p.errors import UserError
 
     try:
         result = uvloop.run(_bench(args))
     except Exception as exc:  # a failed case must not print a partial result as complete
-        from fusefs.image.testbed import TestbedError
         from fusefs.image.tool import ToolError
+        from fusefs.testing.registry import RegistryStartError
 
-        if isinstance(exc, ToolError | TestbedError):
+        if isinstance(exc, ToolError | RegistryStartError):
             raise UserError(str(exc)) from None
         raise
     print(json.dumps(result))
@@ -94,11 +94,11 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
 
 
 async def _bench_in(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    from fusefs.image.sample import push_sample, python3_image
-    from fusefs.image.testbed import CappedProxy, local_registry
-    from p2p.localcluster import LocalCluster
+    from fusefs.testing.registry import CappedProxy, local_registry
+    from fusefs.testing.sample import push_sample, python3_image
     from p2p.origin.oci import RegistryClient
     from p2p.origin.oci_ref import ImageRef
+    from p2p.testing.localcluster import LocalCluster
 
     def log(message: str) -> None:
         if not args.json:
@@ -136,7 +136,7 @@ async def _bench_in(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 
 async def _cases(args: argparse.Namespace, cluster: Any, proxy: Any, ref: str, work: Path,
                  log: Any) -> dict[str, Any]:
-    from fusefs.image.baseline import full_pull
+    from fusefs.bench.baseline import full_pull
     from fusefs.image.process import image_process
     from fusefs.image.runtime import run_in_rootfs
 
@@ -190,8 +190,8 @@ async def _launch(cluster: Any, agent: Any, ref: str, argv: list[str], runtime: 
 async def _fuse_read(args: argparse.Namespace, cluster: Any, ref: str, big: Any, work: Path,
                      log: Any) -> dict[str, Any]:
     from fusefs.image.mount import MountOptions
-    from fusefs.image.sample import BIG_FILE_PATH
     from fusefs.mount import Mount
+    from fusefs.testing.sample import BIG_FILE_PATH
 
     agent = await cluster.start_agent(2, "rack0")
     layers = await _layer_contents(cluster, ref)
@@ -255,7 +255,7 @@ async def dd_seconds(path: Path) -> float:
 
 
 async def _cli(cluster: Any, *args: str) -> tuple[int, str]:
-    from p2p.localcluster import bootseer_command
+    from p2p.testing.localcluster import bootseer_command
 
     proc = await asyncio.create_subprocess_exec(
         *bootseer_command(), *args, stdout=asyncio.subprocess.PIPE,

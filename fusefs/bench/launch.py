@@ -14,7 +14,7 @@ launch recorded (its hot blocks); that preparing agent is then gone.
 
 Timed, two arms, every node at once, each node in its own namespace:
 
-- baseline: `python -m p2p.launch.baseline` (skopeo + umoci, pip from the
+- baseline: `python -m fusefs.bench.launch_baseline` (skopeo + umoci, pip from the
   mirror, then the command under runc), nothing shared between nodes;
 - bootseer: `bootseer launch --env-key KEY` through a fresh agent per node.
 
@@ -44,8 +44,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from p2p.cli import UserError
-from p2p.launch import cpu
+from fusefs.launch import cpu
+from p2p.errors import UserError
 
 REPOSITORY = "bench/launch:1"
 CKPT_FILE = "/ckpt/step-1/model.bin"
@@ -75,7 +75,7 @@ print("ckpt", *digest(os.environ["BOOTSEER_CKPT"], lambda rel: False))
 
 
 def add_parser(kinds: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from depsnap.wheelhouse import TEST_WHEELS
+    from depsnap.testing.wheelhouse import TEST_WHEELS
 
     p = kinds.add_parser("launch", help="a job launched on a testbed: today's way and "
                          "bootseer launch", description=__doc__,
@@ -108,10 +108,10 @@ def _run(args: argparse.Namespace) -> int:
 
 
 async def _bench(args: argparse.Namespace) -> dict[str, Any]:
-    from depsnap.wheelhouse import PYTHON, TEST_WHEELS, wheelhouse
-    from fusefs.image.sample import python3_image
-    from p2p.testbed.netns import TestbedError, testbed
-    from p2p.testbed.plan import Spec, SpecError
+    from depsnap.testing.wheelhouse import PYTHON, TEST_WHEELS, wheelhouse
+    from fusefs.testing.sample import python3_image
+    from p2p.testing.testbed.netns import TestbedError, testbed
+    from p2p.testing.testbed.plan import Spec, SpecError
 
     def log(message: str) -> None:
         if not args.json:
@@ -161,8 +161,8 @@ async def _origins(args: argparse.Namespace, bed: Any, work: Path, wheels: Path
                    ) -> AsyncIterator[Origins]:
     """The registry, the mirror (both capped at --origin-cap) and HDFS (its DataNodes' reads
     capped at --datanode-cap), reachable from the testbed's nodes at its host address."""
-    from fusefs.image.testbed import CappedProxy, free_port, local_registry
-    from hdfs_stripe.minicluster import MiniClusterError, MiniHdfs
+    from fusefs.testing.registry import CappedProxy, free_port, local_registry
+    from hdfs_stripe.testing.minicluster import MiniClusterError, MiniHdfs
 
     cap, host = args.origin_cap, bed.plan.host_ip
     with local_registry(work / "registry") as registry, _mirror(wheels, free_port()) as mirror:
@@ -182,7 +182,7 @@ async def _origins(args: argparse.Namespace, bed: Any, work: Path, wheels: Path
 
 async def _write_checkpoint(hdfs: Any, size: int) -> None:
     """Random bytes, replication 2, blocks spread over the DataNodes."""
-    from hdfs_stripe.minicluster import write_spread
+    from hdfs_stripe.testing.minicluster import write_spread
     from hdfs_stripe.webhdfs import WebHdfs
 
     async with WebHdfs(hdfs.http_url) as client:
@@ -222,7 +222,7 @@ def _wait_http(url: str, proc: subprocess.Popen[bytes]) -> None:
 
 async def _arms(args: argparse.Namespace, bed: Any, origins: Origins, work: Path, image: Any,
                 packages: list[str], python: str, log: Any) -> dict[str, Any]:
-    from p2p.localcluster import LocalCluster
+    from p2p.testing.localcluster import LocalCluster
 
     cluster = LocalCluster(work / "cluster", testbed=bed)
     try:
@@ -267,7 +267,7 @@ async def _arms(args: argparse.Namespace, bed: Any, origins: Origins, work: Path
 
 async def _prepare(args: argparse.Namespace, cluster: Any, origins: Origins, work: Path,
                    image: Any, packages: list[str], python: str) -> str:
-    from fusefs.image.sample import push_sample
+    from fusefs.testing.sample import push_sample
     from p2p.origin.oci import RegistryClient
     from p2p.origin.oci_ref import parse_reference
 
@@ -303,7 +303,7 @@ def _node_flags(cluster: Any, agent: Any, work: Path) -> list[str]:
 
 async def _bootseer_cli(cluster: Any, host: Any, argv: list[str]) -> str:
     """`bootseer ARGV` (in `host`'s namespace if given); its stdout."""
-    from p2p.localcluster import bootseer_command
+    from p2p.testing.localcluster import bootseer_command
 
     argv = [*bootseer_command(), *argv]
     return await _call(cluster.testbed.command(host, argv) if host else argv, cluster.env)
@@ -324,7 +324,7 @@ async def _call(argv: list[str], env: dict[str, str]) -> str:
 async def _baseline(args: argparse.Namespace, cluster: Any, origins: Origins, work: Path,
                     i: int, packages: list[str], python: str
                     ) -> tuple[list[str], dict[str, Any]]:
-    argv = [sys.executable, "-m", "p2p.launch.baseline", "--image", origins.ref,
+    argv = [sys.executable, "-m", "fusefs.bench.launch_baseline", "--image", origins.ref,
             "--mirror", origins.mirror, "--python", python, "--runtime", args.runtime,
             "--work", str(work / f"baseline-{i}"), "--ckpt", origins.ckpt_uri,
             *(f"--package={p}" for p in packages), "--", "python3", "-c", JOB]

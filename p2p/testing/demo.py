@@ -21,9 +21,9 @@ from typing import Any
 
 import uvloop
 
-from p2p.cli import UserError
 from p2p.content import CHUNK_SIZE, ContentId, MiB
-from p2p.localcluster import AgentHandle, LocalCluster, write_random_file
+from p2p.errors import UserError
+from p2p.testing.localcluster import AgentHandle, LocalCluster, write_random_file
 
 VERIFY_BLOCK = 16 * MiB
 ROUND_TIMEOUT_S = 900.0
@@ -89,7 +89,7 @@ async def distribute(cluster: LocalCluster, agents: list[AgentHandle], source: P
     cpu_before = sum(a.child.cpu_seconds() for a in agents)
     started, started_wall = time.monotonic(), time.time()
     watcher = asyncio.ensure_future(_watch(agents, content, size, started)) if progress else None
-    from p2p.localcluster import wait_all_complete
+    from p2p.testing.localcluster import wait_all_complete
 
     results = await wait_all_complete(agents, content, ROUND_TIMEOUT_S)
     seconds = time.monotonic() - started
