@@ -4,7 +4,7 @@
 config of our own: 127.0.0.1 on a free port, filesystem storage under the
 given directory, deletes enabled, the access log on (tests read it to see
 which blobs were fetched), and the `auth` section the caller passes (none,
-htpasswd or token: see tests/registry.py). It waits until `/v2/` answers and
+htpasswd or token: see tests/helpers/registry.py). It waits until `/v2/` answers and
 always stops the process.
 
 `CappedProxy` relays TCP connections to an upstream address and caps the

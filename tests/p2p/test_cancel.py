@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from hostile import RawClient
-from promtext import metric
+from helpers.hostile import RawClient
+from helpers.promtext import metric
 
 from p2p.content import MiB
 from p2p.testing.localcluster import LocalCluster, wait_all_complete, write_random_file

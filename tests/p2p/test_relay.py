@@ -13,8 +13,8 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from promtext import metric
-from waiting import until
+from helpers.promtext import metric
+from helpers.waiting import until
 
 from p2p.agentclient import AgentError
 from p2p.content import ContentId, MiB

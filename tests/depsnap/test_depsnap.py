@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from waiting import until
+from helpers.waiting import until
 
 from depsnap.mount import MountOptions
 from depsnap.testing.wheelhouse import PYTHON
@@ -391,7 +391,7 @@ async def test_a_killed_restore_leaves_no_tree_at_the_prefix_and_the_next_one_cl
 
 async def test_a_snapshot_pushed_to_a_registry_restores_from_its_blobs(
         tmp_path: Path, wheels: Path) -> None:
-    from registry import running_registry
+    from helpers.registry import running_registry
 
     from depsnap.registry import PACK_TYPE, SNAPSHOT_TYPE, TREE_TYPE, snapshot_tag
     from p2p.origin.oci import RegistryClient

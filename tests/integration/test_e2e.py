@@ -13,7 +13,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from promtext import metric
+from helpers.promtext import metric
 
 from p2p.content import CHUNK_SIZE, MiB
 from p2p.testing.demo import distribute

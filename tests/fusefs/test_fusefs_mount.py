@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from promtext import metric
+from helpers.promtext import metric
 
 from fusefs.mount import Mount, is_mounted
 from fusefs.tree import Entry, Extent, Kind, Layer, Tree, build_tree

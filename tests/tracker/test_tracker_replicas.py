@@ -21,8 +21,7 @@ import aiohttp
 import pytest
 import redis.asyncio as aioredis
 from aiohttp import web
-from promtext import metric
-from test_faults import (
+from helpers.cluster import (
     CAPPED,
     CHUNK,
     CHUNKS,
@@ -34,8 +33,9 @@ from test_faults import (
     start_agents,
     transfer_under_way,
 )
+from helpers.promtext import metric
+from helpers.waiting import until
 from test_tracker_service import SECRET, manifest, start_tracker
-from waiting import until
 
 from p2p.content import ContentId, PeerId
 from p2p.testing.localcluster import LocalCluster, write_random_file

@@ -10,7 +10,7 @@ from test_core_imports import SIMULATION_FORBIDDEN, imported_names, violations
 import p2p.swarm.policy
 import tracker.handout
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SIM = sorted((ROOT / "simulations").rglob("*.py"))
 
 

@@ -23,9 +23,10 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from registry import running_registry
+from helpers.registry import running_registry
 
 from fusefs.bench.baseline import full_pull
+from fusefs.image import mounts
 from fusefs.image.process import (
     ContainerError,
     Process,
@@ -35,7 +36,7 @@ from fusefs.image.process import (
 )
 from fusefs.image.runtime import RUNTIMES, find_command, run_in_rootfs
 from fusefs.image.tool import ToolError
-from fusefs.testing import debian, mounts
+from fusefs.testing import debian
 from fusefs.testing.sample import (
     BIG_FILE_PATH,
     WHITED_OUT,

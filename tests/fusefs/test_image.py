@@ -1,6 +1,6 @@
 """Images end to end: a real registry, real agents, a real FUSE mount, a real runtime.
 
-A module-scoped `docker-registry` (tests/registry.py) holds a three-layer
+A module-scoped `docker-registry` (tests/helpers/registry.py) holds a three-layer
 image built here from real files: Debian's busybox-static with applet
 symlinks; a layer with a directory tree, a hard link, xattrs, a whiteout of a
 base file and an opaque directory; and a plain (uncompressed) tar layer, as
@@ -48,7 +48,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from registry import RunningRegistry, running_registry
+from helpers.registry import RunningRegistry, running_registry
 
 from fusefs.image.mount import MountOptions
 from fusefs.mount import Mount, is_mounted

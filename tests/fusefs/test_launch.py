@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from registry import RunningRegistry, running_registry
+from helpers.registry import RunningRegistry, running_registry
 
 from depsnap.testing.wheelhouse import PYTHON
 from fusefs.testing.sample import push_sample, python3_image

@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from promtext import metric
-from waiting import until
+from helpers.promtext import metric
+from helpers.waiting import until
 
 from p2p.content import MiB
 from p2p.testing.localcluster import LocalCluster, write_random_file

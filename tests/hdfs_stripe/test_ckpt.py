@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hostile import HostilePeer
-from promtext import metric
-from waiting import until
+from helpers.hostile import HostilePeer
+from helpers.promtext import metric
+from helpers.waiting import until
 
 import hdfs_stripe
 from fusefs.mount import Mount, is_mounted

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from waiting import until
+from helpers.waiting import until
 
 from p2p.content import MiB
 from p2p.testing.localcluster import AgentHandle, LocalCluster, write_random_file

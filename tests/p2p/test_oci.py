@@ -1,6 +1,6 @@
 """The registry client against a real docker-registry, in each auth mode, and a hostile one.
 
-The real registry (tests/registry.py) receives busybox images (tests/oci_images.py)
+The real registry (tests/helpers/registry.py) receives busybox images (tests/helpers/oci_images.py)
 pushed by skopeo and by our own client; what each side pushed, the other reads
 back. The hostile registry at the end is a few aiohttp handlers serving what a
 real registry never would (oversized or unknown manifests, bytes that miss
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
-from oci_images import (
+from helpers.oci_images import (
     BuiltImage,
     busybox_image,
     push_index,
@@ -26,7 +26,7 @@ from oci_images import (
     skopeo_copy,
     write_oci_layout,
 )
-from registry import MODES, PASSWORD, READER, USER, RunningRegistry, running_registry
+from helpers.registry import MODES, PASSWORD, READER, USER, RunningRegistry, running_registry
 
 from fusefs.testing import registry as testbed
 from p2p.origin import OriginError, OriginPool

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.waiting import until
 from test_depsnap import Node, add_node, depsnap, install_args, pack_bytes_held, swarm
-from waiting import until
 
 from depsnap.capture import PACK_CHUNK_BYTES
 from depsnap.hot import (

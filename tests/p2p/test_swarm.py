@@ -286,7 +286,7 @@ def test_a_mark_goes_with_its_request_and_after_a_failure_only_a_holder_renews_i
     """Marks made from marks relay a chunk over several hops; once one fails, the marks
     still heard may be stale, so the chunk is announced again only when asked of a holder
     (with every origin down, marks made from stale marks kept a swarm asking itself for
-    chunks no one had: tests/test_sim.py)."""
+    chunks no one had: tests/simulations/test_sim.py)."""
     s = swarm("0", relay_fetching=True)
     acts = s.handle(PeerJoined(A, "r1", have("0"), pending=(0,)), 0.0)
     assert requests(acts) == [(A, 0)] and Advertise(0, pending=True) in acts  # a relay of A's

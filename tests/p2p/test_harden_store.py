@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hostile import fetch_chunk
-from promtext import metric
-from waiting import WAIT_S, until
+from helpers.hostile import fetch_chunk
+from helpers.promtext import metric
+from helpers.waiting import WAIT_S, until
 
 from p2p.agentclient import AgentError
 from p2p.content import ContentId, Manifest, MiB

@@ -26,9 +26,9 @@ from typing import Any
 import aiohttp
 import msgpack
 import pytest
-from hostile import HostilePeer, RawClient, fetch_chunk
-from promtext import metric
-from waiting import WAIT_S, until
+from helpers.hostile import HostilePeer, RawClient, fetch_chunk
+from helpers.promtext import metric
+from helpers.waiting import WAIT_S, until
 
 from p2p import wire
 from p2p.content import ContentId, Manifest, MiB, PeerId

@@ -26,8 +26,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from hostile import HostilePeer, RawClient, fetch_chunk
-from promtext import metric
+from helpers.hostile import HostilePeer, RawClient, fetch_chunk
+from helpers.promtext import metric
 
 from p2p.content import ContentId, Manifest, MiB
 from p2p.testing.demo import distribute
