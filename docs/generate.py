@@ -3,7 +3,7 @@
 The configuration reference (docs/configuration.md) and the sample config files
 (docs/examples/agent.toml, tracker.toml) come from the config dataclasses and the
 comments on their fields (p2p.configdoc). `--check` writes nothing and exits 1 if
-a committed file differs from what the code gives (tests/test_docs.py runs it).
+a committed file differs from what the code gives (tests/integration/test_docs.py runs it).
 """
 
 from __future__ import annotations
