@@ -40,7 +40,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     e.add_argument("--env-requirements", type=Path, metavar="FILE",
                    help="a requirements file: restored if published, else installed here")
     e.add_argument("--env-path", metavar="DIR", help="the venv's path (requirements only)")
-    e.add_argument("--env-mode", choices=("restore", "mount"))
+    e.add_argument("--env-mode", choices=("restore", "mount"),
+                   help="restore a private copy, or mount the snapshot lazily (key only)")
     e.add_argument("--python", metavar="PYTHON", help="the interpreter of the venv and key")
     c = p.add_argument_group("checkpoint")
     c.add_argument("--ckpt", action="append", metavar="URI", help="hdfs://HOST:PORT/path; "
