@@ -3,8 +3,9 @@
 On a terminal (stderr is a TTY) a bar redrawn in place: bytes held of the total,
 the rate and the time left (tqdm). Anywhere else a plain line every
 `PLAIN_EVERY_S` (10 s; `BOOTSEER_PROGRESS_EVERY_S` sets another), so a log
-shows that the work moves without a line per refresh, and no control characters. The caller reports what it knows
-(`update(done, peers, origin)`); this module only decides how it is shown.
+shows that the work moves without a line per refresh, and no control
+characters. The caller reports what it knows (`update(done, peers, origin)`);
+this module only decides how it is shown.
 """
 
 from __future__ import annotations
