@@ -15,8 +15,9 @@ from typing import Any
 
 import uvloop
 
-from p2p.content import CHUNK_SIZE, DEFAULT_DIGEST, DIGESTS, MiB
+from p2p.content import CHUNK_SIZE, DEFAULT_DIGEST, DIGESTS
 from p2p.errors import UserError
+from p2p.units import MiB
 
 SUPPRESS = argparse.SUPPRESS
 SWITCH_INTERVAL_S = 0.0005  # the agent's GIL switch interval: see _serve_agent

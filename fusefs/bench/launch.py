@@ -46,10 +46,10 @@ from typing import Any
 
 from fusefs.launch import cpu
 from p2p.errors import UserError
+from p2p.units import MiB
 
 REPOSITORY = "bench/launch:1"
 CKPT_FILE = "/ckpt/step-1/model.bin"
-MiB = 1 << 20
 JOB = r'''
 import hashlib, os
 def digest(root, skip):

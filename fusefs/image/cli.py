@@ -128,31 +128,10 @@ def _options(args: argparse.Namespace, mountpoint: Path | None = None) -> Any:
                         args.read_ahead_kb, args.allow_other, args.record_missing)
 
 
-def expected_errors() -> tuple[type[Exception], ...]:
-    """Every failure a user can cause or fix: shown as one line, never a traceback."""
-    from fusefs.image.card import CardError
-    from fusefs.image.catalog import ImageError
-    from fusefs.image.record import RecordError
-    from fusefs.image.toc import LayerError
-    from fusefs.image.tool import ToolError
-    from fusefs.mount import MountError
-    from fusefs.tree import TreeError
-    from p2p.agentclient import AgentError
-    from p2p.auth import SecretError
-    from p2p.origin.base import OriginError
-    from p2p.tracker_client import TrackerError, TrackerUnavailable
-
-    return (ImageError, CardError, LayerError, RecordError, MountError, TreeError, AgentError,
-            OriginError, TrackerError, TrackerUnavailable, ToolError, SecretError)
-
-
 def _expected(run: Any) -> Any:
-    """Run a coroutine (or a function, if `run` is callable); every expected failure
-    becomes a UserError."""
-    try:
-        return run() if callable(run) else asyncio.run(run)
-    except expected_errors() as exc:
-        raise UserError(str(exc)) from None
+    """Run a coroutine, or call `run` if it is callable. Its expected failures are
+    UserErrors already (p2p.errors), which the dispatcher prints as one line."""
+    return run() if callable(run) else asyncio.run(run)
 
 
 # ---- commands ------------------------------------------------------------------------
@@ -233,7 +212,7 @@ def _run_run(args: argparse.Namespace) -> int:
     opts = _options(args, Path("/"))
     command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     status, timeline = _expected(lambda: launch(opts, secret, ref, command or None,
-                                                args.runtime, expected_errors()))
+                                                args.runtime, (UserError,)))
     if args.json:
         print(json.dumps({"exit_status": status, **timeline}))
     elif sys.stderr.isatty():

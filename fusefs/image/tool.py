@@ -14,6 +14,8 @@ import asyncio
 import shlex
 import shutil
 
+from p2p.errors import UserError
+
 STDERR_TAIL_BYTES = 2000
 
 # tool -> Debian package that installs it
@@ -28,7 +30,7 @@ PACKAGES = {
 }
 
 
-class ToolError(RuntimeError):
+class ToolError(UserError, RuntimeError):
     """An external tool is missing or failed; the message says which and why."""
 
 

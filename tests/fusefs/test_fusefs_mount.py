@@ -40,8 +40,9 @@ from helpers.promtext import metric
 
 from fusefs.mount import Mount, is_mounted
 from fusefs.tree import Entry, Extent, Kind, Layer, Tree, build_tree
-from p2p.content import Manifest, MiB
+from p2p.content import Manifest
 from p2p.testing.localcluster import AgentHandle, LocalCluster, write_random_file
+from p2p.units import MiB
 
 CHUNK = 1 * MiB
 SHORT_READ_BOUND_S = 2.0

@@ -57,9 +57,9 @@ from fusefs.testing.sample import Layer as SampleLayer
 from p2p.origin.oci import RegistryClient, sha256_digest
 from p2p.origin.oci_manifest import Platform
 from p2p.testing.localcluster import AgentHandle, LocalCluster, bootseer_command
+from p2p.units import MiB
 
 TEST_BOUND_S = 240.0
-MiB = 1 << 20
 MTIME = 1_700_000_000
 HOT_BYTES, COLD_BYTES = 1 * MiB + 12345, 5 * MiB
 

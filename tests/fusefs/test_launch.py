@@ -48,9 +48,9 @@ from hdfs_stripe.testing.minicluster import MiniClusterError, MiniHdfs
 from hdfs_stripe.webhdfs import WebHdfs
 from p2p.origin.oci import RegistryClient
 from p2p.testing.localcluster import AgentHandle, LocalCluster, bootseer_command
+from p2p.units import MiB
 
 TEST_BOUND_S = 600.0
-MiB = 1 << 20
 CKPT = {"model.bin": 5 * MiB + 4321, "optim.bin": 2 * MiB}
 JOB = """
 import hashlib, os, sys

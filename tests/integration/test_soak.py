@@ -29,10 +29,11 @@ from typing import Any
 from helpers.hostile import HostilePeer, RawClient, fetch_chunk
 from helpers.promtext import metric
 
-from p2p.content import ContentId, Manifest, MiB
+from p2p.content import ContentId, Manifest
 from p2p.testing.demo import distribute
 from p2p.testing.localcluster import AgentHandle, LocalCluster, bootseer_command, write_random_file
 from p2p.tracker_client import TrackerClient
+from p2p.units import MiB
 
 SIZE = 48 * MiB
 CHUNK = 1 * MiB

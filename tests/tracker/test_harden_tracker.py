@@ -35,9 +35,10 @@ from test_tracker_service import (
 )
 
 from p2p.auth import AUTH_HEADER, TIME_HEADER, sign_request
-from p2p.content import ContentId, ManifestError, MiB, PeerId
+from p2p.content import ContentId, ManifestError, PeerId
 from p2p.testing.localcluster import LocalCluster, wait_all_complete, write_random_file
 from p2p.tracker_client import UNREACHABLE, TrackerClient, TrackerError
+from p2p.units import MiB
 from tracker.app import make_app
 from tracker.config import TrackerConfig
 

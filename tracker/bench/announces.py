@@ -53,8 +53,8 @@ import aiohttp
 import uvloop
 
 from p2p.errors import UserError
-from p2p.testing.demo import positive_int
 from p2p.testing.localcluster import Child, LocalCluster, to_toml
+from p2p.units import positive_int
 from tracker.bench import loadgen
 from tracker.testing.redisproc import RedisMissing, RedisServer
 
