@@ -42,10 +42,10 @@ from typing import Any
 
 from fusefs.image.forked import ForkedMount, Serve
 from fusefs.image.process import Bind
-from fusefs.launch import cpu
 from fusefs.launch.part import BringUp, Context, LaunchPart
 from fusefs.launch.plan import LaunchPlan
 from fusefs.mount import is_mounted
+from p2p import process as cpu
 from p2p.errors import UserError
 from p2p.places import NodePlaces
 
@@ -161,7 +161,7 @@ async def _run(job: Launch) -> tuple[int, dict[str, Any]]:
         job.timeline["command_started_s"] = job.since()
         # what bringing the parts up cost this node: us, finished children, mount servers
         job.timeline["cpu_ready_s"] = round(sum(cpu.own_and_children())
-                                            + cpu.of_processes(m.pid for m in job.mounts()), 2)
+                                            + cpu.cpu_seconds_of(m.pid for m in job.mounts()), 2)
         log.info("all parts up in %.3f s; running %s", job.since(), " ".join(process.argv))
         status = await run_in_rootfs(job.image.mountpoint, process, runtime=job.plan.runtime,
                                      scratch_dir=job.scratch, binds=job.binds)

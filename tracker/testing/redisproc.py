@@ -13,23 +13,18 @@ from __future__ import annotations
 import asyncio
 import shutil
 import signal
-import socket
 from pathlib import Path
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
+
+from p2p.process import free_port
 
 START_SECONDS = 10.0
 
 
 class RedisMissing(RuntimeError):
     """redis-server cannot be run here."""
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 class RedisServer:
