@@ -13,7 +13,7 @@ it every `REFRESH_SECONDS`, so a launch can be watched without a script.
 Authentication: like /metrics and /healthz, the page is served without a
 signature; it shows peer ids, addresses and report reasons, no secret and no
 manifest. A tracker listening beyond a trusted network should be reached
-through an authenticating proxy for all three (the README says so).
+through an authenticating proxy for all three (docs/operating.md says so).
 
 Rendering walks each content's members once to average their holdings:
 O(members), per page view, never per announce. Every value shown is

@@ -215,12 +215,30 @@ def _run_run(args: argparse.Namespace) -> int:
                                                 args.runtime, (UserError,)))
     if args.json:
         print(json.dumps({"exit_status": status, **timeline}))
-    elif sys.stderr.isatty():
+        return int(status)
+    if args.record or args.record_missing:
+        sys.stderr.write(_record_line(args, timeline["record"]))
+    if sys.stderr.isatty():
         sys.stderr.write(f"bootseer image run: {args.ref}: mounted in {timeline['mounted_s']} s; "
                          f"this node now holds {timeline['peer_bytes'] / 1e6:,.1f} MB of it "
                          f"from peers and {timeline['origin_bytes'] / 1e6:,.1f} MB from the "
                          f"registry; {timeline['prefetch_chunks']} chunks were prefetched\n")
     return int(status)
+
+
+def _record_line(args: argparse.Namespace, record: dict[str, Any]) -> str:
+    """What became of the hot-block record `--record` (or `--record-missing`) asked for."""
+    said = f"bootseer image run: {args.ref}:"
+    if "record_error" in record:
+        return f"{said} the hot-block record was not saved: {record['record_error']}\n"
+    if "recorded_chunks" in record:
+        return (f"{said} saved the hot-block record ({record['recorded_chunks']} chunks read "
+                f"in this launch's first {args.window_s:g} s; it now holds "
+                f"{record['record_chunks']} chunks from {record['record_runs']} launches)\n")
+    if record.get("recording"):
+        return (f"{said} no hot-block record saved: the command read nothing from the "
+                f"image in its first {args.window_s:g} s\n")
+    return f"{said} the image has a hot-block record already; this launch used it\n"
 
 
 def _run_pull(args: argparse.Namespace) -> int:

@@ -34,9 +34,10 @@ ROUND_TIMEOUT_S = 900.0
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("demo", help="distribute a generated content to N local agents")
-    p.add_argument("--nodes", type=positive_int, default=8)
-    p.add_argument("--size", type=size_arg, default=256 * MiB, help="e.g. 256MiB, 1GiB")
-    p.add_argument("--racks", type=positive_int, default=2)
+    p.add_argument("--nodes", type=positive_int, default=8, help="agents in the swarm")
+    p.add_argument("--size", type=size_arg, default=256 * MiB,
+                   help="content size, e.g. 256MiB, 1GiB (default: 256MiB)")
+    p.add_argument("--racks", type=positive_int, default=2, help="racks the agents are spread over")
     p.add_argument("--json", action="store_true", help="print one JSON line")
     p.add_argument("--workdir", type=Path, help="keep logs and stores here")
     p.set_defaults(run=_run)

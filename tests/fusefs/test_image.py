@@ -304,11 +304,15 @@ async def test_a_recorded_launch_is_prefetched_on_another_agent_from_peers(
     async with asyncio.timeout(TEST_BOUND_S), cluster_of(tmp_path, 2) as (cluster, agents):
         summaries = await index(cluster, ref, agents[0])
         data_content = summaries[2]["content"]
-        await bootseer(cluster, "image", "run", *agent_flags(cluster, agents[0]),
-                       "--record", ref, "--", "sh", "-c", "cat /data/hot.bin > /dev/null")
+        _, _, said = await bootseer(cluster, "image", "run", *agent_flags(cluster, agents[0]),
+                                    "--record", ref, "--", "sh", "-c",
+                                    "cat /data/hot.bin > /dev/null")
         first = (await contents_of(agents[0]))[data_content]
         hot_chunks = first["have"]
         assert 0 < hot_chunks < first["chunks"], "the first launch fetched the cold file too"
+        saved = re.search(r"saved the hot-block record \((\d+) chunks read in this launch's "
+                          r"first 60 s; it now holds (\d+) chunks from 1 launches\)", said)
+        assert saved and int(saved[1]) == int(saved[2]) >= hot_chunks, said
 
         before = blob_gets(registry, data_digest)
         async with mounted(cluster, agents[1], ref, tmp_path / "mnt") as mount:

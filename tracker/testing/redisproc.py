@@ -3,7 +3,7 @@
 `RedisServer(workdir).start()` runs the Debian `redis-server` on a free port,
 its data and log in `workdir`, and returns once it answers PING. With
 `persistent`, it keeps an append-only file, so a restart keeps the tracker
-log, snapshots and documents (what the README tells operators to run);
+log, snapshots and documents (what docs/operating.md tells operators to run);
 without, a restart empties it. `stop` sends a signal and waits; `restart`
 starts it again on the same port and directory.
 """
