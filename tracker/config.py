@@ -53,6 +53,9 @@ class TrackerConfig:
     redis_url: str | None = None  # replicas share state here (redis://HOST:PORT/DB); None =
     #                              one process, state in memory (tracker.replicas)
     redis_prefix: str = "bootseer"  # key prefix: one cluster per prefix on a Redis
+    redis_password_file: str | None = None  # Redis AUTH password (required with redis_url)
+    redis_username: str | None = None  # Redis ACL user; None = the default user
+    redis_ca_file: str | None = None  # CA bundle that signs Redis's certificate (rediss://)
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
@@ -81,6 +84,13 @@ class TrackerConfig:
         if self.redis_url is not None and not self.redis_url.startswith(REDIS_SCHEMES):
             raise ConfigError(f"redis_url {self.redis_url!r} must start with one of "
                               f"{', '.join(REDIS_SCHEMES)}")
+        if self.redis_url is not None and self.redis_password_file is None:
+            raise ConfigError("redis_url needs redis_password_file (--redis-password-file): "
+                              "the replicas' Redis must require AUTH, as whoever can write "
+                              "to it can change the swarm state (docs/trust.md)")
+        if self.redis_ca_file is not None and not (self.redis_url or "").startswith(
+                "rediss://"):
+            raise ConfigError("redis_ca_file is for TLS: redis_url must start with rediss://")
         if not self.redis_prefix or any(c in self.redis_prefix for c in " {}"):
             raise ConfigError(f"redis_prefix {self.redis_prefix!r} must be non-empty, without "
                               "spaces or braces")
@@ -106,6 +116,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "report_rate_per_second": (int, float), "report_burst": (int,),
     "host_rate_per_second": (int, float), "host_burst": (int,),
     "replay_cache_entries": (int,), "redis_url": (str,), "redis_prefix": (str,),
+    "redis_password_file": (str,), "redis_username": (str,), "redis_ca_file": (str,),
 }
 assert set(_TYPES) == {f.name for f in fields(TrackerConfig)}
 
