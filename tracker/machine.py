@@ -142,7 +142,7 @@ class Machine:
             reg.reporter_node(op.reporter, op.host)  # only members may say so
             return ReportResult(False, reg.fetcher_unreachable(op.content, op.bad))
         banned = reg.report(op.bad, op.reporter, f"{op.content}: {op.reason}", now,
-                            host=op.seen_at, reporter_host=op.host)
+                            host=op.seen_at, reporter_host=op.host, content=op.content)
         return ReportResult(banned, False)
 
 

@@ -29,9 +29,19 @@ is not appointed again until its held count grows. Everyone learns the new
 slots at their next announce.
 
 Peers report peers that sent them bad chunks. One report proves little (the
-reporter may be the broken one), so a host is banned only when at least
-`reporters_to_ban` distinct reporter hosts reported it within `ban_seconds`;
-a report from the offender's own host counts for nothing. The ban then lasts
+reporter may be the broken one), so a host is banned only when enough
+distinct reporter hosts reported it within `ban_seconds`: `reporters_to_ban`,
+or in a larger swarm one per `MEMBERS_PER_REPORTER` members of the content
+reported in, up to `MAX_REPORTERS_TO_BAN` (a bad peer is linked to a few dozen
+peers, whatever the swarm size, so more could never be met). A report from
+the offender's own host counts for nothing, and a report about a content
+counts only as evidence from a reporter that could have received a chunk in
+it: a member of that content that has announced chunks of it (`have` > 0, or
+complete). Two addresses holding nothing can then ban no one. The tracker
+does not see transfers, so this is the evidence it has: a reporter that
+claims chunks it lacks can still report, which is why the count of
+reporters grows with the swarm (docs/trust.md). A report that does not count
+is kept among the recent reports, marked so. The ban then lasts
 `ban_seconds`. A banned member stays a member (it may still download, and it
 keeps announcing) but is left out of `candidates`, the list that peer
 handouts are drawn from, and of the origin-fetcher slots.
@@ -61,6 +71,8 @@ from tracker.index import Candidates, SwarmIndex
 
 BAN_SECONDS = 600.0
 REPORTERS_TO_BAN = 2
+MEMBERS_PER_REPORTER = 16  # a swarm of 64 needs 4 reporters, of 128 or more 8
+MAX_REPORTERS_TO_BAN = 8
 # Eight, not four: each fetcher then uploads less of what it reads, and with relays
 # (p2p.relay) the eight last chunks spread while they arrive. 8 agents x 256 MiB at
 # 50 MB/s: 1.11-1.13x the lower bound with 8, 1.26x (simulated) with 4.
@@ -392,31 +404,58 @@ class Registry:
     # -- reports and bans ---------------------------------------------------------
 
     def report(self, peer: PeerId, reporter: PeerId, reason: str, now: float, *,
-               host: str | None = None, reporter_host: str = "") -> bool:
+               host: str | None = None, reporter_host: str = "",
+               content: ContentId | None = None) -> bool:
         """Record that `reporter` saw `peer` misbehave; True if this report banned it.
 
         `host` is where the reporter saw the offender (default: where `peer` is
         bound, else `peer` itself); the report is about that host. With a
         `reporter_host`, the reporter must be a member bound to it
-        (IdentityError otherwise). A node's reports about itself are ignored;
-        a reporter node's repeated reports about the same node count once (the
-        latest reason is kept).
+        (IdentityError otherwise). With a `content`, the report counts only if
+        the reporter announced chunks of it, and the reporters needed grow with
+        its swarm (see the module docstring); without one (the simulator's
+        nodes, which do not lie), it counts. A node's reports about itself are
+        ignored; a reporter node's repeated reports about the same node count
+        once (the latest reason is kept).
         """
         reporter_node = self.reporter_node(reporter, reporter_host)
         offender = host or self._bound.get(peer) or peer
         if offender in (reporter_node, reporter):
             return False
+        if content is not None:
+            lacking = self._no_evidence(content, reporter)
+            if lacking:
+                self._recent.append((offender, Report(
+                    reporter_node, f"{reason} (not counted: {lacking})", now)))
+                return False
         reports = self._reports.setdefault(offender, {})
         reports[reporter_node] = Report(reporter_node, reason, now)
         self._runs_out.append((now + self.ban_seconds, offender, reporter_node))
         self._recent.append((offender, reports[reporter_node]))
         fresh = sum(1 for r in reports.values() if now - r.at <= self.ban_seconds)
-        if fresh < self.reporters_to_ban or self.is_banned(offender, now):
+        if fresh < self.reporters_needed(content) or self.is_banned(offender, now):
             return False
         self._banned_until[offender] = now + self.ban_seconds
         self._runs_out.append((now + self.ban_seconds, offender, None))
         del self._reports[offender]  # the ban used them up; a new ban needs new reports
         return True
+
+    def reporters_needed(self, content: ContentId | None) -> int:
+        """Distinct reporter nodes that ban, for a report about `content`."""
+        swarm = self._swarms.get(content) if content is not None else None
+        members = len(swarm.index) if swarm is not None else 0
+        scaled = min(MAX_REPORTERS_TO_BAN, members // MEMBERS_PER_REPORTER)
+        return max(self.reporters_to_ban, scaled)
+
+    def _no_evidence(self, content: ContentId, reporter: PeerId) -> str:
+        """Why `reporter` cannot have received a chunk of `content` ("" if it can)."""
+        swarm = self._swarms.get(content)
+        member = swarm.by_peer.get(reporter) if swarm is not None else None
+        if member is None:
+            return "the reporter is not a member of that content"
+        if not member.have and not member.complete:
+            return "the reporter has announced no chunk of that content"
+        return ""
 
     def reporter_node(self, reporter: PeerId, reporter_host: str) -> str:
         """The node a report counts for; IdentityError if `reporter` may not report.

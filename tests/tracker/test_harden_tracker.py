@@ -141,6 +141,23 @@ async def test_invented_reporter_ids_do_not_ban_an_honest_node(
     assert await metric(http, tracker, "bootseer_tracker_forbidden_total") == 3
 
 
+async def test_two_addresses_holding_nothing_cannot_ban_an_honest_node(
+        nodes: dict[str, Node], tracker: Tracker, http: aiohttp.ClientSession) -> None:
+    """Issue 34, finding 3: reports count only from members holding chunks of the content."""
+    honest, x, y, attacker, z = (nodes[n] for n in ["honest", "x", "y", "attacker", "z"])
+    await honest.announce(have=3)
+    for n in (attacker, z):  # two members, two addresses, nothing held
+        await n.announce()
+        assert not await n.client.report(n.peer, honest.peer, C, "bad chunk 1")
+    assert "honest" in await x.announce()
+    assert await metric(http, tracker, "bootseer_tracker_banned") == 0
+    for n in (x, y):  # reporters that hold chunks of it: the ban still works
+        await n.announce(have=2)
+    assert not await x.client.report(x.peer, honest.peer, C, "bad chunk 2")
+    assert await y.client.report(y.peer, honest.peer, C, "bad chunk 2")
+    assert "honest" not in await z.announce()
+
+
 async def test_a_banned_address_gets_nothing_under_a_new_peer_id(
         nodes: dict[str, Node], tracker: Tracker) -> None:
     x, y, attacker, z = nodes["x"], nodes["y"], nodes["attacker"], nodes["z"]

@@ -353,6 +353,46 @@ def test_reports_count_once_per_reporter_host_and_only_from_members() -> None:
     assert reg.origin_slot(C, PeerId("bad-again")).slot is None
 
 
+def test_reports_count_only_from_reporters_holding_chunks_of_that_content() -> None:
+    """Issue 34, finding 3: members holding nothing cannot ban; honest reporters can."""
+    reg = Registry(ban_seconds=100.0)
+    reg.announce(C, at("honest", "10.0.0.9", have=5), 0.0)
+    for peer, host in [("e1", "10.0.0.1"), ("e2", "10.0.0.2")]:
+        reg.announce(C, at(peer, host), 0.0)  # members of C holding nothing
+        assert not reg.report(PeerId("honest"), PeerId(peer), "bad chunk 3", 1.0,
+                              reporter_host=host, content=C)
+    reg.announce(D, at("e3", "10.0.0.3", have=4), 0.0)  # holds chunks, of another content
+    assert not reg.report(PeerId("honest"), PeerId("e3"), "bad chunk 3", 1.0,
+                          reporter_host="10.0.0.3", content=C)
+    assert reg.banned(1.0) == [] and reg.reports("10.0.0.9") == []
+    assert [r.reason for _, r in reg.recent_reports()][-2:] == [
+        "bad chunk 3 (not counted: the reporter has announced no chunk of that content)",
+        "bad chunk 3 (not counted: the reporter is not a member of that content)"]
+    reg.announce(C, at("x", "10.0.0.4", have=2), 1.0)
+    reg.announce(C, at("y", "10.0.0.5", complete=True), 1.0)
+    assert not reg.report(PeerId("honest"), PeerId("x"), "bad chunk 3", 2.0,
+                          reporter_host="10.0.0.4", content=C)
+    assert reg.report(PeerId("honest"), PeerId("y"), "bad chunk 4", 2.0,
+                      reporter_host="10.0.0.5", content=C)
+    assert reg.banned(2.0) == ["10.0.0.9"]
+
+
+def test_the_reporters_needed_grow_with_the_swarm_up_to_a_cap() -> None:
+    reg = Registry(ban_seconds=100.0)
+    for i in range(100):
+        reg.announce(C, at(f"p{i}", f"10.0.1.{i}", have=1), 0.0)
+    assert (reg.reporters_needed(C), reg.reporters_needed(D), reg.reporters_needed(None)) \
+        == (6, 2, 2)  # 100 members // 16; an empty content and no content: the floor
+    for i in range(1, 6):
+        assert not reg.report(PeerId("p0"), PeerId(f"p{i}"), "bad", 1.0,
+                              reporter_host=f"10.0.1.{i}", content=C)
+    assert reg.report(PeerId("p0"), PeerId("p6"), "bad", 1.0, reporter_host="10.0.1.6",
+                      content=C)
+    for i in range(100, 1000):
+        reg.announce(C, at(f"p{i}", f"10.1.{i // 200}.{i % 200}"), 0.0)
+    assert reg.reporters_needed(C) == 8
+
+
 def test_a_fetcher_without_progress_loses_its_slot_until_it_progresses() -> None:
     reg = Registry(origin_fetchers=1, fetcher_stall_seconds=10.0)
     reg.announce(C, at("slow", "10.0.0.1"), 0.0)
