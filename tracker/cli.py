@@ -60,6 +60,9 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--fetcher-stall", dest="fetcher_stall_seconds", type=float, default=s,
                    metavar="SECONDS", help="an origin fetcher this long without progress "
                    "loses its slot (default 10.0)")
+    p.add_argument("--fetcher-start", dest="fetcher_start_seconds", type=float, default=s,
+                   metavar="SECONDS", help="an appointed origin fetcher this long without its "
+                   "first progress loses its slot (default 1.5 announce intervals)")
     p.add_argument("--max-connections", dest="max_connections", type=int, default=s,
                    metavar="N", help="open connections at once; beyond, 503 (default 4096)")
     p.add_argument("--header-timeout", dest="header_timeout_seconds", type=float, default=s,

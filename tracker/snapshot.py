@@ -54,7 +54,8 @@ def dump(reg: Registry) -> bytes:
         swarms.append([content, [_member_row(m) for m in index.by_peer.values()],
                        list(index.everyone.items), racks, swarm.origin_bytes,
                        list(swarm.fetchers), [[p, h, t] for p, (h, t) in swarm.progress.items()],
-                       [[p, h] for p, h in swarm.demoted.items()]])
+                       [[p, t] for p, t in swarm.unproven.items()],
+                       [[node, h] for node, h in swarm.demoted.items()]])
     state = [FORMAT, reg.fetchers_reassigned, swarms,
              [[c, p, t] for (c, p), t in reg._by_age.items()],
              [[node, [[r.reporter, r.reason, r.at] for r in reports.values()]]
@@ -80,7 +81,7 @@ def load(raw: bytes, settings: Registry) -> Registry:
     if fmt != FORMAT:
         raise SnapshotError(f"format {_shown(fmt)}, not {FORMAT}")
     reg = Registry(settings.ban_seconds, settings.reporters_to_ban, settings.origin_fetchers,
-                   settings.fetcher_stall_seconds)
+                   settings.fetcher_stall_seconds, settings.fetcher_start_seconds)
     reg.fetchers_reassigned = _count(reassigned, "fetchers_reassigned")
     for row in _list(swarms, "swarms"):
         _load_swarm(reg, row)
@@ -116,8 +117,8 @@ def load(raw: bytes, settings: Registry) -> Registry:
 
 
 def _load_swarm(reg: Registry, row: object) -> None:
-    (content, members, everyone, racks, origin_bytes, fetchers, progress,
-     demoted) = _items(row, 8, "swarm")
+    (content, members, everyone, racks, origin_bytes, fetchers, progress, unproven,
+     demoted) = _items(row, 9, "swarm")
     cid = _content(content)
     if cid in reg._swarms:
         raise SnapshotError(f"content {cid} twice")
@@ -153,9 +154,15 @@ def _load_swarm(reg: Registry, row: object) -> None:
         swarm.progress[_known(index, peer, cid)] = (_count(have, "have"), _time(since))
     if sorted(swarm.progress) != sorted(swarm.fetchers):
         raise SnapshotError(f"the fetchers of {cid} and their progress disagree")
+    for u in _list(unproven, "unproven fetchers"):
+        peer, appointed = _items(u, 2, "unproven fetcher")
+        peer = _known(index, peer, cid)
+        if peer not in swarm.progress:
+            raise SnapshotError(f"peer {peer!r} of {cid} is unproven but no fetcher")
+        swarm.unproven[peer] = _time(appointed)
     for d in _list(demoted, "demoted"):
-        peer, have = _items(d, 2, "demoted")
-        swarm.demoted[_known(index, peer, cid)] = _count(have, "have")
+        node, have = _items(d, 2, "demoted")
+        swarm.demoted[_text(node, "demoted node")] = _count(have, "have")
     if not index:
         raise SnapshotError(f"content {cid} has no members")
 

@@ -139,7 +139,8 @@ class Tracker:
         self.guard = Guard(config, secret)
         self.registry = Registry(ban_seconds=config.ban_seconds,
                                  origin_fetchers=config.origin_fetchers,
-                                 fetcher_stall_seconds=config.fetcher_stall_seconds)
+                                 fetcher_stall_seconds=config.fetcher_stall_seconds,
+                                 fetcher_start_seconds=config.fetcher_start)
         self.manifests = Documents(config.state_dir, "manifests", check_content_id,
                                    _check_manifest_file)
         self.names = Documents(config.state_dir, "names", names.check_file_key,

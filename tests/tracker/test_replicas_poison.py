@@ -127,11 +127,12 @@ def bad_snapshots() -> list[tuple[str, dict[str, bytes]]]:
         raw: bytes = msgpack.packb(state)
         return {"id": b"1-0", "state": raw, "mac": replicas.mac(KEY, b"s", b"1-0", raw)}
 
-    members_as_map = [*good[:2], [[C, {"peer": "x"}, [], [], 0, [], [], []]], *good[3:]]
+    members_as_map = [*good[:2], [[C, {"peer": "x"}, [], [], 0, [], [], [], []]], *good[3:]]
     wrong_member = [*good[:2], [[C, [["x", "a:1", "r", "3", False, 0.0, "", 0]], ["x"],
-                                 [["r", [], ["x"]]], 0, [], [], []]], *good[3:]]
+                                 [["r", [], ["x"]]], 0, [], [], [], []]], *good[3:]]
     ghost_fetcher = [*good[:2], [[C, [["x", "a:1", "r", 3, False, 0.0, "", 0]], ["x"],
-                                  [["r", [], ["x"]]], 0, ["ghost"], [["ghost", 0, 0.0]], []]],
+                                  [["r", [], ["x"]]], 0, ["ghost"], [["ghost", 0, 0.0]], [],
+                                  []]],
                      [[C, "x", 0.0]], *good[4:]]
     return [
         ("pickled registry with sets for dicts", {"id": b"1-0", "state": pickle.dumps(sets)}),

@@ -27,7 +27,8 @@ C, D = ContentId("c1-" + "a" * 64), ContentId("c1-" + "b" * 64)
 
 def busy_registry() -> Registry:
     """Members in two contents and racks, fetchers, a demotion, reports and a ban."""
-    reg = Registry(ban_seconds=100.0, origin_fetchers=2, fetcher_stall_seconds=5.0)
+    reg = Registry(ban_seconds=100.0, origin_fetchers=2, fetcher_stall_seconds=5.0,
+                   fetcher_start_seconds=3.0)
     for i in range(12):
         host = f"10.0.0.{i}"
         for content in (C, D)[: 1 + i % 2]:
@@ -49,7 +50,8 @@ def view(reg: Registry) -> Any:
           list(reg._swarms[c].index.everyone.items),
           [(n, list(g.complete.items), list(g.incomplete.items))
            for n in reg._swarms[c].index.rack_names if (g := reg._swarms[c].index.rack(n))],
-          dict(reg._swarms[c].progress), dict(reg._swarms[c].demoted))
+          dict(reg._swarms[c].progress), dict(reg._swarms[c].unproven),
+          dict(reg._swarms[c].demoted))
          for c in reg.contents()],
         list(reg._by_age.items()), reg._bound, reg._contents_of,
         {n: dict(r) for n, r in reg._reports.items()}, reg._banned_until,

@@ -412,6 +412,34 @@ def test_a_fetcher_without_progress_loses_its_slot_until_it_progresses() -> None
     assert reg.origin_slot(C, PeerId("slow")).slot == 0
 
 
+def test_ten_squatting_addresses_cost_an_honest_fetcher_two_start_windows_at_most() -> None:
+    """Issue 34, finding 7, on virtual time: 10 fake members at 10 addresses announce every
+    0.3 s holding nothing (each also under a second peer id); an honest node announces
+    every 2 s and gains a chunk at each announce while it holds a slot."""
+    start, interval = 3.0, 2.0
+    reg = Registry(origin_fetchers=8, fetcher_stall_seconds=10.0, fetcher_start_seconds=start)
+    fakes = [(f"fake{i}{tag}", f"10.9.0.{i}") for i in range(10) for tag in ("", "-b")]
+    honest_have, honest_slot_at, last_fake_slot_at = 0, None, 0.0
+    for step in range(300):  # 30 s in steps of 0.1 s
+        now = step / 10
+        if step % 3 == 0:
+            for peer, host in fakes:
+                reg.announce(C, at(peer, host), now)
+        if step % 20 == 5:
+            reg.announce(C, at("honest", "10.0.0.1", have=honest_have), now)
+            if reg.origin_slot(C, PeerId("honest")).slot is not None:
+                honest_slot_at = now if honest_slot_at is None else honest_slot_at
+                honest_have += 1
+        fetchers = reg.fetchers(C)
+        nodes = [reg.member(C, f).node for f in fetchers]  # type: ignore[union-attr]
+        assert len(set(nodes)) == len(nodes), fetchers  # one slot per node, whatever its ids
+        if any(f.startswith("fake") for f in fetchers):
+            last_fake_slot_at = now
+    assert honest_slot_at is not None and honest_slot_at <= start + interval + 0.5
+    assert last_fake_slot_at <= 2 * (start + 0.3), last_fake_slot_at  # two windows, then none
+    assert reg.fetchers(C) == ["honest"]
+
+
 def test_an_unreachable_fetcher_is_replaced_but_not_banned() -> None:
     reg = Registry(origin_fetchers=1)
     reg.announce(C, at("far", "10.0.0.1"), 0.0)

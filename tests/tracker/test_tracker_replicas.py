@@ -136,7 +136,8 @@ async def test_replicas_answer_exactly_as_one_process_applying_the_same_log(
     await r.aclose()
     cfg = pair[0].t.config
     alone = machine.Machine(Registry(cfg.ban_seconds, origin_fetchers=cfg.origin_fetchers,
-                                     fetcher_stall_seconds=cfg.fetcher_stall_seconds),
+                                     fetcher_stall_seconds=cfg.fetcher_stall_seconds,
+                                     fetcher_start_seconds=cfg.fetcher_start),
                             get_policy(cfg.handout_policy), cfg.peer_ttl_seconds)
     checked = 0
     for entry_id, fields in entries:
