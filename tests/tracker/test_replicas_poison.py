@@ -22,12 +22,13 @@ import msgpack
 import pytest
 from helpers.promtext import metric
 from test_tracker_replicas import CONTENTS, Replica, announce, config, registry_view
-from test_tracker_service import SECRET, start_tracker
+from test_tracker_service import SECRET, manifest, start_tracker
 
-from p2p.tracker_client import ContentState, TrackerClient
+from p2p.tracker_client import ContentState, TrackerClient, TrackerError
 from tracker import replicas, snapshot
 from tracker.config import ConfigError, TrackerConfig
 from tracker.registry import Registry
+from tracker.state import canonical
 from tracker.testing.redisproc import RedisServer
 
 
@@ -178,6 +179,19 @@ async def test_healthz_fails_when_the_log_reader_is_not_running(pair: list[Repli
     await asyncio.gather(reader, return_exceptions=True)
     assert await healthz(pair[0].url) == 503
     assert await healthz(pair[1].url) == 200
+
+
+async def test_a_manifest_in_redis_that_is_not_its_ids_is_refused_not_served(
+        pair: list[Replica], redis_server: RedisServer) -> None:
+    real, other = manifest(), manifest(b"other bytes " * 400)
+    r = redis_server.client()
+    await r.hset("bootseer:manifests", real.content_id, canonical(other))
+    await r.aclose()
+    async with TrackerClient(pair[0].url, SECRET) as c:
+        with pytest.raises(TrackerError) as refused:
+            await c.get_manifest(real.content_id)
+        assert refused.value.status == 503 and "fails its check" in refused.value.message
+    await serve_announces(pair[0], "n1", 1)  # the replica serves on
 
 
 # -- Redis AUTH -----------------------------------------------------------------------
