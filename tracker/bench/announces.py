@@ -158,8 +158,9 @@ async def _measure(cluster: LocalCluster, workdir: Path, args: argparse.Namespac
     if redis_server is None:
         trackers = [await cluster.start_tracker("--config", str(config))]
     else:
-        trackers = await cluster.start_replicas(redis_server.url, args.replicas,
-                                                "--config", str(config))
+        trackers = await cluster.start_replicas(
+            redis_server.url, args.replicas, "--config", str(config),
+            "--redis-password-file", str(redis_server.password_file))
     urls = [t.ready["url"] for t in trackers]
     host_port = urls[0].removeprefix("http://")
     host, _, port = host_port.rpartition(":")
