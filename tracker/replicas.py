@@ -98,7 +98,7 @@ class Replicas:
         # Any: redis-py types every reply as bytes | str | ...; ours are bytes (no decoding)
         self._redis: Any = aioredis.from_url(url, socket_connect_timeout=2.0)
         self._keys = {k: f"{prefix}:{k}" for k in ("log", "seed", "snapshot", "turn",
-                                                   "manifests", "names")}
+                                                   "manifests", "names", "origins")}
         self._machine = machine_
         self._on_expired = on_expired
         self._documents = documents  # written back to Redis at start and after a loss

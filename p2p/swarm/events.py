@@ -103,6 +103,9 @@ class ChunkFailed:
     chunk: int
     source: PeerId | None
     reason: str
+    # The origin's answer will not change if asked again soon (404, refused, wrong length):
+    # a content that only ever gets such answers fails within `origin_refused_s`.
+    definite: bool = False
 
 
 @dataclass(frozen=True, slots=True)

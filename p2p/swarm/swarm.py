@@ -68,7 +68,10 @@ requests time out, tests/test_sim.py's late-piece scenario). A peer that sends
 bytes failing verification is banned, disconnected and reported. An origin that fails is
 retried with backoff; one that keeps serving bad bytes aborts the content.
 When no chunk arrives for `no_source_deadline_s` while chunks are missing, the
-content aborts with what was tried (see `stall.py`). A held chunk that the
+content aborts with what was tried (see `stall.py`); when the origin's only
+answers for `origin_refused_s` were definite ones (404, refused) and no
+connected peer holds or is fetching a missing chunk, it aborts then, with the
+origin's answer. A held chunk that the
 store later finds damaged (`ChunkLost`) is fetched again if it is wanted, even
 after Complete.
 
@@ -175,7 +178,7 @@ class Swarm:
         self._asked = 0  # chunks requested of peers when we last looked (_announce_fetching)
         self._marks_failed = 0  # chunks whose mark went: marked again only if asked of a holder
         self._last_progress = now
-        self._stall = Stall(config.no_source_deadline_s, now)
+        self._stall = Stall(config.no_source_deadline_s, now, config.origin_refused_s)
         self._now = now
         self._finished = False
         self._aborted = False
@@ -311,6 +314,9 @@ class Swarm:
                 self._want(self._all, now)
         if self._finished:
             return actions
+        if self._stall.refusals >= 2 and (abort := self._given_up(now)):
+            self._finished = self._aborted = True  # the origin said "no" and no peer is left
+            return [*actions, abort]
         return actions + self._schedule(now)
 
     def _want(self, chunks: int, now: float) -> None:
@@ -485,7 +491,7 @@ class Swarm:
         if event.source is None:
             if event.chunk not in self._origin:
                 return []
-            return self._origin_failed(event.chunk, event.reason, now)
+            return self._origin_failed(event.chunk, event.reason, now, event.definite)
         if self._table.clear_request(event.chunk, event.source) is None:
             return []
         state = self._peers.get(event.source)
@@ -516,7 +522,7 @@ class Swarm:
             times = chain(bookkeeping, (s.backoff_until for s in peers),
                           (self._origin_backoff_until, self._last_progress + self._patience(),
                            settle, self._vacant_from if self._vacant else 0.0,
-                           self._stall.due))
+                           self._stall.due, self._stall.refused_due or 0.0))
         else:  # an idle lazy swarm: nothing to fetch, so nothing to be patient about
             times = bookkeeping
         return min((t for t in times if t > self._now), default=None)
@@ -525,10 +531,9 @@ class Swarm:
         self._now = now
         if self._finished:
             return []
-        if now >= self._stall.due and self._missing():
+        if abort := self._given_up(now):
             self._finished = self._aborted = True
-            missing = bits.count(self._missing())
-            return [Abort(self._stall.reason(missing, self.chunks))]
+            return [abort]
         actions: list[Action] = []
         for peer, state in list(self._peers.items()):
             late = [c for c, (_, deadline) in state.inflight.items() if deadline <= now]
@@ -543,6 +548,19 @@ class Swarm:
                 chunk, f"chunk {chunk} timed out after {self.config.origin_timeout_s:g} s", now)
         self._table.expire_pending(now)
         return actions + self._schedule(now)
+
+    def _given_up(self, now: float) -> Abort | None:
+        """An Abort if no source is left: the deadline passed, or the origin said "no" for
+        long enough while no connected peer offers a missing chunk."""
+        missing = self._missing()
+        if not missing:
+            return None
+        if now >= self._stall.due:
+            return Abort(self._stall.reason(bits.count(missing), self.chunks))
+        offered = self._table.avail_mask | self._table.pending_mask
+        if self._stall.refused(now) and not missing & offered:
+            return Abort(self._stall.refused_reason(bits.count(missing), self.chunks))
+        return None
 
     # ---- bookkeeping ----------------------------------------------------------
 
@@ -560,11 +578,12 @@ class Swarm:
         state.backoff_until = now + self._backoff(state.failures)
         return []
 
-    def _origin_failed(self, chunk: int, why: str, now: float) -> list[Action]:
+    def _origin_failed(self, chunk: int, why: str, now: float,
+                       definite: bool = False) -> list[Action]:
         """Our origin fetch of `chunk` failed: back off, and take back its pending mark so
         that peers waiting on us for it look elsewhere at once."""
         self._origin.pop(chunk, None)
-        self._stall.origin_failed(why)
+        self._stall.origin_failed(why, now, definite)
         self._origin_backoff(now)
         return [Withdraw(chunk)] if self.config.use_peers else []
 
