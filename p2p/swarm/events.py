@@ -51,6 +51,9 @@ class PeerJoined:
     rack: str
     have: tuple[bool, ...]
     pending: tuple[int, ...] = ()
+    # The address the connection comes from: what a ban for bad bytes is keyed by, since
+    # a peer id is only a claim ("" where there is none, as in simulations: the id then).
+    host: str = ""
 
 
 @dataclass(frozen=True, slots=True)

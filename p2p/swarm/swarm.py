@@ -169,7 +169,11 @@ class Swarm:
         self._known: dict[PeerId, str] = {}  # tracker hints: peer -> rack
         self._connecting: set[PeerId] = set()
         self._retry_at: dict[PeerId, float] = {}
-        self._banned: set[PeerId] = set()
+        # Per-content bans for bad bytes, keyed by the address the peer's connection came
+        # from (`_ban_key`): a peer id is only what a connection claims, and banning a
+        # claimed id would let any node with the secret cut us off from the real one.
+        self._banned: set[str] = set()
+        self._ban_keys: dict[PeerId, str] = {}  # joined peers -> their ban key
         self._demand: list[int] = []
         self._prefetch: list[int] = []
         # Chunks requested of peers that we announced as pending, each with the peer its
@@ -371,12 +375,14 @@ class Swarm:
         peer = event.peer
         self._connecting.discard(peer)
         self._unheard.discard(peer)
-        if peer in self._banned:
+        key = _ban_key(peer, event.host)
+        if key in self._banned:
             return [Disconnect(peer, "banned for sending corrupt data", hostile=True)]
         if len(event.have) != self.chunks or any(not 0 <= c < self.chunks for c in event.pending):
             return self._misbehaved(peer, "bad join message", now)
         if peer in self._peers:
             self._drop_peer(peer, now)
+        self._ban_keys[peer] = key
         self._table.add(peer, PeerState(event.rack, bits.from_bools(event.have)),
                         [c for c in event.pending if not self.held(c)],
                         now + self.config.pending_ttl_s)
@@ -482,7 +488,7 @@ class Swarm:
                               "match the manifest")]
             return gave_up
         self._table.clear_request(chunk, source)
-        self._banned.add(source)
+        self._banned.add(self._ban_keys.get(source, _ban_key(source, "")))
         self._drop_peer(source, now)
         return [Disconnect(source, f"sent corrupt chunk {chunk}", hostile=True),
                 Report(source, f"corrupt chunk {chunk}")]
@@ -565,6 +571,7 @@ class Swarm:
     # ---- bookkeeping ----------------------------------------------------------
 
     def _drop_peer(self, peer: PeerId, now: float) -> None:
+        self._ban_keys.pop(peer, None)
         self._connecting.discard(peer)
         self._unheard.discard(peer)
         self._retry_at.setdefault(peer, now + self.config.backoff_base_s)
@@ -648,7 +655,9 @@ class Swarm:
         room = self.config.max_peers - len(self._peers) - len(self._connecting)
         if room <= 0:
             return []
-        busy = self._peers.keys() | self._connecting | self._banned
+        busy = self._peers.keys() | self._connecting
+        if self._banned:  # peers banned by id (no address known: simulations)
+            busy |= {p for p in self._known if _ban_key(p, "") in self._banned}
         candidates = [p for p in sorted(self._known)
                       if p not in busy and self._retry_at.get(p, 0.0) <= now]
         candidates.sort(key=lambda p: (self._known[p] != self.rack, self._rng.random()))
@@ -808,3 +817,8 @@ class Swarm:
         """The tail of a download: duplicate requests may go out. A lazy swarm's few
         missing chunks are what its readers asked for just now, not a tail."""
         return self._eager and bits.count(self._missing()) <= self.config.endgame_tail
+
+
+def _ban_key(peer: PeerId, host: str) -> str:
+    """What a ban of `peer` seen at `host` holds: the address, or the id if there is none."""
+    return f"host {host}" if host else f"peer {peer}"
