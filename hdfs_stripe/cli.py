@@ -22,7 +22,6 @@ import json
 import logging
 import os
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -194,13 +193,12 @@ def _run_serve(args: argparse.Namespace) -> int:
 
 
 def _run_mount(args: argparse.Namespace) -> int:
-    from fusefs.mount import MountError, start_detached
+    from fusefs.mount import MountError, mount_log, start_detached
     from hdfs_stripe.mount import READY_SLACK_S
 
     _setup(args)
     opts = _options(args)
-    log_path = Path(os.environ.get("BOOTSEER_LOG_DIR", tempfile.gettempdir())) / \
-        f"bootseer-ckpt-{os.getpid()}.log"
+    log_path = mount_log("ckpt")
     try:
         ready = start_detached(opts.argv(), log_path, opts.read_timeout_s + READY_SLACK_S)
     except MountError as exc:

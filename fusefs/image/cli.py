@@ -23,7 +23,6 @@ import json
 import logging
 import os
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -178,7 +177,7 @@ def _run_serve(args: argparse.Namespace) -> int:
 
 
 def _run_mount(args: argparse.Namespace) -> int:
-    from fusefs.mount import check_fuse, start_detached
+    from fusefs.mount import check_fuse, mount_log, start_detached
 
     if not args.mountpoint.is_dir():
         raise UserError(f"the mount point {args.mountpoint} is not a directory")
@@ -186,8 +185,7 @@ def _run_mount(args: argparse.Namespace) -> int:
     cluster_secret()  # fail here, not inside the serving process
     _expected_sync(check_fuse)
     opts = _options(args)
-    log_path = Path(os.environ.get("BOOTSEER_LOG_DIR", tempfile.gettempdir())) / \
-        f"bootseer-image-{os.getpid()}.log"
+    log_path = mount_log("image")
     ready = _expected(lambda: start_detached(opts.argv(), log_path,
                                              opts.read_timeout_s + 60.0))
     ready.pop("config", None)
