@@ -84,6 +84,13 @@ _TIME = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
 _QUANTITY = re.compile(r"^\s*(-?[0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?)\s*([A-Za-z/]+)\s*$")
 
 
+def split_quantity(text: str) -> tuple[float, str] | None:
+    """(number, unit) of a quantity written with its unit ("16MiB" -> (16.0, "MiB")),
+    or None if `text` is not one."""
+    m = _QUANTITY.match(text)
+    return None if m is None else (float(m.group(1)), m.group(2))
+
+
 def _split(text: object, what: str, example: str) -> tuple[float, str]:
     if not isinstance(text, str):
         raise ValueError(f"{text!r} has no unit; write it as a string, e.g. {example!r}")
@@ -395,6 +402,14 @@ def bundled() -> list[str]:
 
 def load(name_or_path: str) -> Scenario:
     """A scenario file by path, or a bundled one by name ("small", "scale")."""
+    return parse(*read(name_or_path))
+
+
+def read(name_or_path: str) -> tuple[dict[str, Any], str, str]:
+    """The TOML tables of a scenario file by path or bundled name, unchecked, with the
+    source its messages name and the scenario's name: what `parse` takes. A sweep
+    (simulations.sweep) changes keys in these tables and parses the result, so every
+    run of it is checked by this module's rules and no other."""
     path = Path(name_or_path)
     if path.is_file():
         text, source, name = path.read_text(), str(path), path.stem
@@ -408,7 +423,7 @@ def load(name_or_path: str) -> Scenario:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ScenarioError(f"{source}: not valid TOML: {exc}") from None
-    return parse(data, source, name)
+    return data, source, name
 
 
 def override(scenario: Scenario, **changes: Any) -> Scenario:
