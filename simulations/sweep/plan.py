@@ -349,7 +349,8 @@ def check(sweep: Sweep, base: Mapping[str, Any],
           parse: Callable[[dict[str, Any]], object]) -> list[Point]:
     """Every run of `sweep`, each checked by `parse` (the scenario reader, which raises
     ValueError naming the scenario key): each value of each changed key alone first, so
-    that an error names the key, then every run (for rules that tie keys together). Raises SweepError naming the sweep file and the key."""
+    that an error names the key, then every run (for rules that tie keys together).
+    Raises SweepError naming the sweep file and the key."""
     first = sweep.seeds[0]
     for table, key, value in (*(("set", k, v) for k, v in sweep.fixed),
                               *(("vary", a.key, v) for a in sweep.axes for v in a.values)):
