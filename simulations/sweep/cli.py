@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from p2p.cli import UserError
+from p2p.errors import UserError
 from simulations.sweep import data
 from simulations.sweep.plan import SweepError
 from simulations.sweep.run import Outcome, Progress, client_for, execute, load
