@@ -11,7 +11,7 @@ import pytest
 
 from p2p.cli import main
 from simulations import scenario
-from simulations.sweep.plan import SweepError, check, parse_sweep, points
+from simulations.sweep.plan import SweepError, check, parse_sweep
 
 HEAD = '[sweep]\nscenario = "small"\nseeds = [1, 2]\n'
 
@@ -31,12 +31,14 @@ def test_product_zip_ranges_and_seeds_expand_to_named_runs() -> None:
         ["4MiB", "16MiB", "64MiB"]
     assert len({r.name for r in runs}) == len(runs)
     assert runs[0].name.startswith("racks-2_chunk_size-4MiB_seed-1_")
-    zipped = plan(HEAD.replace("[1, 2]", "{start = 1, stop = 3}") +
-                  '[sweep.x]\n' if False else HEAD + 'mode = "zip"\n[vary]\n'
+    zipped = plan(HEAD + 'mode = "zip"\n[vary]\n'
                   '"network.racks" = {start = 2, stop = 6, step = 2}\n'
                   '"tracker.origin_fetchers" = [1, 2, 3]\n')
     assert [(dict(r.params)["network.racks"], r.seed) for r in zipped] == \
         [(2, 1), (2, 2), (4, 1), (4, 2), (6, 1), (6, 2)]
+    seeds = plan(HEAD.replace("[1, 2]", "{start = 3, stop = 5}") +
+                 '[vary]\n"network.racks" = [2]\n')
+    assert [r.seed for r in seeds] == [3, 4, 5]
 
 
 def test_a_run_is_named_by_what_it_runs() -> None:
