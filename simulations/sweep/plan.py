@@ -16,6 +16,7 @@ seed of `seeds`:
     "run.nodes" = 32
 
     [vary]                      # scenario keys, dotted as in its TOML, and their values
+                                # (none: the base scenario over the seeds)
     "network.racks" = [2, 4, 8]
     "network.oversubscription" = {start = 1.0, stop = 4.0, step = 1.0}
     "workload.content[0].chunk_size" = {start = "4MiB", stop = "64MiB", factor = 2}
@@ -139,8 +140,6 @@ def parse_sweep(data: Mapping[str, Any], source: str) -> Sweep:
     for key, _ in (*fixed, *((a.key, None) for a in axes)):
         if key == "run.seed":
             raise error(key, "the seeds of a sweep are [sweep] seeds")
-    if not axes:
-        raise error("vary", "names no key to vary")
     if mode == "zip" and len({len(a.values) for a in axes}) > 1:
         first = axes[0]
         other = next(a for a in axes if len(a.values) != len(first.values))

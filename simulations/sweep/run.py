@@ -120,7 +120,7 @@ def client_for(scheduler: str | None, workers: int | None) -> Iterator[Any]:
     if scheduler is None:
         count = workers or os.cpu_count() or 1
         with dd.LocalCluster(n_workers=count, threads_per_worker=1, processes=True,
-                          dashboard_address=None, silence_logs=logging.ERROR) as cluster, \
+                          dashboard_address=":0", silence_logs=logging.ERROR) as cluster, \
                 dd.Client(cluster) as client:
             yield client
         return
