@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import statistics
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -151,7 +152,7 @@ def plot(out: Path) -> list[Path]:
                          f"({len(description['seeds'])} seeds)")
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
-            path = folder / f"{metric}-by-{x.key}.png"
+            path = folder / f"{metric}-by-{re.sub(r'[^A-Za-z0-9._-]', '_', x.key)}.png"
             with _atomic(path) as tmp:
                 fig.savefig(tmp, dpi=110, bbox_inches="tight", format="png")
             plt.close(fig)
@@ -189,6 +190,11 @@ def _draw(ax: Any, rows: Sequence[Mapping[str, Any]], x: Axis, other: Axis | Non
         ax.axhline(1.0, color="grey", linestyle="--", label="floor")
     if not numeric:
         ax.set_xticks(range(len(x.values)), [str(v) for v in x.values])
+        return
+    numbers = [n for n in map(x.number, x.values) if n is not None]
+    if min(numbers) > 0 and max(numbers) / min(numbers) >= 8:  # a wide range: ratios matter
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(numbers, [f"{n:g}" for n in numbers])
 
 
 def _finite(value: object) -> bool:

@@ -198,3 +198,32 @@ def test_the_same_command_resumes_and_report_redraws(
     assert main(["sim", "report", str(out), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["runs"] == 3
     assert plot.read_bytes().startswith(b"\x89PNG")
+
+
+def test_ctrl_c_stops_the_sweep_leaving_whole_runs_that_the_same_command_completes(
+        tmp_path: Path) -> None:
+    sweep = _sweep(tmp_path, 'seeds = {start = 1, stop = 8}\n[vary]\n"run.nodes" = [32]\n')
+    out = tmp_path / "out"
+    bootseer = Path(sys.executable).with_name("bootseer")
+    argv = [str(bootseer), "sim", "sweep", str(sweep), "--out", str(out), "--workers", "2",
+            "--json"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not data.done(out) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert proc.poll() is None, "the sweep ended before it could be interrupted"
+    proc.send_signal(signal.SIGINT)  # what Ctrl-C sends the foreground process
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    assert "the same command runs the rest" in stderr
+    line = json.loads(stdout.strip().splitlines()[-1])
+    assert line["interrupted"] is True
+    kept = data.done(out)
+    assert 0 < len(kept) < 8
+    for name in kept:  # every run there is whole
+        assert data.read_nodes(out, name).num_rows == 32
+    again = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr
+    resumed = json.loads(again.stdout.strip().splitlines()[-1])
+    assert (resumed["skipped"], resumed["ran"]) == (len(kept), 8 - len(kept))
