@@ -64,16 +64,46 @@ def check_fuse() -> None:
 
 async def serve(tree: Any, source: Any, mountpoint: Path, read_ahead_kb: int = READ_AHEAD_KB,
                 allow_other: bool = False,
-                on_ready: Callable[[dict[str, Any]], None] | None = None) -> None:
+                on_ready: Callable[[dict[str, Any]], None] | None = None,
+                whole: Any = None) -> None:
     """Mount `tree` at `mountpoint`, serve until SIGTERM/SIGINT, then unmount and close
-    `source`. `on_ready` gets {"mountpoint", "read_ahead_kb"} once the mount works."""
+    `source`. `on_ready` gets {"mountpoint", "read_ahead_kb", "server", "passthrough"}
+    once the mount works.
+
+    With `whole` (a `fusefs.backing.WholeFiles` of the source's store) files whose
+    content is whole and verified are read by FUSE passthrough (`fusefs.kernelfs`),
+    where the kernel and our privilege allow it; elsewhere, and without `whole`, the
+    pyfuse3 shell serves every read."""
+    keep_reply_buffers_on_the_heap()
+    path = os.path.realpath(mountpoint)  # before the mount: never stat our own mount
+    if whole is not None:
+        from fusefs.kernelfs import (
+            PassthroughUnavailable,
+            kernel_supports_passthrough,
+            serve_kernel,
+        )
+
+        why = kernel_supports_passthrough()
+        try:
+            if why is None:
+                await serve_kernel(tree, source, whole, path, read_ahead_kb, allow_other,
+                                   on_ready)
+                return
+        except PassthroughUnavailable as exc:
+            why = str(exc)
+        log.info("no FUSE passthrough at %s (%s): every read goes through the handler",
+                 path, why)
+    await _serve_pyfuse3(tree, source, path, read_ahead_kb, allow_other, on_ready)
+
+
+async def _serve_pyfuse3(tree: Any, source: Any, path: str, read_ahead_kb: int,
+                         allow_other: bool,
+                         on_ready: Callable[[dict[str, Any]], None] | None) -> None:
     import pyfuse3
 
     from fusefs.fs import ContentFS
 
     enable_asyncio()
-    keep_reply_buffers_on_the_heap()
-    path = os.path.realpath(mountpoint)  # before the mount: never stat our own mount
     options = set(MOUNT_OPTIONS) | ({"allow_other"} if allow_other else set())
     loop = asyncio.get_running_loop()
     initialised = asyncio.Event()
@@ -89,7 +119,8 @@ async def serve(tree: Any, source: Any, mountpoint: Path, read_ahead_kb: int = R
         await initialised.wait()
         ra = set_read_ahead(path, read_ahead_kb)
         if on_ready is not None:
-            on_ready({"mountpoint": path, "read_ahead_kb": ra})
+            on_ready({"mountpoint": path, "read_ahead_kb": ra, "server": "pyfuse3",
+                      "passthrough": False})
 
     try:
         for sig in (signal.SIGTERM, signal.SIGINT):
