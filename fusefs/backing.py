@@ -1,19 +1,24 @@
-"""Whole-content files that passthrough can hand to the kernel, written only from
-verified bytes.
+"""Backing files that passthrough can hand to the kernel, written only from verified
+bytes.
 
 Passthrough maps a FUSE file onto one backing file, byte for byte; the store keeps
-a content as chunk files. So a content whose chunks are all in the store gets one
-more file beside them, `<store>/<content>/content.whole`, built by copying every
-chunk through `p2p.chunkview.ChunkView` (each chunk hashed against the manifest on
-the way) into a temp file that is renamed into place. The agent's store ignores
-the name (not a chunk: not counted, never verified by it) and removes it with the
-content's directory when it evicts the content.
+a content as chunk files. So a file that is one range of a content (a checkpoint
+file: all of it; a file of a plain tar layer: its member's bytes) gets, once the
+chunks under it are all in the store, one more file beside them:
+`<store>/<content>/content.whole` for the whole content, `extent-<offset>-<length>.whole`
+for a range. It is built by copying the range out of the chunk files through
+`p2p.chunkview.ChunkView` (each chunk hashed against the manifest on the way)
+into a temp file that is renamed into place. The agent's store ignores these
+names (not chunks: not counted, never verified by it) and removes them with the
+content's directory when it evicts the content; their bytes are not in its budget.
 
-The store's rule for trusting a file holds here too: a whole file is hashed
-against the manifest, chunk by chunk, the first time this process hands it out,
-and after that trusted only while it keeps the stat it had when it passed (the
-one this process wrote it with, or the one it had when hashed). A file that fails
-is deleted and built again from the chunks. What passthrough cannot do is check
+The store's rule for trusting a file holds here too: a backing file is checked
+the first time this process hands it out, and after that trusted only while it
+keeps the stat it had when it passed (the one this process wrote it with, or the
+one it had when checked). The check hashes every chunk the range covers whole
+against the manifest; a chunk the range covers only in part (its first and
+last) is read from its chunk file, verified, and compared byte for byte. A file
+that fails is deleted and built again from the chunks. What passthrough cannot do is check
 a file while it is open: the kernel reads it without us. A disk that changes a
 file under an open file is caught at the next open, not at the next read (the
 handler path checks at every read).
@@ -43,15 +48,22 @@ class WholeFiles:
     """Verified whole-content files in the store at `store_dir` (see the module
     docstring). Methods block on disk: call them from a worker thread."""
 
-    def __init__(self, store_dir: Path) -> None:
+    def __init__(self, store_dir: Path, only: frozenset[str] | None = None) -> None:
+        """`only`: the contents whose bytes are the file bytes (None: all); an image's
+        compressed layers are decoded, so their ranges are not copies of chunk bytes."""
         self.store_dir = Path(store_dir)
+        self.only = only
         self.built = 0
         self.hashed_bytes = 0
-        self._checked: dict[ContentId, StatKey] = {}
+        self._checked: dict[Path, StatKey] = {}
         self._lock = threading.Lock()
 
-    def path(self, content: ContentId) -> Path:
-        return self.store_dir / content / WHOLE_NAME
+    def eligible(self, content: str) -> bool:
+        return self.only is None or content in self.only
+
+    def path(self, content: ContentId, offset: int = 0, length: int | None = None) -> Path:
+        name = WHOLE_NAME if offset == 0 and length is None else f"extent-{offset}-{length}.whole"
+        return self.store_dir / content / name
 
     def manifest(self, content: ContentId) -> Manifest | None:
         """The store's manifest of `content` (None if it has none that certifies it)."""
@@ -60,74 +72,100 @@ class WholeFiles:
         except (OSError, ManifestError):
             return None
 
-    def open_verified(self, manifest: Manifest) -> int | None:
-        """An fd of the content's whole file, which passed its check; None if there is no
-        such file (a failing one is deleted). The caller closes the fd."""
-        content = manifest.content_id
+    def open_verified(self, manifest: Manifest, offset: int, length: int) -> int | None:
+        """An fd of the backing file of bytes [offset, +length) of the content, which
+        passed its check; None if there is no such file (a failing one is deleted). The
+        caller closes the fd."""
+        path = self._path(manifest, offset, length)
         try:
-            fd = os.open(self.path(content), os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             return None
         try:
             key = stat_key(os.fstat(fd))
             with self._lock:
-                known = self._checked.get(content)
-            if key != known and not self._passes(fd, manifest):
-                log.warning("%s fails its check; deleting it", self.path(content))
+                known = self._checked.get(path)
+            if key != known and not self._passes(fd, manifest, offset, length):
+                log.warning("%s fails its check; deleting it", path)
                 with contextlib.suppress(OSError):
-                    os.unlink(self.path(content))
+                    os.unlink(path)
                 os.close(fd)
                 return None
             with self._lock:
-                self._checked[content] = key
+                self._checked[path] = key
             return fd
         except OSError:
             os.close(fd)
             return None
 
-    def complete(self, manifest: Manifest) -> bool:
-        """Whether every chunk file of the content is in the store (not yet checked)."""
+    def complete(self, manifest: Manifest, offset: int, length: int) -> bool:
+        """Whether every chunk file under the range is in the store (not yet checked)."""
         directory = self.store_dir / manifest.content_id
-        return all((directory / f"{i}.chunk").exists() for i in range(manifest.chunks))
+        return all((directory / f"{i}.chunk").exists()
+                   for i in manifest.chunks_for_range(offset, length))
 
-    def build(self, manifest: Manifest) -> bool:
-        """Write the whole file from the chunk files, each checked as it is copied; False
-        (and nothing left behind) if a chunk is missing or fails its check."""
+    def build(self, manifest: Manifest, offset: int = 0, length: int | None = None) -> bool:
+        """Write the backing file of the range from the chunk files, each checked as it is
+        copied; False (and nothing left behind) if a chunk is missing or fails."""
+        length = manifest.size - offset if length is None else length
         view = ChunkView(self.store_dir, manifest)
-        directory = self.store_dir / manifest.content_id
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{WHOLE_NAME}.", suffix=TEMP_SUFFIX)
+        path = self._path(manifest, offset, length)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMP_SUFFIX)
         try:
             buf = memoryview(bytearray(manifest.chunk_size))
-            for index in range(manifest.chunks):
-                piece = view.read_chunk(index, 0, manifest.chunk_length(index),
-                                        buf[:manifest.chunk_length(index)])
-                _write_all(fd, piece)
+            for index, lo, hi in _pieces(manifest, offset, length):
+                _write_all(fd, view.read_chunk(index, lo, hi, buf[:hi - lo]))
             os.fchmod(fd, 0o444)
-            os.replace(tmp, self.path(manifest.content_id))
+            os.replace(tmp, path)
             key = stat_key(os.fstat(fd))
         except (MissingChunk, OSError) as exc:
-            log.info("no whole file for %s yet: %s", manifest.content_id, exc)
+            log.info("no backing file for %s yet: %s", path, exc)
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             return False
         finally:
             os.close(fd)
         with self._lock:
-            self._checked[manifest.content_id] = key
+            self._checked[path] = key
             self.built += 1
         return True
 
-    def _passes(self, fd: int, manifest: Manifest) -> bool:
-        if os.fstat(fd).st_size != manifest.size:
+    def _path(self, manifest: Manifest, offset: int, length: int) -> Path:
+        whole = offset == 0 and length == manifest.size
+        return self.path(manifest.content_id, offset, None if whole else length)
+
+    def _passes(self, fd: int, manifest: Manifest, offset: int, length: int) -> bool:
+        if os.fstat(fd).st_size != length:
             return False
         buf = memoryview(bytearray(manifest.chunk_size))
-        for index in range(manifest.chunks):
-            length = manifest.chunk_length(index)
-            got = read_full(fd, buf[:length], manifest.chunk_offset(index))
-            self.hashed_bytes += got
-            if got != length or not manifest.verify(index, buf[:length]):
+        view = ChunkView(self.store_dir, manifest)
+        at = 0
+        for index, lo, hi in _pieces(manifest, offset, length):
+            piece = buf[:hi - lo]
+            if read_full(fd, piece, at) != hi - lo:
                 return False
+            self.hashed_bytes += hi - lo
+            if hi - lo == manifest.chunk_length(index):
+                ok = manifest.verify(index, piece)
+            else:  # an edge chunk: compare with its verified chunk file
+                try:
+                    ok = view.read_chunk(index, lo, hi) == piece
+                except MissingChunk:
+                    ok = False
+            if not ok:
+                return False
+            at += hi - lo
         return True
+
+
+def _pieces(manifest: Manifest, offset: int, length: int) -> list[tuple[int, int, int]]:
+    """(chunk, lo, hi): the part of each chunk that bytes [offset, +length) cover."""
+    out = []
+    for index in manifest.chunks_for_range(offset, length):
+        start = manifest.chunk_offset(index)
+        out.append((index, max(offset - start, 0),
+                    min(offset + length - start, manifest.chunk_length(index))))
+    return out
 
 
 def _write_all(fd: int, data: memoryview) -> None:

@@ -2,9 +2,10 @@
 
 Used instead of the pyfuse3 shell (`fusefs.fs`) where a measured target needs
 what pyfuse3 cannot give: a file whose content is whole and verified on this node
-is opened in passthrough mode, and the kernel then reads its backing file
-(`fusefs.backing`) itself; no READ for it reaches this process. Every other file,
-and every file while its content is incomplete, is served by the same handler
+(or whose one range of a content is) is opened in passthrough mode, and the
+kernel then reads its backing file (`fusefs.backing`) itself; no READ for it
+reaches this process. Every other file, and every file while its content is
+incomplete, is served by the same handler
 path as `fusefs.fs`: `Tree.map_range`, then the `Source` (verified chunk files,
 the agent for missing chunks, EIO after the source's bound).
 
@@ -41,7 +42,7 @@ from typing import Any
 from fusefs import protocol as P
 from fusefs.backing import WholeFiles
 from fusefs.source import Source, SourceError
-from fusefs.tree import Kind, Node, Tree
+from fusefs.tree import Extent, Kind, Node, Tree
 from p2p.content import ContentId, Manifest
 
 log = logging.getLogger(__name__)
@@ -138,7 +139,7 @@ class KernelFS:
         self._opened: dict[int, _Opened] = {}
         self._open_locks: dict[int, asyncio.Lock] = {}
         self._manifests: dict[str, Manifest | None] = {}
-        self._building: dict[str, asyncio.Task[bool]] = {}
+        self._building: dict[tuple[str, int, int], asyncio.Task[bool]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._done: asyncio.Future[None] | None = None
         self._initialised: Callable[[], None] = lambda: None
@@ -326,25 +327,27 @@ class KernelFS:
                                                   opened.backing_id))
 
     async def _backing_for(self, node: Node) -> int | None:
-        """A backing id for the file's whole, verified content; None: the handler serves."""
-        content = _whole_content(node)
-        if not self.passthrough or self.whole is None or content is None:
-            return None
+        """A backing id for the file's verified bytes; None: the handler serves."""
+        extent = _one_extent(node)
         whole = self.whole
-        manifest = await self._manifest(content)
-        if manifest is None or manifest.size != node.size:
+        if not self.passthrough or whole is None or extent is None or \
+                not whole.eligible(extent.content):
             return None
-        fd = await asyncio.to_thread(whole.open_verified, manifest)
+        manifest = await self._manifest(extent.content)
+        if manifest is None or extent.offset + extent.length > manifest.size:
+            return None
+        fd = await asyncio.to_thread(whole.open_verified, manifest, extent.offset,
+                                     extent.length)
         if fd is None:
-            self._build_later(manifest)
+            self._build_later(manifest, extent)
             return None
         try:
             backing_id = fcntl.ioctl(self.fd, P.DEV_IOC_BACKING_OPEN,
                                      bytearray(P.backing_map(fd)), True)
             return backing_id if backing_id > 0 else None
         except OSError as exc:
-            log.warning("the kernel refused %s as a backing file (%s); serving it by "
-                        "the handler", whole.path(manifest.content_id), exc)
+            log.warning("the kernel refused a backing file for inode %d (%s); serving it "
+                        "by the handler", node.inode, exc)
             return None
         finally:
             os.close(fd)
@@ -356,20 +359,20 @@ class KernelFS:
                                                                ContentId(content))
         return self._manifests[content]
 
-    def _build_later(self, manifest: Manifest) -> None:
-        """Build the whole file in the background if every chunk is here."""
+    def _build_later(self, manifest: Manifest, extent: Extent) -> None:
+        """Build the backing file in the background if every chunk under it is here."""
         assert self.whole is not None
         whole = self.whole
-        content = manifest.content_id
-        if content in self._building or not whole.complete(manifest):
+        key = (extent.content, extent.offset, extent.length)
+        if key in self._building or not whole.complete(manifest, extent.offset, extent.length):
             return
 
         async def build() -> bool:
-            return await asyncio.to_thread(whole.build, manifest)
+            return await asyncio.to_thread(whole.build, manifest, extent.offset, extent.length)
 
         task = asyncio.get_running_loop().create_task(build())
-        self._building[content] = task
-        task.add_done_callback(lambda t: self._building.pop(content, None))
+        self._building[key] = task
+        task.add_done_callback(lambda t: self._building.pop(key, None))
 
     async def whole_files_built(self) -> None:
         """Until the whole files being built are done (for tests and benches)."""
@@ -419,12 +422,13 @@ class KernelFS:
         self._write([P.reply_header(header.unique, size), *parts])
 
 
-def _whole_content(node: Node) -> str | None:
-    """The content a file is all of (from its first byte to its last), if it is."""
-    if node.kind is not Kind.FILE or len(node.extents) != 1:
+def _one_extent(node: Node) -> Extent | None:
+    """The one content range a file's bytes are, if they are one (passthrough maps a file
+    onto one backing file)."""
+    if node.kind is not Kind.FILE or len(node.extents) != 1 or node.size == 0:
         return None
     extent = node.extents[0]
-    return extent.content if extent.offset == 0 and extent.length == node.size else None
+    return extent if extent.length == node.size else None
 
 
 def _attr(node: Node) -> P.Attr:

@@ -8,8 +8,10 @@ handler READs on a fresh mount was read by the kernel from the backing file.
 What is proved:
 
 - a content whose whole, verified file is in the store reads back byte for byte
-  with no READ reaching the handler; a file that is only part of a content is
-  served by the handler on the same mount;
+  with no READ reaching the handler;
+- a file that is one range of a content (a member of a plain tar layer) is
+  served by the handler until its own backing file is built from the verified
+  chunks under it, then by passthrough;
 - a content with only chunk files is served by the handler first, its whole file
   is built from the verified chunks meanwhile, and the next open is passthrough;
 - a whole file damaged on disk is never handed to the kernel: the reader gets
@@ -116,6 +118,23 @@ async def test_chunks_only_are_served_by_the_handler_until_the_whole_file_is_bui
     assert account["handler_opens"] == 1 and account["passthrough_opens"] == 1, account
     assert account["handler_bytes"] >= SIZE  # the first reader's bytes, and only those
     assert whole_file.read_bytes() == data
+
+
+async def test_a_range_of_a_content_gets_a_backing_file_of_its_own(tmp_path: Path) -> None:
+    manifest, data = make_store(tmp_path / "store")
+    expected = data[PART[0]:PART[0] + PART[1]]
+    backing = WholeFiles(tmp_path / "store").path(manifest.content_id, *PART)
+    async with await mounted(tmp_path, manifest) as mount:
+        assert read(mount.mountpoint / "part") == expected
+
+        async def built() -> bool:
+            return backing.exists()
+        await until(built, "the range's backing file is built from the verified chunks")
+    assert backing.read_bytes() == expected
+    async with await mounted(tmp_path, manifest) as mount:  # a new process checks it first
+        assert read(mount.mountpoint / "part") == expected
+    account = served(tmp_path / "mount.log")
+    assert account["passthrough_opens"] == 1 and account["handler_reads"] == 0, account
 
 
 async def test_a_damaged_whole_file_is_never_handed_to_the_kernel(tmp_path: Path) -> None:
