@@ -6,9 +6,9 @@ a content as chunk files. So a file that is one range of a content (a checkpoint
 file: all of it; a file of a plain tar layer: its member's bytes) gets, once the
 chunks under it are all in the store, one more file beside them:
 `<store>/<content>/content.whole` for the whole content, `extent-<offset>-<length>.whole`
-for a range. It is built by copying the range out of the chunk files through
-`p2p.chunkview.ChunkView` (each chunk hashed against the manifest on the way)
-into a temp file that is renamed into place. The agent's store ignores these
+for a range. It is built by copying the range out of the chunk files into a temp file,
+which is checked against the manifest (below) before it is renamed into place:
+only bytes that passed reach the kernel. The agent's store ignores these
 names (not chunks: not counted, never verified by it) and removes them with the
 content's directory when it evicts the content; their bytes are not in its budget.
 
@@ -34,7 +34,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from p2p.chunkfile import StatKey, stat_key
+from p2p.chunkfile import CHUNK_SUFFIX, StatKey, stat_key
 from p2p.chunkview import ChunkView
 from p2p.content import ContentId, Manifest, ManifestError
 from p2p.store import MissingChunk
@@ -106,16 +106,22 @@ class WholeFiles:
                    for i in manifest.chunks_for_range(offset, length))
 
     def build(self, manifest: Manifest, offset: int = 0, length: int | None = None) -> bool:
-        """Write the backing file of the range from the chunk files, each checked as it is
-        copied; False (and nothing left behind) if a chunk is missing or fails."""
+        """Write the backing file of the range from the chunk files, then check what was
+        written (as `open_verified` does) before it is renamed into place; False (and
+        nothing left behind) if a chunk is missing or the result fails.
+
+        The copy is `copy_file_range` (in the kernel) and the check hashes the result
+        through a mapping: writing 1 GiB from Python buffers cost 1.7 CPU-s here, the
+        kernel's copy 0.4, the check 0.1. Checking the written file, not the chunks read
+        on the way, is also the stronger check: it is the file the kernel will read."""
         length = manifest.size - offset if length is None else length
-        view = ChunkView(self.store_dir, manifest)
         path = self._path(manifest, offset, length)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMP_SUFFIX)
         try:
-            buf = memoryview(bytearray(manifest.chunk_size))
             for index, lo, hi in _pieces(manifest, offset, length):
-                _write_all(fd, view.read_chunk(index, lo, hi, buf[:hi - lo]))
+                self._copy_chunk(manifest, index, lo, hi, fd)
+            if not self._passes(fd, manifest, offset, length):
+                raise MissingChunk(f"the copy of {path.name} fails its check")
             os.fchmod(fd, 0o444)
             os.replace(tmp, path)
             key = stat_key(os.fstat(fd))
@@ -130,6 +136,22 @@ class WholeFiles:
             self._checked[path] = key
             self.built += 1
         return True
+
+    def _copy_chunk(self, manifest: Manifest, index: int, lo: int, hi: int, out: int) -> None:
+        name = self.store_dir / manifest.content_id / f"{index}{CHUNK_SUFFIX}"
+        try:
+            src = os.open(name, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise MissingChunk(f"chunk {index} is not in the store") from None
+        try:
+            at = lo
+            while at < hi:
+                n = os.copy_file_range(src, out, hi - at, at)
+                if n == 0:
+                    raise MissingChunk(f"{name} is shorter than its chunk")
+                at += n
+        finally:
+            os.close(src)
 
     def _path(self, manifest: Manifest, offset: int, length: int) -> Path:
         whole = offset == 0 and length == manifest.size

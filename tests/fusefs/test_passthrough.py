@@ -187,3 +187,20 @@ def test_dirents_stop_before_the_callers_buffer_overflows() -> None:
     assert len(packed) <= 100 and len(packed) % 8 == 0
     ino, next_off, namelen, kind = P.DIRENT_HEAD.unpack_from(packed)
     assert (ino, next_off, namelen, kind) == (1, 1, 1, 8)
+
+
+def test_a_backing_file_is_not_built_from_a_damaged_chunk(tmp_path: Path) -> None:
+    manifest, data = make_store(tmp_path / "store")
+    chunk = tmp_path / "store" / manifest.content_id / "1.chunk"
+    with open(chunk, "r+b") as f:
+        f.seek(77)
+        f.write(b"\xff" * 8)
+    whole = WholeFiles(tmp_path / "store")
+    assert not whole.build(manifest)
+    assert not whole.build(manifest, *PART)  # the range lies in chunk 1
+    assert whole.build(manifest, 0, 4 * MiB)  # chunk 0 alone is fine
+    leftovers = {p.name for p in (tmp_path / "store" / manifest.content_id).iterdir()}
+    assert not {n for n in leftovers if n.endswith(".tmp")} and WHOLE_NAME not in leftovers
+    fd = whole.open_verified(manifest, 0, 4 * MiB)
+    assert fd is not None
+    os.close(fd)
