@@ -248,7 +248,8 @@ async def _fuse_read(cluster: Any, agent: Any, uri: Any, work: Path, manifest: A
             opts = MountOptions(str(uri), where, cluster.tracker_url, agent.api_socket,
                                 agent.store_dir, passthrough=mode == "passthrough")
             log = work / f"mount-{mode}.log"
-            async with await Mount.spawn(opts.argv(), where, log, env=cluster.env) as mount:
+            argv = [*opts.argv(), "--log-level", "INFO"]  # INFO: the server's account
+            async with await Mount.spawn(argv, where, log, env=cluster.env) as mount:
                 before = cpu_seconds(mount.proc.pid)
                 runs[mode]["gbps"].append(size / await dd_seconds(where / "ckpt") / 1e9)
                 runs[mode]["cpu"].append((cpu_seconds(mount.proc.pid) - before) * GiB / size)
