@@ -190,7 +190,7 @@ def test_dirents_stop_before_the_callers_buffer_overflows() -> None:
 
 
 def test_a_backing_file_is_not_built_from_a_damaged_chunk(tmp_path: Path) -> None:
-    manifest, data = make_store(tmp_path / "store")
+    manifest, _ = make_store(tmp_path / "store")
     chunk = tmp_path / "store" / manifest.content_id / "1.chunk"
     with open(chunk, "r+b") as f:
         f.seek(77)
