@@ -16,9 +16,10 @@ from typing import Any
 import uvloop
 
 from p2p import discovery
-from p2p.content import CHUNK_SIZE, DEFAULT_DIGEST, DIGESTS, MiB
+from p2p.content import CHUNK_SIZE, DEFAULT_DIGEST, DIGESTS, Manifest
 from p2p.discovery import find_api_socket
 from p2p.errors import UserError
+from p2p.units import MiB
 
 SUPPRESS = argparse.SUPPRESS
 SWITCH_INTERVAL_S = 0.0005  # the agent's GIL switch interval: see _serve_agent
@@ -45,6 +46,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="chunk digest: xxh3-128 (fast) or blake3 (cryptographic, for "
                         "clusters that do not trust every node)")
     p.add_argument("--name", help="also bind this name to the content (names never change)")
+    p.add_argument("--no-origin-check", dest="origin_check", action="store_false",
+                   help="publish without first reading the file's last chunk from --origin "
+                        "(for an origin that only the nodes can reach)")
     p.set_defaults(run=_run_publish)
 
     p = sub.add_parser("get", help="have the local agent fetch a content (and copy it out)")
@@ -249,6 +253,8 @@ def _run_publish(args: argparse.Namespace) -> int:
     manifest = manifest_of_file(args.path, args.chunk_size_mb * MiB, args.origin, args.digest)
 
     async def put() -> None:
+        if args.origin_check:
+            await _check_origin(manifest, args.path)
         async with TrackerClient(args.tracker, secret) as tracker:
             await tracker.put_manifest(manifest)
             if args.name is not None:
@@ -260,6 +266,28 @@ def _run_publish(args: argparse.Namespace) -> int:
         raise UserError(str(exc)) from exc
     print(manifest.content_id)
     return 0
+
+
+async def _check_origin(manifest: Manifest, path: Path) -> None:
+    """Read the last chunk from the origin and verify it: a mistyped URL, a dead server or
+    another file is said now, before anything is published, not by every `get` later."""
+    from p2p.origin import OriginError, OriginPool
+
+    if not manifest.chunks:
+        return
+    last = manifest.chunks - 1
+    buf = bytearray(manifest.chunk_length(last))
+    pool = OriginPool(concurrency=1)
+    try:
+        await pool.read_into((manifest.origin,), manifest.chunk_offset(last), memoryview(buf))
+    except OriginError as exc:
+        raise UserError(f"the origin cannot serve {path}: {exc}; nothing was published "
+                        "(fix --origin, or pass --no-origin-check)") from None
+    finally:
+        await pool.close()
+    if not manifest.verify(last, buf):
+        raise UserError(f"the origin's copy at {manifest.origin} is not {path} (its last "
+                        f"{len(buf)} bytes differ); nothing was published")
 
 
 def _run_get(args: argparse.Namespace) -> int:

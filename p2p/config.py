@@ -17,10 +17,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from p2p.content import GiB
 from p2p.swarm import SwarmConfig
 from p2p.swarm.node import DEFAULT_LINE_BPS
 from p2p.swarm.uploads import UPLOAD_ORDER, UPLOAD_ORDERS, UPLOAD_SLOTS
+from p2p.units import GiB
 
 
 class ConfigError(Exception):

@@ -42,7 +42,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
-from p2p.content import KiB
+from p2p.units import KiB
 
 RELAY_PART_BYTES = 256 * KiB  # a relay sends in Pieces this big at least (the last may be less)
 RELAY_HOLD_BYTES = 64 * KiB  # ... and this tail only once the sender has verified the chunk

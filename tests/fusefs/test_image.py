@@ -42,32 +42,27 @@ import random
 import re
 import stat
 import tarfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from helpers.registry import RunningRegistry, running_registry
+from helpers.registry import RunningRegistry
 
 from fusefs.image.mount import MountOptions
-from fusefs.mount import Mount, is_mounted
+from fusefs.mount import Mount
+from fusefs.mountinfo import is_mounted
 from fusefs.testing.sample import BUSYBOX, BuiltImage, assemble, push_sample
 from fusefs.testing.sample import Layer as SampleLayer
 from p2p.origin.oci import RegistryClient, sha256_digest
 from p2p.origin.oci_manifest import Platform
 from p2p.testing.localcluster import AgentHandle, LocalCluster, bootseer_command
+from p2p.units import MiB
 
 TEST_BOUND_S = 240.0
-MiB = 1 << 20
 MTIME = 1_700_000_000
 HOT_BYTES, COLD_BYTES = 1 * MiB + 12345, 5 * MiB
-
-
-@pytest.fixture(scope="module")
-def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningRegistry]:
-    with running_registry(tmp_path_factory.mktemp("registry")) as started:
-        yield started
 
 
 # ---- the image ------------------------------------------------------------------------
