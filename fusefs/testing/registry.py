@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 import subprocess
 import time
 import urllib.error
