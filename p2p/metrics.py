@@ -13,7 +13,7 @@ from prometheus_client import (
 # Every counter would also export a `_created` series (its creation time): twice the
 # series for nothing a dashboard uses. The switch is process-wide; the tracker's
 # metrics (tracker.state) turn it off too.
-disable_created_metrics()
+disable_created_metrics()  # type: ignore[no-untyped-call]
 
 
 class AgentMetrics:

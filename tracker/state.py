@@ -41,7 +41,7 @@ from tracker.store import Documents
 
 log = logging.getLogger("bootseer.tracker")
 
-disable_created_metrics()  # no `_created` twin of every counter (p2p.metrics)
+disable_created_metrics()  # type: ignore[no-untyped-call]  # no `_created` twins (p2p.metrics)
 
 
 class Metrics:
