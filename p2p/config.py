@@ -51,6 +51,8 @@ class AgentConfig:
     max_connections: int = 1024  # peer connections, authenticating or not, at once
     max_handshakes: int = 64  # unauthenticated peer connections at once (8 per address)
     announce_interval_s: float = 2.0  # until the tracker says otherwise
+    mirror: str | None = None  # HOST:PORT: serve a pull-through registry mirror (p2p.mirror)
+    mirror_upstream: str | None = None  # registry URL for clients that name none (no ns=)
     swarm: SwarmConfig = field(default_factory=SwarmConfig)
 
     def __post_init__(self) -> None:
