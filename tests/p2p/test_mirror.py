@@ -2,8 +2,11 @@
 
 Agents started with `mirror` pull for skopeo (an unchanged registry client) from
 Debian's docker-registry; the registry's own access log says how often each blob left it.
+A containerd we did not write pulls and runs the image too: two daemons (Debian's
+`containerd`, each with its own root, state and socket under the test's directory) pull
+through their own agent's mirror, named in a `hosts.toml` as operators would.
 Faults: the upstream down, a blob whose bytes miss their digest, a client the registry
-refuses, a manifest over the limit.
+refuses, a manifest over the limit or of an unknown type.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ import io
 import json
 import random
 import re
+import shutil
+import subprocess
 import tarfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -22,6 +27,7 @@ import aiohttp
 import pytest
 from helpers.oci_images import skopeo_copy
 from helpers.registry import RunningRegistry, running_registry
+from helpers.waiting import until
 
 from fusefs.testing.sample import Layer, add_file, assemble, busybox_tar, push_sample
 from p2p.origin.oci import RegistryClient
@@ -118,6 +124,90 @@ async def test_two_agents_pull_a_four_layer_image_each_blob_leaves_the_registry_
         async with TrackerClient(cluster.tracker_url, cluster.secret) as tracker:
             for layer in image.layers:  # published as `image index` would
                 await tracker.get_name(layer_name(layer.digest))
+
+
+def _tool(name: str) -> str:
+    found = shutil.which(name)
+    if found is None:
+        pytest.fail(f"{name} is not installed: install the Debian package containerd")
+    return found
+
+
+@contextlib.asynccontextmanager
+async def containerd(directory: Path) -> AsyncIterator[str]:
+    """A containerd of its own under `directory`; yields its socket."""
+    binary = _tool("containerd")
+    directory.mkdir(parents=True)
+    socket = directory / "containerd.sock"
+    config = directory / "config.toml"
+    config.write_text(f"""version = 2
+root = "{directory / 'root'}"
+state = "{directory / 'state'}"
+disabled_plugins = ["io.containerd.grpc.v1.cri"]
+[grpc]
+  address = "{socket}"
+[ttrpc]
+  address = "{directory / 'ttrpc.sock'}"
+""")
+    with open(directory / "containerd.log", "wb") as log:
+        process = subprocess.Popen([binary, "--config", str(config)], stdout=log,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        async def listening() -> bool:
+            assert process.poll() is None, (directory / "containerd.log").read_text()[-2000:]
+            return socket.exists()
+
+        await until(listening, f"containerd listening on {socket}", 30)
+        yield str(socket)
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+async def ctr(socket: str, *args: str) -> str:
+    proc = await asyncio.create_subprocess_exec(
+        _tool("ctr"), "--address", socket, *args, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT)
+    out, _ = await proc.communicate()
+    assert proc.returncode == 0, f"ctr {' '.join(args)}:\n{out.decode(errors='replace')}"
+    return out.decode()
+
+
+def hosts_dir(directory: Path, registry: str, mirror: str) -> Path:
+    """containerd's hosts.toml: pull `registry`'s images through `mirror`."""
+    (directory / registry).mkdir(parents=True)
+    (directory / registry / "hosts.toml").write_text(
+        f'server = "http://{registry}"\n\n[host."http://{mirror}"]\n'
+        '  capabilities = ["pull", "resolve"]\n')
+    return directory
+
+
+async def test_two_containerds_pull_and_run_an_image_through_their_mirrors(
+        registry: RunningRegistry, image, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    await push(registry, "mirror/ctr", image)
+    reference = f"{registry.address}/mirror/ctr:latest"
+    async with asyncio.timeout(TEST_BOUND_S), \
+            mirrored(tmp_path, 2, f"http://{registry.address}") as (_, agents), \
+            containerd(tmp_path / "ctrd0") as sock0, containerd(tmp_path / "ctrd1") as sock1:
+        pulls = []
+        for i, (sock, agent) in enumerate(((sock0, agents[0]), (sock1, agents[1]))):
+            hosts = hosts_dir(tmp_path / f"hosts{i}", registry.address, mirror_of(agent))
+            pulls.append(ctr(sock, "image", "pull", "--hosts-dir", str(hosts), reference))
+        await asyncio.gather(*pulls)
+        for i, sock in enumerate((sock0, sock1)):
+            out = await ctr(sock, "run", "--rm", reference, f"job{i}", "/bin/sh", "-c",
+                            "echo ran-$((6 * 7)); ls /data")
+            assert "ran-42" in out and "0.bin" in out, out
+        image_bytes = sum(layer.size for layer in image.layers)
+        total = sum(blob_bytes_sent(registry, layer.digest)[1] for layer in image.layers)
+        for layer in image.layers:
+            gets, sent = blob_bytes_sent(registry, layer.digest)
+            assert gets == 1 and sent == layer.size, (layer.digest, gets, sent, layer.size)
+        assert total == image_bytes
 
 
 async def test_upstream_down_is_a_502_naming_it_and_ns_picks_another(
