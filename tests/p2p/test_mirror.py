@@ -17,8 +17,6 @@ import io
 import json
 import random
 import re
-import shutil
-import subprocess
 import tarfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -27,8 +25,8 @@ import aiohttp
 import pytest
 from helpers.oci_images import skopeo_copy
 from helpers.registry import RunningRegistry, running_registry
-from helpers.waiting import until
 
+from fusefs.testing.containerd import ctr, hosts_dir, running_containerd
 from fusefs.testing.sample import Layer, add_file, assemble, busybox_tar, push_sample
 from p2p.origin.oci import RegistryClient
 from p2p.origin.oci_manifest import MANIFEST_TYPES, Platform
@@ -86,10 +84,18 @@ def mirror_of(agent: AgentHandle) -> str:
     return url.removeprefix("http://")
 
 
-def blob_bytes_sent(registry: RunningRegistry, digest: str) -> tuple[int, int]:
-    """(GETs, bytes) of blob `digest` in the registry's own access log."""
+def log_mark(registry: RunningRegistry) -> int:
+    return registry.log_path.stat().st_size
+
+
+def blob_bytes_sent(registry: RunningRegistry, digest: str, since: int) -> tuple[int, int]:
+    """(GETs, bytes) of blob `digest` in the registry's own access log after `since`
+    (its size when the test began: the tests share the registry and some blobs)."""
     gets = sent = 0
-    for line in registry.log_path.read_text(errors="replace").splitlines():
+    with registry.log_path.open("rb") as log:
+        log.seek(since)
+        lines = log.read().decode(errors="replace").splitlines()
+    for line in lines:
         match = re.search(r'"GET /v2/\S+/blobs/(sha256:[0-9a-f]{64})\S* HTTP/[\d.]+" (\d+) (\d+)',
                           line)
         if match and match[1] == digest and match[2] in ("200", "206"):
@@ -101,6 +107,7 @@ def blob_bytes_sent(registry: RunningRegistry, digest: str) -> tuple[int, int]:
 async def test_two_agents_pull_a_four_layer_image_each_blob_leaves_the_registry_once(
         registry: RunningRegistry, image, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     await push(registry, "mirror/herd", image)
+    mark = log_mark(registry)
     upstream = f"http://{registry.address}"
     async with asyncio.timeout(TEST_BOUND_S), mirrored(tmp_path, 2, upstream) as (cluster, agents):
         outs = [tmp_path / f"out{i}" for i in range(2)]
@@ -114,7 +121,7 @@ async def test_two_agents_pull_a_four_layer_image_each_blob_leaves_the_registry_
         image_bytes = sum(layer.size for layer in image.layers)
         total = 0
         for layer in image.layers:
-            gets, sent = blob_bytes_sent(registry, layer.digest)
+            gets, sent = blob_bytes_sent(registry, layer.digest, mark)
             assert gets >= 1, f"blob {layer.digest} never left the registry"
             assert sent <= layer.size * 1.1, (layer.digest, gets, sent, layer.size)
             total += sent
@@ -126,73 +133,15 @@ async def test_two_agents_pull_a_four_layer_image_each_blob_leaves_the_registry_
                 await tracker.get_name(layer_name(layer.digest))
 
 
-def _tool(name: str) -> str:
-    found = shutil.which(name)
-    if found is None:
-        pytest.fail(f"{name} is not installed: install the Debian package containerd")
-    return found
-
-
-@contextlib.asynccontextmanager
-async def containerd(directory: Path) -> AsyncIterator[str]:
-    """A containerd of its own under `directory`; yields its socket."""
-    binary = _tool("containerd")
-    directory.mkdir(parents=True)
-    socket = directory / "containerd.sock"
-    config = directory / "config.toml"
-    config.write_text(f"""version = 2
-root = "{directory / 'root'}"
-state = "{directory / 'state'}"
-disabled_plugins = ["io.containerd.grpc.v1.cri"]
-[grpc]
-  address = "{socket}"
-[ttrpc]
-  address = "{directory / 'ttrpc.sock'}"
-""")
-    with open(directory / "containerd.log", "wb") as log:
-        process = subprocess.Popen([binary, "--config", str(config)], stdout=log,
-                                   stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        async def listening() -> bool:
-            assert process.poll() is None, (directory / "containerd.log").read_text()[-2000:]
-            return socket.exists()
-
-        await until(listening, f"containerd listening on {socket}", 30)
-        yield str(socket)
-    finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
-async def ctr(socket: str, *args: str) -> str:
-    proc = await asyncio.create_subprocess_exec(
-        _tool("ctr"), "--address", socket, *args, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT)
-    out, _ = await proc.communicate()
-    assert proc.returncode == 0, f"ctr {' '.join(args)}:\n{out.decode(errors='replace')}"
-    return out.decode()
-
-
-def hosts_dir(directory: Path, registry: str, mirror: str) -> Path:
-    """containerd's hosts.toml: pull `registry`'s images through `mirror`."""
-    (directory / registry).mkdir(parents=True)
-    (directory / registry / "hosts.toml").write_text(
-        f'server = "http://{registry}"\n\n[host."http://{mirror}"]\n'
-        '  capabilities = ["pull", "resolve"]\n')
-    return directory
-
-
 async def test_two_containerds_pull_and_run_an_image_through_their_mirrors(
         registry: RunningRegistry, image, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     await push(registry, "mirror/ctr", image)
+    mark = log_mark(registry)
     reference = f"{registry.address}/mirror/ctr:latest"
     async with asyncio.timeout(TEST_BOUND_S), \
             mirrored(tmp_path, 2, f"http://{registry.address}") as (_, agents), \
-            containerd(tmp_path / "ctrd0") as sock0, containerd(tmp_path / "ctrd1") as sock1:
+            running_containerd(tmp_path / "ctrd0") as sock0, \
+            running_containerd(tmp_path / "ctrd1") as sock1:
         pulls = []
         for i, (sock, agent) in enumerate(((sock0, agents[0]), (sock1, agents[1]))):
             hosts = hosts_dir(tmp_path / f"hosts{i}", registry.address, mirror_of(agent))
@@ -203,9 +152,9 @@ async def test_two_containerds_pull_and_run_an_image_through_their_mirrors(
                             "echo ran-$((6 * 7)); ls /data")
             assert "ran-42" in out and "0.bin" in out, out
         image_bytes = sum(layer.size for layer in image.layers)
-        total = sum(blob_bytes_sent(registry, layer.digest)[1] for layer in image.layers)
+        total = sum(blob_bytes_sent(registry, layer.digest, mark)[1] for layer in image.layers)
         for layer in image.layers:
-            gets, sent = blob_bytes_sent(registry, layer.digest)
+            gets, sent = blob_bytes_sent(registry, layer.digest, mark)
             assert gets == 1 and sent == layer.size, (layer.digest, gets, sent, layer.size)
         assert total == image_bytes
 
