@@ -118,7 +118,7 @@ class Mirror:
 
     async def _serve(self, request: web.Request, content: ContentId,
                      digest: str) -> web.StreamResponse:
-        session = await self.agent.ensure(content, lazy=True)
+        session = await self.agent.ensure(content, lazy=bool(request.headers.get("Range")))
         size = session.manifest.size
         offset, end = 0, size
         status = 200
