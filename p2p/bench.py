@@ -11,6 +11,13 @@ the swarm's time, the baseline's, the lower bound
 whole swarm's upload capacity must carry N * S), the origin egress ratio and
 the agents' peak RSS. Caps are in MB/s (10^6 bytes); `node_cap` applies to
 each node's upload and download alike.
+
+What a byte costs: `agent_cpu_s_per_gib` is the agents' CPU (user + system, all
+threads) over the GiB delivered into their stores. With `--nodes 1` the round is
+one pair: a seed that fetched the content from the origin beforehand, and one
+receiver that fetches it from the seed; the seed's CPU counts too, so the figure
+is what one stream costs at both ends (compare it with a bare sendfile ->
+recv_into + hash + pwrite transfer over loopback, about 0.85 CPU-s per GiB here).
 """
 
 from __future__ import annotations
@@ -28,9 +35,9 @@ from typing import TYPE_CHECKING, Any
 import uvloop
 
 from p2p.cli import UserError
-from p2p.content import CHUNK_SIZE, DEFAULT_DIGEST, DIGESTS, MiB
-from p2p.demo import distribute, parse_size, positive_int
-from p2p.localcluster import AgentHandle, LocalCluster, write_random_file
+from p2p.content import CHUNK_SIZE, DEFAULT_DIGEST, DIGESTS, ContentId, GiB, MiB
+from p2p.demo import ROUND_TIMEOUT_S, distribute, parse_size, positive_int
+from p2p.localcluster import AgentHandle, LocalCluster, wait_all_complete, write_random_file
 
 if TYPE_CHECKING:  # a testbed is optional: load its shell only when one is used
     from p2p.testbed.netns import Testbed
@@ -40,7 +47,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p = sub.add_parser("bench", help="benchmarks that print one JSON line")
     kinds = p.add_subparsers(dest="bench", required=True, metavar="BENCH")
     s = kinds.add_parser("swarm", help="N agents fetch one content: swarm vs origin-only")
-    s.add_argument("--nodes", type=positive_int, default=8)
+    s.add_argument("--nodes", type=positive_int, default=8,
+                   help="agents that fetch the content; 1: one receiver from one seed")
     s.add_argument("--size", type=parse_size, default=256 * MiB)
     s.add_argument("--racks", type=positive_int, default=2)
     s.add_argument("--node-cap", type=float, default=None, help="MB/s per node, each way")
@@ -100,15 +108,20 @@ async def _rounds(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, 
     manifest = await cluster.publish(source, args.chunk_size_mb * MiB, digest=args.digest)
     caps = {} if on_testbed else {"upload_mbps": args.node_cap, "download_mbps": args.node_cap}
 
-    swarm_agents = await _agents(cluster, args, "swarm",
-                                 _agent_options(args.agent_option, caps))
+    options = _agent_options(args.agent_option, caps)
+    seeds = await _seed(cluster, args, options, manifest.content_id) if args.nodes == 1 else []
+    swarm_agents = await _agents(cluster, args, "swarm", options)
+    seed_cpu = sum(a.child.cpu_seconds() for a in seeds)
     swarm = await distribute(cluster, swarm_agents, source, manifest.content_id, args.size,
                              progress=not args.json and sys.stderr.isatty())
-    rss = max(a.child.peak_rss_mb() for a in swarm_agents)
+    # The seed's CPU until now: the receiver's read-back checks that follow the round
+    # ask nothing of it.
+    swarm.agent_cpu_seconds += sum(a.child.cpu_seconds() for a in seeds) - seed_cpu
+    rss = max(a.child.peak_rss_mb() for a in [*seeds, *swarm_agents])
     wasted, cancelled, relays, timeouts = await _counters(
         swarm_agents, "bootseer_wasted_bytes_total", "bootseer_requests_cancelled_total",
         "bootseer_relays_total", "bootseer_request_timeouts_total")
-    await asyncio.gather(*(a.child.stop() for a in swarm_agents))
+    await asyncio.gather(*(a.child.stop() for a in [*seeds, *swarm_agents]))
 
     baseline_seconds = None
     if not args.no_baseline:
@@ -135,6 +148,8 @@ async def _rounds(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, 
         # host's count, the round measured the host's CPU rather than the swarm.
         "agent_cpu_seconds": round(swarm.agent_cpu_seconds, 2),
         "agent_cores": round(swarm.agent_cpu_seconds / swarm.seconds, 2),
+        "agent_cpu_s_per_gib": round(swarm.agent_cpu_seconds / (args.nodes * args.size / GiB),
+                                     3),
         "host_cpus": os.cpu_count(),
         # When each agent first asked for a chunk, from the round's start: hearing the
         # tracker, joining peers and settling take that long (the simulator's nodes start
@@ -149,6 +164,17 @@ async def _rounds(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, 
         "verified": swarm.verified,
         "failures": swarm.failures,
     }
+
+
+async def _seed(cluster: LocalCluster, args: argparse.Namespace, options: dict[str, Any],
+                content: ContentId) -> list[AgentHandle]:
+    """The one-pair case's seed: an agent that holds the whole content, fetched from the
+    origin before the round (`--nodes 1`)."""
+    seed = await cluster.start_agent(1, "rack1", options, name="seed")
+    result = (await wait_all_complete([seed], content, ROUND_TIMEOUT_S))[seed.index]
+    if "error" in result:
+        raise UserError(f"the seed could not fetch the content: {result['error']}")
+    return [seed]
 
 
 def _testbed(args: argparse.Namespace) -> Testbed:
