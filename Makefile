@@ -31,7 +31,7 @@ SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile hdfs_stripe/minicluster/pom.xml
+$(STAMP): pyproject.toml Makefile hdfs_stripe/testing/minicluster/pom.xml
 	@missing=$$(for p in $(DEB_PACKAGES); do \
 	    dpkg -s $$p 2>/dev/null | grep -q '^Status: install ok installed' || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
@@ -44,7 +44,7 @@ $(STAMP): pyproject.toml Makefile hdfs_stripe/minicluster/pom.xml
 	@echo "Installing bootseer and its Python dependencies into $(VENV)"
 	$(BIN)/pip install -q -e '.[test,sim,fuse]'
 	@echo "Fetching Hadoop's mini cluster jars into ~/.m2 (about 135 MB the first time)"
-	$(BIN)/python -c 'from hdfs_stripe.minicluster import prepare; prepare()'
+	$(BIN)/python -c 'from hdfs_stripe.testing.minicluster import prepare; prepare()'
 	@touch $@
 
 lint: setup

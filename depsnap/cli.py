@@ -24,7 +24,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from p2p.cli import UserError, cluster_secret
+from p2p.cli import cluster_secret
+from p2p.errors import UserError
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

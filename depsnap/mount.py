@@ -57,7 +57,7 @@ from depsnap.snapshot import Snapshot
 from fusefs.cli import add_serving_flags, add_umount
 from fusefs.record import WINDOW_S, Recorder, RecordError
 from fusefs.tree import Entry, Extent, Kind, Layer, Tree, build_tree
-from p2p.cli import UserError
+from p2p.errors import UserError
 
 if TYPE_CHECKING:  # the serving process loads these; the CLI's parser need not
     from depsnap.hot import Frame, HotRecord

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from p2p.cli import UserError
+from p2p.errors import UserError
 
 log = logging.getLogger("bootseer.fusefs")
 

@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from fusefs.cli import add_serving_flags, add_umount
-from p2p.cli import UserError, cluster_secret
+from p2p.cli import cluster_secret
+from p2p.errors import UserError
 
 log = logging.getLogger("bootseer.ckpt")
 PROGRESS_EVERY_S = 0.5

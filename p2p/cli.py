@@ -13,9 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
 
-
-class UserError(Exception):
-    """An expected failure: bad input or a missing server. Printed, not traced."""
+from p2p.errors import UserError
 
 
 def cluster_secret() -> bytes:
@@ -77,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Register the p2p subcommands (agent, demo, bench)."""
+    """Register the p2p subcommands (agent, origin, publish, get, status)."""
     from p2p import commands
 
     commands.register(sub)

@@ -1,5 +1,5 @@
-"""Subcommands owned by p2p: agent, origin, publish, get, status, demo (`bench` is
-p2p.bench's own entry point: its parser loads every package's benchmarks)."""
+"""Subcommands owned by p2p: agent, origin, publish, get, status (`demo` and `bench` are
+tooling with entry points of their own, in p2p.testing and p2p.bench)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from typing import Any
 
 import uvloop
 
-from p2p.cli import UserError
 from p2p.content import CHUNK_SIZE, DEFAULT_DIGEST, DIGESTS, MiB
+from p2p.errors import UserError
 
 SUPPRESS = argparse.SUPPRESS
 SWITCH_INTERVAL_S = 0.0005  # the agent's GIL switch interval: see _serve_agent
@@ -52,10 +52,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("status", help="what the local agent holds and fetches")
     _api_socket_flag(p)
     p.set_defaults(run=_run_status)
-
-    from p2p.demo import add_parser as add_demo
-
-    add_demo(sub)
 
 
 def _api_socket_flag(p: argparse.ArgumentParser) -> None:
@@ -207,7 +203,7 @@ def _run_origin(args: argparse.Namespace) -> int:
 
 def _run_publish(args: argparse.Namespace) -> int:
     from p2p.auth import SecretError, load_secret
-    from p2p.localcluster import manifest_of_file
+    from p2p.publish import manifest_of_file
     from p2p.tracker_client import TrackerClient, TrackerError, TrackerUnavailable, check_name
 
     if not args.path.is_file():

@@ -30,7 +30,7 @@ A chunk is never relayed back to the peer it comes from: when an origin read
 fails, the fetcher may ask for the chunk at once from a peer whose relay of
 it still counts on the fetcher, and each would wait on the other. That peer
 answers "not held" instead, which costs the asker nothing (seen in
-tests/test_relay.py before this rule: the two agents kept asking each other
+tests/p2p/test_relay.py before this rule: the two agents kept asking each other
 until one had more than 64 requests queued at the other, and dropped it).
 
 The buffer goes back to the agent's pool only when the fetcher and every relay

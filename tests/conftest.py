@@ -40,7 +40,7 @@ def fuse_ready() -> None:
 @pytest.fixture(scope="module")
 def wheels() -> Path:
     """The local wheelhouse of real wheels (numpy, tabulate, six), downloaded once."""
-    from depsnap.wheelhouse import PYTHON, wheelhouse
+    from depsnap.testing.wheelhouse import PYTHON, wheelhouse
 
     if not os.path.exists(PYTHON):
         pytest.fail(f"{PYTHON} is missing: install the Debian packages python3 and python3-venv")

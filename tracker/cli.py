@@ -24,7 +24,7 @@ import uvloop
 from aiohttp import web
 
 from p2p.auth import SecretError, load_secret
-from p2p.cli import UserError
+from p2p.errors import UserError
 from tracker.config import ConfigError, TrackerConfig, config_keys, load_config
 from tracker.handout import HANDOUT_POLICIES
 
