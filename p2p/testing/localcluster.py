@@ -61,11 +61,16 @@ class Child:
 
     def cpu_seconds(self) -> float:
         """User plus system CPU the live process has used so far, all its threads."""
+        return sum(self.cpu_split())
+
+    def cpu_split(self) -> tuple[float, float]:
+        """(user, system) CPU seconds the live process has used so far, all its threads."""
         with contextlib.suppress(OSError, IndexError, ValueError):
             # Fields 14 and 15 of /proc/PID/stat, counted after the ")" that ends the name.
             fields = Path(f"/proc/{self.pid}/stat").read_text().rpartition(")")[2].split()
-            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        return 0.0
+            tick = os.sysconf("SC_CLK_TCK")
+            return int(fields[11]) / tick, int(fields[12]) / tick
+        return 0.0, 0.0
 
     async def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int:
         if self.proc.returncode is None:

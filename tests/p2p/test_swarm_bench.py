@@ -31,6 +31,8 @@ def test_bench_swarm_reports_the_round_and_the_agents_cpu() -> None:
     assert result["host_cpus"] == os.cpu_count()
     assert result["agent_cpu_s_per_gib"] == pytest.approx(
         result["agent_cpu_seconds"] / (3 * 12 / 1024), rel=0.02)
+    assert 0 < result["agent_user_cpu_s_per_gib"] <= result["agent_cpu_s_per_gib"]
+    assert result["write_floor_cpu_s_per_gib"] > 0
     assert result["baseline_seconds"] is not None and result["speedup"] is not None
     # Each agent said when it first asked for a chunk: after the round began, before its end.
     offsets = result["start_offsets_s"]
