@@ -15,7 +15,8 @@ medians and the median ratio after/before. The figure compared is
 
 What a byte costs is compared too: the agents' CPU seconds per GiB delivered
 (`agent_cpu_s_per_gib`, computed from `agent_cpu_seconds` for revisions whose
-bench did not print it yet), with its medians and `cpu_per_gib_after_over_before`.
+bench did not print it yet), with its medians and `cpu_per_gib_after_over_before`,
+and the user part of it (`agent_user_cpu_s_per_gib`, where the bench prints it).
 CPU seconds of each whole run are measured too (`cpu_after_over_before`):
 unlike wall-clock rates they barely move when other work shares the machine,
 so they are the figure to trust for a cost such as re-verification on a busy
@@ -122,6 +123,9 @@ def main() -> None:
         "before_cpu_s_per_gib_median": per_gib["before"],
         "after_cpu_s_per_gib_median": per_gib["after"],
         "cpu_per_gib_after_over_before": round(per_gib["after"] / per_gib["before"], 3),
+        # ... of which user CPU (the interpreter): revisions before it was printed say None
+        "before_user_cpu_s_per_gib": [r.get("agent_user_cpu_s_per_gib") for r in runs["before"]],
+        "after_user_cpu_s_per_gib": [r.get("agent_user_cpu_s_per_gib") for r in runs["after"]],
         "before_cpu_seconds": [r["cpu_seconds"] for r in runs["before"]],
         "after_cpu_seconds": [r["cpu_seconds"] for r in runs["after"]],
         "cpu_after_over_before": round(cpu["after"] / cpu["before"], 3),
