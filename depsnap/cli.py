@@ -51,7 +51,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 
     s = ds.add_parser("restore", help="restore a published snapshot at --prefix")
     s.add_argument("key", metavar="KEY")
-    s.add_argument("--prefix", type=Path, required=True)
+    s.add_argument("--prefix", type=Path, required=True, help="where to restore the venv")
     s.add_argument("--json", action="store_true", help="one JSON line")
     node_flags(s)
     s.set_defaults(run=_run_restore)

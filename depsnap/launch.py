@@ -107,7 +107,8 @@ class EnvPart:
                        help="a requirements file: restored if published, else installed here")
         e.add_argument("--env-path", metavar="DIR",
                        help=f"the venv's path (requirements only; default {DEFAULT_PATH})")
-        e.add_argument("--env-mode", choices=MODES)
+        e.add_argument("--env-mode", choices=MODES,
+                       help="restore a private copy, or mount the snapshot lazily (key only)")
         e.add_argument("--python", metavar="PYTHON",
                        help="the interpreter of the venv and key")
         snapshot_flags(parser)

@@ -86,7 +86,7 @@ def add_parser(kinds: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p = kinds.add_parser("depsnap", help="pip and uv against depsnap restore and mount")
     p.add_argument("--package", dest="packages", action="append", metavar="SPEC",
                    help=f"pinned packages (default: {' '.join(ML_WHEELS)})")
-    p.add_argument("--python", default=PYTHON)
+    p.add_argument("--python", default=PYTHON, help="the interpreter the environments are made for")
     p.add_argument("--rounds", type=int, default=3,
                    help="restores (each by a fresh agent) and copies; medians are reported")
     p.add_argument("--json", action="store_true", help="print only the JSON line")

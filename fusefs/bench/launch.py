@@ -80,13 +80,15 @@ def add_parser(kinds: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p = kinds.add_parser("launch", help="a job launched on a testbed: today's way and "
                          "bootseer launch", description=__doc__,
                          formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--nodes", type=int, default=8)
-    p.add_argument("--racks", type=int, default=2)
-    p.add_argument("--node-cap", type=float, default=100.0, metavar="MB/s")
+    p.add_argument("--nodes", type=int, default=8, help="testbed nodes launching the job")
+    p.add_argument("--racks", type=int, default=2, help="racks of the testbed")
+    p.add_argument("--node-cap", type=float, default=100.0, metavar="MB/s",
+                   help="each node's link, each way, in MB/s (10^6 bytes a second)")
     p.add_argument("--origin-cap", type=float, default=40.0, metavar="MB/s",
                    help="egress of the registry, of the package mirror, and of the origin "
                         "namespace (tracker, snapshot origin), each")
-    p.add_argument("--oversubscription", type=float, default=2.0)
+    p.add_argument("--oversubscription", type=float, default=2.0,
+                   help="a rack's node caps over its uplink's")
     p.add_argument("--datanode-cap", type=float, default=25.0, metavar="MB/s",
                    help="each of the 3 DataNodes' disk reads (HDFS's own cap)")
     p.add_argument("--ckpt-mib", type=int, default=128, help="the checkpoint file's size")

@@ -34,7 +34,7 @@ import json
 import os
 import random
 import subprocess
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -63,12 +63,6 @@ for name in sorted(os.listdir(ckpt)):
 print(open("/app/hello.py").read().strip())
 sys.exit(int(sys.argv[1]))
 """
-
-
-@pytest.fixture(scope="module")
-def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningRegistry]:
-    with running_registry(tmp_path_factory.mktemp("registry")) as started:
-        yield started
 
 
 @asynccontextmanager

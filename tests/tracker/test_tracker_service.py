@@ -163,8 +163,8 @@ async def test_peer_reported_by_two_peers_is_not_handed_out(tracker: Tracker) ->
     hosts = {"bad": "127.0.0.2", "x": "127.0.0.3", "y": "127.0.0.4", "z": "127.0.0.5"}
     clients = {p: TrackerClient(tracker.url, SECRET, bind_host=h) for p, h in hosts.items()}
     try:
-        for p, c in clients.items():
-            await announce(c, p, host=hosts[p])
+        for p, c in clients.items():  # the reporters hold chunks: their reports count
+            await announce(c, p, host=hosts[p], have=1)
         assert not await clients["x"].report(PeerId("x"), PeerId("bad"), C, "chunk 3 mismatch")
         assert "bad" in await announce(clients["z"], "z", host=hosts["z"])
         assert await clients["y"].report(PeerId("y"), PeerId("bad"), C, "chunk 5 mismatch")

@@ -73,14 +73,15 @@ BENCH_CONFIG = {
 
 def add_parser(kinds: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = kinds.add_parser("tracker", help="one tracker under N nodes' signed announces (wrk)")
-    p.add_argument("--nodes", type=positive_int, default=10_000)
-    p.add_argument("--contents", type=positive_int, default=3)
+    p.add_argument("--nodes", type=positive_int, default=10_000, help="nodes announcing")
+    p.add_argument("--contents", type=positive_int, default=3, help="contents per node")
     p.add_argument("--replicas", type=positive_int, default=1,
                    help="tracker processes sharing one Redis (started by the bench)")
     p.add_argument("--protocol", choices=["batched", "single"], default="batched",
                    help="one announce per node (all contents) or one per content")
     p.add_argument("--seconds", type=float, default=5.0, help="measured time")
-    p.add_argument("--connections", type=positive_int, default=64)
+    p.add_argument("--connections", type=positive_int, default=64,
+                   help="wrk's open connections")
     p.add_argument("--threads", type=positive_int, default=1, help="wrk threads")
     p.add_argument("--max-rate", type=positive_int, default=40_000,
                    help="requests per second the prepared pool lasts for")
@@ -157,8 +158,9 @@ async def _measure(cluster: LocalCluster, workdir: Path, args: argparse.Namespac
     if redis_server is None:
         trackers = [await cluster.start_tracker("--config", str(config))]
     else:
-        trackers = await cluster.start_replicas(redis_server.url, args.replicas,
-                                                "--config", str(config))
+        trackers = await cluster.start_replicas(
+            redis_server.url, args.replicas, "--config", str(config),
+            "--redis-password-file", str(redis_server.password_file))
     urls = [t.ready["url"] for t in trackers]
     host_port = urls[0].removeprefix("http://")
     host, _, port = host_port.rpartition(":")
