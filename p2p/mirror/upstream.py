@@ -22,6 +22,7 @@ FORWARDED_REQUEST = ("Authorization", "Accept", "Range", "If-None-Match")
 FORWARDED_REPLY = ("Content-Type", "Docker-Content-Digest", "WWW-Authenticate",
                    "Docker-Distribution-Api-Version", "Content-Range", "Accept-Ranges",
                    "ETag", "Location")
+DOCKER_HUB_API = {"docker.io": "registry-1.docker.io"}
 CONNECT_TIMEOUT_S = 10.0
 READ_TIMEOUT_S = 60.0
 
@@ -61,6 +62,8 @@ def pick_upstream(ns: str | None, default: Upstream | None) -> Upstream:
     """The registry containerd names in `ns=` (HTTPS unless it is on loopback), else the
     configured default; a 400 if neither names one."""
     if ns:
+        # containerd names Docker Hub by its image-reference name; its API is elsewhere.
+        ns = DOCKER_HUB_API.get(ns, ns)
         host = ns.rsplit(":", 1)[0].strip("[]") if ns.count(":") <= 1 else ns.strip("[]")
         try:
             loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback

@@ -28,6 +28,7 @@ from helpers.registry import RunningRegistry, running_registry
 
 from fusefs.testing.containerd import ctr, hosts_dir, running_containerd
 from fusefs.testing.sample import Layer, add_file, assemble, busybox_tar, push_sample
+from p2p.mirror.upstream import MirrorError, parse_upstream, pick_upstream
 from p2p.origin.oci import RegistryClient
 from p2p.origin.oci_manifest import MANIFEST_TYPES, Platform
 from p2p.origin.oci_origin import layer_name
@@ -104,6 +105,19 @@ def blob_bytes_sent(registry: RunningRegistry, digest: str, since: int) -> tuple
     return gets, sent
 
 
+def test_the_upstream_is_the_one_containerd_names_else_the_default() -> None:
+    default = parse_upstream("https://registry.example:5000")
+    assert pick_upstream(None, default) == default
+    assert pick_upstream("127.0.0.1:5000", default).base == "http://127.0.0.1:5000"
+    assert pick_upstream("ghcr.example", default).base == "https://ghcr.example"
+    assert pick_upstream("docker.io", None).host == "registry-1.docker.io"
+    with pytest.raises(MirrorError) as refused:
+        pick_upstream(None, None)
+    assert refused.value.status == 400
+    with pytest.raises(ValueError):
+        parse_upstream("registry.example:5000")
+
+
 async def test_two_agents_pull_a_four_layer_image_each_blob_leaves_the_registry_once(
         registry: RunningRegistry, image, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     await push(registry, "mirror/herd", image)
@@ -178,6 +192,27 @@ async def test_upstream_down_is_a_502_naming_it_and_ns_picks_another(
                                 headers={"Accept": ", ".join(MANIFEST_TYPES)}) as resp:
                 assert resp.status == 200
                 assert await resp.read() == image.manifest
+
+
+async def test_with_the_upstream_down_a_blob_already_held_is_still_served(
+        tmp_path: Path, image) -> None:  # type: ignore[no-untyped-def]
+    held, other = image.layers[1], image.layers[2]
+    async with asyncio.timeout(TEST_BOUND_S):
+        with running_registry(tmp_path / "registry") as registry:
+            await push(registry, "mirror/down", image)
+            async with mirrored(tmp_path, 1, f"http://{registry.address}") as (_, agents):
+                base = f"http://{mirror_of(agents[0])}/v2/mirror/down/blobs"
+                async with aiohttp.ClientSession() as http:
+                    async with http.get(f"{base}/{held.digest}") as resp:
+                        assert resp.status == 200
+                    registry.process.terminate()  # type: ignore[union-attr]
+                    registry.process.wait(10)  # type: ignore[union-attr]
+                    async with http.get(f"{base}/{held.digest}") as resp:
+                        assert resp.status == 200
+                        assert await resp.read() == held.read()
+                    async with http.get(f"{base}/{other.digest}") as resp:
+                        assert resp.status == 502
+                        assert registry.address in await resp.text()
 
 
 async def test_a_blob_that_misses_its_digest_is_never_served_nor_published(
