@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
-from p2p.agentclient import AgentClient, AgentError
+from p2p.agentclient import AgentClient, AgentError, AgentUnreachable
 from p2p.chunkview import ChunkView, RecentChunks
 from p2p.content import ContentId, Manifest, ManifestError, check_content_id
 from p2p.errors import RemoteError
@@ -56,6 +56,7 @@ READ_TIMEOUT_S = 30.0
 # A chunk the agent could not supply fails at once for this long: the kernel retries a
 # failed read-ahead right away with a page-sized read, which would wait the bound again.
 RETRY_AFTER_S = 5.0
+AGENT_RETRY_S = 0.2  # while the agent is away (restarting), how often a missing chunk asks
 
 Buffer = bytes | bytearray | memoryview
 
@@ -234,9 +235,22 @@ class AgentSource:
             got += len(data)
 
         try:
+            waited = False
             async with asyncio.timeout(self.read_timeout_s):
-                await self.client.read_to(manifest.content_id, manifest.chunk_offset(index),
-                                          length, write)
+                while True:
+                    got = 0
+                    try:
+                        await self.client.read_to(manifest.content_id,
+                                                  manifest.chunk_offset(index), length, write)
+                        break
+                    except AgentUnreachable as exc:
+                        # The agent is restarting or being upgraded: the reader pauses
+                        # (up to the read bound) instead of seeing an error.
+                        if not waited:
+                            log.warning("chunk %d of %s waits for the agent: %s", index,
+                                        manifest.content_id, exc)
+                        waited = True
+                        await asyncio.sleep(AGENT_RETRY_S)
         except AgentError as exc:
             raise SourceError(f"the agent could not read chunk {index} of "
                               f"{manifest.content_id}: {exc}") from None
