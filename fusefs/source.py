@@ -40,7 +40,7 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -189,10 +189,14 @@ class AgentSource:
         except (ManifestError, OSError) as exc:
             raise SourceError(f"the store's manifest of {cid} is unusable: {exc}") from None
         try:  # the agent attaches it: the manifest, from the tracker, lands in the store
-            await self.client.prefetch(cid, [])
+            async with asyncio.timeout(self.read_timeout_s):
+                await self._while_agent_away(lambda: self.client.prefetch(cid, []),
+                                             f"the manifest of {cid}")
             return ChunkView.load(self.store_dir, cid, self._recent)
         except AgentError as exc:
             raise SourceError(f"the agent cannot provide {cid}: {exc}") from None
+        except TimeoutError:
+            raise SourceError(f"no agent gave {cid} within {self.read_timeout_s:g} s") from None
         except (ManifestError, OSError) as exc:
             raise SourceError(f"the agent attached {cid} but its manifest in {self.store_dir} "
                               f"is unusable ({exc}); is --store-dir the agent's store?") \
@@ -222,6 +226,21 @@ class AgentSource:
         else:
             self._failed.pop(key, None)
 
+    @staticmethod
+    async def _while_agent_away(call: Callable[[], Awaitable[object]], what: str) -> None:
+        """`call()`, again every AGENT_RETRY_S while the agent is away (restarting or being
+        upgraded): the reader pauses instead of seeing an error; the caller bounds it."""
+        waited = False
+        while True:
+            try:
+                await call()
+                return
+            except AgentUnreachable as exc:
+                if not waited:
+                    log.warning("%s waits for the agent: %s", what, exc)
+                waited = True
+                await asyncio.sleep(AGENT_RETRY_S)
+
     async def _fetch_chunk(self, view: ChunkView, index: int) -> memoryview:
         manifest = view.manifest
         length = manifest.chunk_length(index)
@@ -234,23 +253,16 @@ class AgentSource:
             buf[got:got + n] = data[:n]
             got += len(data)
 
+        async def attempt() -> None:
+            nonlocal got
+            got = 0
+            await self.client.read_to(manifest.content_id, manifest.chunk_offset(index),
+                                      length, write)
+
         try:
-            waited = False
             async with asyncio.timeout(self.read_timeout_s):
-                while True:
-                    got = 0
-                    try:
-                        await self.client.read_to(manifest.content_id,
-                                                  manifest.chunk_offset(index), length, write)
-                        break
-                    except AgentUnreachable as exc:
-                        # The agent is restarting or being upgraded: the reader pauses
-                        # (up to the read bound) instead of seeing an error.
-                        if not waited:
-                            log.warning("chunk %d of %s waits for the agent: %s", index,
-                                        manifest.content_id, exc)
-                        waited = True
-                        await asyncio.sleep(AGENT_RETRY_S)
+                await self._while_agent_away(attempt,
+                                             f"chunk {index} of {manifest.content_id}")
         except AgentError as exc:
             raise SourceError(f"the agent could not read chunk {index} of "
                               f"{manifest.content_id}: {exc}") from None

@@ -284,6 +284,14 @@ async def test_a_read_across_an_agent_restart_pauses_and_returns_the_right_bytes
         stall = time.monotonic() - started
         assert got == w.expected("usr/bin/big")
         assert "waits for the agent" in w.mount.log_path.read_text()
+        if sig == signal.SIGTERM:  # a content first touched while the agent is away
+            agent = w.cluster.children.pop()
+            await agent.stop(sig)
+            reader = asyncio.ensure_future(asyncio.to_thread(read_file, w.root / "opt/new"))
+            await asyncio.sleep(1.0)
+            assert not reader.done(), "the read ended with no agent to attach its content"
+            await w.cluster.start_agent(0, "rack0", name="agent0")
+            assert await reader == w.expected("opt/new")
         print(json.dumps({"restart_signal": sig.name, "reader_stall_s": round(stall, 2)}))
 
 
