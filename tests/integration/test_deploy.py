@@ -24,7 +24,7 @@ import pytest
 
 from p2p.cli import build_parser
 from p2p.config import load_agent_config
-from tracker.config import read_toml
+from tracker.config import load_config as load_tracker_config
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -99,7 +99,7 @@ def test_unit_command_lines_and_configs_exist() -> None:
         args = _parses([word.replace("%i", "1") for word in argv])
         assert args.command in {"agent", "tracker"}
     load_agent_config(str(DEPLOY / "config" / "agent.toml"), env={})
-    read_toml(str(DEPLOY / "config" / "tracker.toml"))
+    load_tracker_config(str(DEPLOY / "config" / "tracker.toml"), {})
     secret = (DEPLOY / "config" / "secret.env.example").read_text()
     assert re.search(r"^BOOTSEER_SECRET=\S{16,}$", secret, re.M)
 
