@@ -24,6 +24,7 @@ import pytest
 
 from p2p.cli import build_parser
 from p2p.config import load_agent_config
+from tracker.config import config_keys as tracker_config_keys
 from tracker.config import load_config as load_tracker_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,6 +51,19 @@ def _parses(argv: list[str]) -> Any:
         return build_parser(argv[0]).parse_args(argv)
     except SystemExit:
         pytest.fail(f"bootseer does not accept: {shlex.join(argv)}")
+
+
+def _configures(argv: list[str]) -> None:
+    """A role's flags, and the config file they name, through its config loader as
+    `bootseer agent` or `bootseer tracker` would take them (ConfigError fails the test)."""
+    args = vars(_parses(argv))
+    path = args.pop("config_file", None) or args.pop("config", None)
+    flags = {k: v for k, v in args.items() if k not in {"log_level", "run", "command"}}
+    if argv[0] == "agent":
+        load_agent_config(path, env={}, overrides=flags)
+    elif argv[0] == "tracker":
+        keys = set(tracker_config_keys())
+        load_tracker_config(path, {k: v for k, v in flags.items() if k in keys})
 
 
 @pytest.fixture(scope="module")
@@ -95,11 +109,12 @@ def test_units_pass_systemd_analyze_verify(tmp_path: Path, systemd_analyze: str)
 
 def test_unit_command_lines_and_configs_exist() -> None:
     commands = {name: _exec_start(DEPLOY / "systemd" / name)[1:] for name in UNITS}
+    samples = {"/etc/bootseer/agent.toml": DEPLOY / "config" / "agent.toml",
+               "/etc/bootseer/tracker-1.toml": DEPLOY / "config" / "tracker.toml"}
     for argv in commands.values():
-        args = _parses([word.replace("%i", "1") for word in argv])
-        assert args.command in {"agent", "tracker"}
-    load_agent_config(str(DEPLOY / "config" / "agent.toml"), env={})
-    load_tracker_config(str(DEPLOY / "config" / "tracker.toml"), {})
+        words = [samples.get(w.replace("%i", "1"), w.replace("%i", "1")) for w in argv]
+        assert words[0] in {"agent", "tracker"}
+        _configures([str(w) for w in words])
     secret = (DEPLOY / "config" / "secret.env.example").read_text()
     assert re.search(r"^BOOTSEER_SECRET=\S{16,}$", secret, re.M)
 
@@ -154,11 +169,15 @@ def test_manifests_refer_to_what_exists(manifests: list[dict[str, Any]]) -> None
                 if command[:1] == ["bootseer"]:
                     _parses(command[1:])
             if container["image"].endswith("/bootseer:0.1.0"):
-                _parses([re.sub(r"\$\((\w+)\)", "x", arg) for arg in container["args"]])
+                _configures([re.sub(r"\$\((\w+)\)", "x", arg) for arg in container["args"]])
             refs = [env["valueFrom"]["secretKeyRef"] for env in container.get("env", [])
                     if "secretKeyRef" in env.get("valueFrom", {})]
             refs += [{"name": src["secretRef"]["name"], "key": None}
                      for src in container.get("envFrom", [])]
+            spec = doc["spec"]["template"]["spec"]
+            refs += [{"name": v["secret"]["secretName"], "key": item["key"]}
+                     for v in spec.get("volumes", []) if "secret" in v
+                     for item in v["secret"].get("items", [])]
             for ref in refs:
                 assert ref["name"] in secrets, f"no Secret {ref['name']}"
                 assert ref["key"] is None or ref["key"] in secrets[ref["name"]]
