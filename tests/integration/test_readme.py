@@ -22,6 +22,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -114,11 +115,22 @@ def test_readme_walkthrough_and_launch_run_as_written(fuse_ready: None, tmp_path
 
 
 def _stop_servers(pids: Path) -> None:
+    """SIGTERM, as the walkthrough's `kill` does, then time for each server to stop what it
+    started (`dev registry` its docker-registry, `dev hdfs` its JVM); SIGKILL if it must."""
     if not pids.exists():
         return
-    for pid in pids.read_text().split():
+    left = [int(pid) for pid in pids.read_text().split()]
+    for pid in left:
         with contextlib.suppress(ProcessLookupError):
-            os.kill(int(pid), signal.SIGKILL)
+            os.kill(pid, signal.SIGTERM)
+    for _ in range(600):  # bounded: 60 s
+        left = [pid for pid in left if Path(f"/proc/{pid}").exists()]
+        if not left:
+            return
+        time.sleep(0.1)
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def test_readme_is_short() -> None:
