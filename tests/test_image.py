@@ -490,3 +490,21 @@ async def test_an_insiders_first_come_layer_names_do_not_change_what_a_pinned_im
         squatted = next(s for s in summaries if s["layer"] == target)
         assert squatted["squatted"] is True and squatted["content"] != layer_m.content_id
 
+
+async def test_an_image_of_too_many_layers_is_refused_as_such(
+        fuse_ready: None, registry: RunningRegistry, tmp_path: Path) -> None:
+    """The issue's 3,000-layer image failed to mount with "tracker unreachable"; past the
+    cap an image is refused, at index and at mount, with what is wrong."""
+    from fusefs.image.catalog import MAX_LAYERS
+
+    many = MAX_LAYERS + 1
+    ref = await push(registry, "test/many",
+                     make_image([_tar([_file(f"f{i}", b"x")]) for i in range(many)]))
+    async with asyncio.timeout(TEST_BOUND_S), cluster_of(tmp_path, 1) as (cluster, agents):
+        for args in (["index", ref, "--tracker", cluster.tracker_url],
+                     ["run", *agent_flags(cluster, agents[0]), "--runtime", "bwrap", ref,
+                      "--", "true"]):
+            status, _, err = await bootseer(cluster, "image", *args, check=False)
+            assert status != 0
+            assert f"has {many} layers, more than the {MAX_LAYERS}" in err, err[-2000:]
+            assert "Traceback" not in err and "unreachable" not in err

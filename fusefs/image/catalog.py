@@ -81,6 +81,11 @@ TAR_LAYER_TYPES = ("application/vnd.oci.image.layer.v1.tar",
                    "application/vnd.docker.image.rootfs.diff.tar")
 MAX_CONFIG_BYTES = 4 * MiB
 MAX_INDEX_BYTES = 256 * MiB
+# Layers in one image. Runtimes stack far fewer (overlayfs on Linux 6.x: 500 lower
+# layers), and past this an image is a mistake or an attack, to be said as such, not
+# a mount that fails on whatever breaks first (a tracker flooded with lookups).
+MAX_LAYERS = 500
+OPENING_LAYERS = 32  # layers opened at once: each is an index read through the agent
 
 
 class ImageError(Exception):
@@ -121,9 +126,18 @@ async def _resolve_raw(client: RegistryClient, ref: ImageRef) -> tuple[PulledMan
     pulled = await client.get_manifest(ref)
     raw = await client.get_blob(pulled.ref, pulled.manifest.config.digest,
                                 max_bytes=MAX_CONFIG_BYTES)
+    check_layers(pulled)
+    return pulled, raw
+
+
+def check_layers(pulled: PulledManifest) -> None:
+    """ImageError unless the image has at most MAX_LAYERS layers, each of a type we serve."""
+    count = len(pulled.manifest.layers)
+    if count > MAX_LAYERS:
+        raise ImageError(f"image {pulled.ref} has {count} layers, more than the "
+                         f"{MAX_LAYERS} Bootseer serves; squash it (runtimes stack fewer)")
     for layer in pulled.manifest.layers:
         _check_layer_type(pulled.ref, layer)
-    return pulled, raw
 
 
 def _config(pulled: PulledManifest, raw: bytes) -> dict[str, Any]:
@@ -270,12 +284,18 @@ async def open_image(client: RegistryClient, tracker: TrackerClient, agent: Agen
             pulled, config = await load_card(tracker, agent, ref)
         except CardError as card_exc:
             raise ImageError(f"{exc}; and {card_exc}") from None
+    if not from_registry:
+        check_layers(pulled)  # a card is checked against its digest, not for its size
     bindings = await _bindings(client, pulled) if from_registry else None
     holding = asyncio.ensure_future(hold_card(tracker, agent, pulled.digest))
+    slots = asyncio.Semaphore(OPENING_LAYERS)
+
+    async def open_one(layer: Descriptor) -> ImageLayer:
+        async with slots:
+            return await _open_layer(tracker, agent, pulled.ref, layer, bindings)
+
     try:
-        layers = await asyncio.gather(*(_open_layer(tracker, agent, pulled.ref, layer,
-                                                    bindings)
-                                        for layer in pulled.manifest.layers))
+        layers = await asyncio.gather(*(open_one(layer) for layer in pulled.manifest.layers))
     finally:
         await holding
     return Image(pulled.ref, pulled.digest, config, tuple(layers))
