@@ -27,11 +27,11 @@ DEB_PACKAGES := fuse3 libfuse3-dev pkg-config gcc python3-dev python3-venv \
 	openjdk-17-jdk-headless maven iproute2 wrk chromium fonts-dejavu-core redis-server
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: setup test lint demo clean
+.PHONY: setup test test-fast lint demo clean
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile hdfs_stripe/minicluster/pom.xml
+$(STAMP): pyproject.toml Makefile hdfs_stripe/testing/minicluster/pom.xml
 	@missing=$$(for p in $(DEB_PACKAGES); do \
 	    dpkg -s $$p 2>/dev/null | grep -q '^Status: install ok installed' || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
@@ -44,7 +44,7 @@ $(STAMP): pyproject.toml Makefile hdfs_stripe/minicluster/pom.xml
 	@echo "Installing bootseer and its Python dependencies into $(VENV)"
 	$(BIN)/pip install -q -e '.[test,sim,fuse]'
 	@echo "Fetching Hadoop's mini cluster jars into ~/.m2 (about 135 MB the first time)"
-	$(BIN)/python -c 'from hdfs_stripe.minicluster import prepare; prepare()'
+	$(BIN)/python -c 'from hdfs_stripe.testing.minicluster import prepare; prepare()'
 	@touch $@
 
 lint: setup
@@ -53,6 +53,10 @@ lint: setup
 
 test: lint
 	$(BIN)/pytest -q
+
+# The everyday subset: no test that starts a process (tests/conftest.py, FAST_MODULES).
+test-fast: setup
+	$(BIN)/pytest -q -m "not slow"
 
 demo: setup
 	$(BIN)/bootseer demo

@@ -38,9 +38,9 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from p2p.localcluster import bootseer_command
 from p2p.swarm import SwarmConfig
 from p2p.swarm.uploads import UPLOAD_SLOTS
+from p2p.testing.localcluster import bootseer_command
 from simulations import report
 from simulations.network import NetworkSpec, OriginSpec
 from simulations.node import AgentSpec

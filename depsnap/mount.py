@@ -56,7 +56,7 @@ from depsnap.snapshot import Snapshot
 from fusefs.cli import add_serving_flags, add_umount
 from fusefs.record import WINDOW_S, Recorder, RecordError
 from fusefs.tree import Entry, Extent, Kind, Layer, Tree, build_tree
-from p2p.cli import UserError
+from p2p.errors import UserError
 
 if TYPE_CHECKING:  # the serving process loads these; the CLI's parser need not
     from depsnap.hot import Frame, HotRecord
@@ -269,7 +269,7 @@ class _Saver:
 
 def add_mount_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser],
                        node_flags: Callable[[argparse.ArgumentParser], None]) -> None:
-    from depsnap.cli import env_path
+    from depsnap.places import env_path
 
     for name, help_text, run in (("mount", "serve a snapshot read-only at DIR", _run_mount),
                                  ("serve", "serve a snapshot at DIR in the foreground",
@@ -297,8 +297,8 @@ def add_mount_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser],
 
 
 def _options(args: argparse.Namespace) -> MountOptions:
-    from depsnap.cli import expected
     from depsnap.key import check_key
+    from depsnap.places import expected
 
     if not args.mountpoint.is_dir():
         raise UserError(f"the mount point {args.mountpoint} is not a directory")
@@ -317,7 +317,7 @@ def _options(args: argparse.Namespace) -> MountOptions:
 
 
 def _run_serve(args: argparse.Namespace) -> int:
-    from depsnap.cli import expected, places
+    from depsnap.places import expected, places
     from fusefs.mount import MountError, check_fuse, ready_line
     from fusefs.tree import TreeError
 

@@ -5,5 +5,5 @@ simulated nodes and tracker (`node`, `tracker`), workloads, named strategies,
 scenario files and reports, and the `bootseer sim` command. It imports the
 no-I/O cores `p2p.swarm`, `tracker.registry` and `tracker.handout` and runs
 them unchanged; it never imports their I/O shells (agent, store, wire,
-tracker app) or asyncio and sockets. tests/test_sim_imports.py holds it to that.
+tracker app) or asyncio and sockets. tests/simulations/test_sim_imports.py holds it to that.
 """

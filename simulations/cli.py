@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from p2p.cli import UserError
+from p2p.errors import UserError
 from simulations import compiled, report
 from simulations.scenario import ScenarioError, bundled, load, override
 from simulations.simulation import Simulation

@@ -6,7 +6,7 @@ process whose import path starts with a build of this installation's `p2p`,
 in (`HOT`: the swarm and node cores, the tracker's registry and handouts, the
 simulator's loop, network and nodes) are C extensions compiled by mypyc from
 their own source. Compiling changes the time a run takes, not what it computes:
-`tests/test_sim_compiled.py` runs both engines on the same scenario and
+`tests/simulations/test_sim_compiled.py` runs both engines on the same scenario and
 requires the same per-node results.
 
 A build is keyed by a digest of every file it copies, the Python version and
@@ -55,7 +55,7 @@ def source_root() -> Path:
 
 def cache_dir() -> Path:
     """`BOOTSEER_CACHE`, else the user's cache directory as the sample images use it
-    (`fusefs.image.debian`: `XDG_CACHE_HOME`, else ~/.cache), then bootseer/."""
+    (`fusefs.testing.debian`: `XDG_CACHE_HOME`, else ~/.cache), then bootseer/."""
     base = os.environ.get("BOOTSEER_CACHE") or Path(
         os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "bootseer"
     return Path(base) / "sim-compiled"

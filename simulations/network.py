@@ -31,7 +31,7 @@ next refresh. So the model's error is bounded by one refresh interval per
 rate change: choose `rate_update_s` well below a chunk's transfer time (the
 scenarios use 2-5% of it). Three rounds of water-filling reach the exact
 max-min rates on the two- and three-tier patterns a swarm makes (checked in
-tests/test_sim_network.py); deeper chains converge more slowly and are then
+tests/simulations/test_sim_network.py); deeper chains converge more slowly and are then
 slightly pessimistic. TCP dynamics (slow start, loss) are not modelled.
 
 An agent's upload cap is a token bucket with a burst (p2p.ratelimit), not a

@@ -180,7 +180,7 @@ class Simulation:
             if node.fail_s is not None:
                 self.loop.at(max(node.fail_s, node.start_s), self._fail, node.index)
         self.loop.at(self.scenario.stall_after_s / 4, self._watch)
-        # A run makes no reference cycles (tests/test_sim.py checks), so reference
+        # A run makes no reference cycles (tests/simulations/test_sim.py checks), so reference
         # counting frees everything; the cyclic collector would only rescan millions
         # of live objects (7% of a 10,000-node run).
         collecting = gc.isenabled()
@@ -442,7 +442,7 @@ class Simulation:
         it holds (no request, no origin fetch, no deadline depends on it; a
         swarm drops every pending mark of a chunk when it gets the chunk, and
         records none after). `skip` is that chunk, or -1 to deliver to all.
-        tests/test_sim.py checks that skipping changes no result;
+        tests/simulations/test_sim.py checks that skipping changes no result;
         `skip_redundant_haves = False` turns it off.
         """
         n, c, event, skip = arg

@@ -27,8 +27,9 @@ CORE_FILES = [ROOT / f for f in ("tracker/handout.py", "tracker/registry.py", "t
                                   "fusefs/image/layerindex.py", "fusefs/image/record.py",
                                   "fusefs/record.py",
                                   "hdfs_stripe/stripe.py", "hdfs_stripe/naming.py",
-                                  "depsnap/key.py", "depsnap/snapshot.py", "p2p/testbed/plan.py",
-                                  "p2p/launch/plan.py",
+                                  "depsnap/key.py", "depsnap/snapshot.py",
+                                  "p2p/testing/testbed/plan.py",
+                                  "fusefs/launch/plan.py",
                                   "simulations/floor.py")]
 CORE_MODULES = sorted(
     [*(ROOT / "p2p" / "swarm").rglob("*.py"), *(f for f in CORE_FILES if f.is_file())]

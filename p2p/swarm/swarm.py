@@ -64,7 +64,7 @@ for our download budget is cancelled and its budget comes back (without that,
 on a capped node, re-asked chunks pile up budget debt until nothing goes out);
 one already sent is left to finish: its piece is taken if the chunk is still
 missing when it comes (cancelling those too took twice as long in a swarm whose
-requests time out, tests/test_sim.py's late-piece scenario). A peer that sends
+requests time out, tests/simulations/test_sim.py's late-piece scenario). A peer that sends
 bytes failing verification is banned, disconnected and reported. An origin that fails is
 retried with backoff; one that keeps serving bad bytes aborts the content.
 When no chunk arrives for `no_source_deadline_s` while chunks are missing, the

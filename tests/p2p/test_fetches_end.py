@@ -2,7 +2,7 @@
 answer, and a content can gain origins so that a dead first one blocks nothing.
 
 Real processes on loopback: a tracker, a `bootseer origin` HTTP server and an
-agent (p2p.localcluster). Every wait is bounded; the bound is a generous cap so a
+agent (p2p.testing.localcluster). Every wait is bounded; the bound is a generous cap so a
 hang fails the test instead of stalling it, not a timing claim.
 """
 
@@ -16,7 +16,7 @@ import pytest
 
 from p2p.agentclient import AgentError
 from p2p.content import MiB
-from p2p.localcluster import (
+from p2p.testing.localcluster import (
     LocalCluster,
     bootseer_command,
     manifest_of_file,

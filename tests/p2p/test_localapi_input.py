@@ -9,7 +9,7 @@ from pathlib import Path
 import aiohttp
 
 from p2p.content import MiB
-from p2p.localcluster import LocalCluster, write_random_file
+from p2p.testing.localcluster import LocalCluster, write_random_file
 
 DEPTH = 100_000
 

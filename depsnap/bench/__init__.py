@@ -1,0 +1,3 @@
+"""`bootseer bench depsnap`: snapshot restore against a fresh install. Product code never
+imports this room.
+"""

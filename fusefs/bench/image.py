@@ -1,0 +1,313 @@
+"""`bootseer bench image`: launching a realistic image four ways, side by side, in one run.
+
+The image is Debian bookworm minbase with python3 and a few packages of an ML
+environment (`--packages`, default numpy, scipy and pandas; built once per
+machine with debootstrap and cached: `sample.python3_image`) plus a small top
+layer; the command imports a few modules, as a training script's first lines
+do. A real `docker-registry` on 127.0.0.1 holds it, behind a
+`CappedProxy` that caps what the registry sends (`--registry-cap`, MB/s);
+agents cap their own traffic at `--node-cap`. Every case starts cold (a
+fresh agent, an empty store, a new scratch directory):
+
+- `full_pull_seconds`: today's way with the real tools: `skopeo copy` of the
+  whole image, `umoci unpack`, then the command under runc in the unpacked
+  rootfs;
+- `lazy_seconds`: `bootseer image run --record` on agent A: the image is
+  mounted lazily and only what the command reads is fetched, from the
+  registry (no record exists yet); the launch is recorded;
+- `prefetch_seconds`: `bootseer image run` on a fresh agent B while A is up:
+  B prefetches the recorded hot set, from A;
+- `fuse_read_gbps` / `direct_read_gbps`: a second image with a large file
+  (`--big-file-mb`, default 1 GiB of incompressible bytes in a plain tar layer
+  of its own, as incompressible contents should be shipped) is fetched whole
+  on a third agent, mounted, and the file read once with `dd bs=4M` through
+  the mount, and the same layer's bytes straight from the store's chunk files
+  (both from the page cache: the chunks were just written); three rounds, each
+  on a fresh mount (so each is a first read through FUSE), medians reported,
+  with the serving process's CPU seconds per GiB.
+
+The JSON line also gives `image_bytes` (compressed layers), `hot_bytes` (the
+record's chunks), `startup_fetched_bytes` (layer bytes B received during its
+launch, from peers and from the registry), the registry's own egress per
+case, and the ratios the targets are stated in.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shlex
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from p2p.units import MiB
+
+FUSE_ROUNDS = 3  # fresh mounts, median reported
+DEFAULT_COMMAND = "python3 -c 'import json, sqlite3, ssl, email, decimal, numpy'"
+DEFAULT_PACKAGES = "python3-numpy,python3-scipy,python3-pandas"
+
+
+def add_parser(kinds: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = kinds.add_parser("image", help="lazy and prefetched image launches vs a full pull")
+    p.add_argument("--node-cap", type=float, default=100.0, help="MB/s per agent, each way")
+    p.add_argument("--registry-cap", type=float, default=100.0, help="MB/s out of the registry")
+    p.add_argument("--big-file-mb", type=int, default=1024,
+                   help="size of the file read through the mount for fuse_read_gbps "
+                        "(0: skip that case)")
+    p.add_argument("--command", default=DEFAULT_COMMAND, help="what each launch runs")
+    p.add_argument("--packages", default=DEFAULT_PACKAGES,
+                   help="Debian packages in the image beside python3, comma-separated")
+    p.add_argument("--runtime", choices=("runc", "bwrap"), default="runc")
+    p.add_argument("--json", action="store_true", help="print only the JSON line")
+    p.add_argument("--workdir", type=Path, help="keep logs and stores here")
+    p.set_defaults(run=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    import uvloop
+
+    from p2p.errors import UserError
+
+    try:
+        result = uvloop.run(_bench(args))
+    except Exception as exc:  # a failed case must not print a partial result as complete
+        from fusefs.image.tool import ToolError
+        from fusefs.testing.registry import RegistryStartError
+
+        if isinstance(exc, ToolError | RegistryStartError):
+            raise UserError(str(exc)) from None
+        raise
+    print(json.dumps(result))
+    return 0
+
+
+async def _bench(args: argparse.Namespace) -> dict[str, Any]:
+    if args.workdir is not None:
+        args.workdir.mkdir(parents=True, exist_ok=True)
+        return await _bench_in(args, args.workdir)
+    with tempfile.TemporaryDirectory(prefix="bootseer-bench-image-") as scratch:
+        return await _bench_in(args, Path(scratch))
+
+
+async def _bench_in(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    from fusefs.testing.registry import CappedProxy, local_registry
+    from fusefs.testing.sample import push_sample, python3_image
+    from p2p.origin.oci import RegistryClient
+    from p2p.origin.oci_ref import ImageRef
+    from p2p.testing.localcluster import LocalCluster
+
+    def log(message: str) -> None:
+        if not args.json:
+            print(message, flush=True)
+
+    log("building the sample images (cached after the first run)")
+    packages = ("python3", *args.packages.split(",")) if args.packages else ("python3",)
+    image = await python3_image(packages=packages)
+    big = await python3_image(packages=packages, big_file_bytes=args.big_file_mb * MiB,
+                              big_file_plain=True) if args.big_file_mb else None
+    with local_registry(work / "registry") as registry:
+        async with RegistryClient() as client:
+            for name, img in (("bench/python", image), ("bench/python-big", big)):
+                if img is not None:
+                    await push_sample(client, ImageRef(registry.address, name, "1"), img)
+        async with CappedProxy(registry.address, args.registry_cap) as proxy:
+            cluster = LocalCluster(work / "cluster")
+            try:
+                await cluster.start_tracker()
+                ref, big_ref = f"{proxy.address}/bench/python:1", \
+                    f"{proxy.address}/bench/python-big:1"
+                for r in (ref, big_ref) if big is not None else (ref,):
+                    await _cli(cluster, "image", "index", r, "--tracker", cluster.tracker_url)
+                result = {"bench": "image", "node_cap_mbps": args.node_cap,
+                          "registry_cap_mbps": args.registry_cap, "command": args.command,
+                          "runtime": args.runtime,
+                          "image_bytes": sum(la.size for la in image.layers)}
+                result |= await _cases(args, cluster, proxy, ref, work, log)
+                if big is not None:
+                    result |= await _fuse_read(args, cluster, big_ref, big, work, log)
+            finally:
+                await cluster.stop()
+    return _ratios(result)
+
+
+async def _cases(args: argparse.Namespace, cluster: Any, proxy: Any, ref: str, work: Path,
+                 log: Any) -> dict[str, Any]:
+    from fusefs.bench.baseline import full_pull
+    from fusefs.image.process import image_process
+    from fusefs.image.runtime import run_in_rootfs
+
+    argv = shlex.split(args.command)
+    caps = {"download_mbps": args.node_cap, "upload_mbps": args.node_cap}
+    out: dict[str, Any] = {}
+
+    log("full pull: skopeo copy + umoci unpack + run")
+    sent, started = proxy.sent_bytes, time.monotonic()
+    pulled = await full_pull(ref, work / "full", plain_http=True)
+    config = await _config_of(ref)
+    process = await asyncio.to_thread(image_process, pulled.rootfs, config, argv)
+    status = await run_in_rootfs(pulled.rootfs, process, runtime=args.runtime)
+    out["full_pull_seconds"] = round(time.monotonic() - started, 3)
+    out["full_pull_registry_bytes"] = proxy.sent_bytes - sent
+    _check_status(status, "the full-pull launch")
+
+    a = await cluster.start_agent(0, "rack0", config=caps)
+    log("lazy: bootseer image run --record on a fresh agent")
+    sent = proxy.sent_bytes
+    out["lazy_seconds"], lazy = await _launch(cluster, a, ref, argv, args.runtime, "--record")
+    out["lazy_registry_bytes"] = proxy.sent_bytes - sent
+    b = await cluster.start_agent(1, "rack0", config=caps)
+    log("prefetch: bootseer image run on a second fresh agent, the hot set from the first")
+    sent = proxy.sent_bytes
+    out["prefetch_seconds"], warm = await _launch(cluster, b, ref, argv, args.runtime)
+    out["prefetch_registry_bytes"] = proxy.sent_bytes - sent
+    layers = await _layer_contents(cluster, ref)
+    held = await _held(b, layers)
+    out["startup_fetched_bytes"] = held["peer_bytes"] + held["origin_bytes"]
+    out["startup_peer_bytes"], out["startup_origin_bytes"] = held["peer_bytes"], \
+        held["origin_bytes"]
+    out["hot_bytes"] = (await _held(a, layers))["have_bytes"]
+    out["prefetch_chunks"] = warm.get("prefetch_chunks")
+    out["lazy_timeline"], out["prefetch_timeline"] = lazy, warm
+    return out
+
+
+async def _launch(cluster: Any, agent: Any, ref: str, argv: list[str], runtime: str,
+                  *extra: str) -> tuple[float, dict[str, Any]]:
+    started = time.monotonic()
+    _, out = await _cli(cluster, "image", "run", "--tracker", cluster.tracker_url,
+                        "--api-socket", agent.api_socket, "--store-dir", str(agent.store_dir),
+                        "--runtime", runtime, "--json", *extra, ref, "--", *argv)
+    seconds = round(time.monotonic() - started, 3)
+    timeline = json.loads(out.splitlines()[-1])
+    _check_status(timeline["exit_status"], f"the launch on {agent.child.name}")
+    return seconds, timeline
+
+
+async def _fuse_read(args: argparse.Namespace, cluster: Any, ref: str, big: Any, work: Path,
+                     log: Any) -> dict[str, Any]:
+    from fusefs.image.mount import MountOptions
+    from fusefs.mount import Mount
+    from fusefs.testing.sample import BIG_FILE_PATH
+
+    agent = await cluster.start_agent(2, "rack0")
+    layers = await _layer_contents(cluster, ref)
+    big_layer = layers[-1]
+    log("fuse read: fetch the big layer whole, then dd through the mount and from the store")
+    async with agent.client(None) as client:
+        await client.ensure(big_layer)
+    mountpoint = work / "mnt-big"
+    mountpoint.mkdir()
+    opts = MountOptions(ref, mountpoint, cluster.tracker_url, agent.api_socket,
+                        agent.store_dir, prefetch=False)
+    files = sorted((agent.store_dir / big_layer).glob("*.chunk"),
+                   key=lambda p: int(p.name.split(".")[0]))
+    file_bytes, size = args.big_file_mb * MiB, big.layers[-1].size
+    fuse, direct, cpu = [], [], []
+    await asyncio.to_thread(os.sync)  # the layer was just written: its writeback is not a read
+    for _ in range(FUSE_ROUNDS):  # a fresh mount each: every round is a first read
+        direct.append(size / await asyncio.to_thread(read_all_seconds, files) / 1e9)
+        mount = await Mount.spawn(opts.argv(), mountpoint, work / "mnt-big.log",
+                                  env=cluster.env)
+        try:
+            before = cpu_seconds(mount.proc.pid)
+            fuse.append(file_bytes / await dd_seconds(mountpoint / BIG_FILE_PATH.lstrip("/")) / 1e9)
+            cpu.append((cpu_seconds(mount.proc.pid) - before) * (1 << 30) / file_bytes)
+        finally:
+            await mount.stop()
+    return {"big_file_bytes": file_bytes, "big_layer_bytes": size,
+            "fuse_read_gbps": round(statistics.median(fuse), 3),
+            "fuse_read_runs_gbps": [round(v, 3) for v in fuse],
+            "fuse_server_cpu_s_per_gib": round(statistics.median(cpu), 2),
+            "direct_read_gbps": round(statistics.median(direct), 3)}
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a live process, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def read_all_seconds(paths: list[Path]) -> float:
+    """Seconds to read every file once into one reused 4 MiB buffer (as dd bs=4M does)."""
+    buf = bytearray(4 * MiB)
+    started = time.monotonic()
+    for path in paths:
+        with open(path, "rb", buffering=0) as f:
+            while f.readinto(buf):
+                pass
+    return time.monotonic() - started
+
+
+async def dd_seconds(path: Path) -> float:
+    """Seconds `dd bs=4M` takes to read `path` once."""
+    started = time.monotonic()
+    proc = await asyncio.create_subprocess_exec(
+        "dd", f"if={path}", "of=/dev/null", "bs=4M", stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE)
+    _, err = await proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(f"dd of {path} failed: {err.decode()[-500:]}")
+    return time.monotonic() - started
+
+
+async def _cli(cluster: Any, *args: str) -> tuple[int, str]:
+    from p2p.testing.localcluster import bootseer_command
+
+    proc = await asyncio.create_subprocess_exec(
+        *bootseer_command(), *args, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, env=cluster.env)
+    out, err = await proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(f"bootseer {' '.join(args[:3])} failed ({proc.returncode}): "
+                           f"{err.decode()[-3000:]}")
+    return proc.returncode or 0, out.decode()
+
+
+async def _config_of(ref: str) -> dict[str, Any]:
+    from fusefs.image.catalog import resolve
+    from p2p.origin.oci import RegistryClient
+    from p2p.origin.oci_ref import parse_reference
+
+    async with RegistryClient() as client:
+        _, config = await resolve(client, parse_reference(ref))
+    return dict(config.get("config") or {})
+
+
+async def _layer_contents(cluster: Any, ref: str) -> list[str]:
+    from fusefs.image.catalog import layer_name
+    from p2p.origin.oci import RegistryClient
+    from p2p.origin.oci_ref import parse_reference
+    from p2p.tracker_client import TrackerClient
+
+    async with RegistryClient() as client, \
+            TrackerClient(cluster.tracker_url, cluster.secret) as tracker:
+        pulled = await client.get_manifest(parse_reference(ref))
+        return [await tracker.get_name(layer_name(la.digest)) for la in pulled.manifest.layers]
+
+
+async def _held(agent: Any, contents: list[str]) -> dict[str, int]:
+    from fusefs.image.pull import totals
+
+    async with agent.client(30.0) as client:
+        return totals(await client.status(), contents)
+
+
+def _check_status(status: int, what: str) -> None:
+    if status != 0:
+        raise RuntimeError(f"{what} exited with status {status}; the benchmark stops")
+
+
+def _ratios(r: dict[str, Any]) -> dict[str, Any]:
+    def ratio(a: str, b: str) -> float | None:
+        return round(r[a] / r[b], 3) if r.get(b) else None
+
+    r["prefetch_over_full_pull"] = ratio("prefetch_seconds", "full_pull_seconds")
+    r["prefetch_over_lazy"] = ratio("prefetch_seconds", "lazy_seconds")
+    r["startup_fetched_over_hot"] = ratio("startup_fetched_bytes", "hot_bytes")
+    r["fuse_over_direct"] = ratio("fuse_read_gbps", "direct_read_gbps")
+    return r

@@ -1,0 +1,2 @@
+"""Helpers the tests share: waits, real registries, hostile peers, metrics text, images,
+local clusters."""

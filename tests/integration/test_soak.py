@@ -1,0 +1,196 @@
+"""Soak: everything at once, for a bounded time, against real processes on loopback.
+
+Eight agents (127.0.0.1) fetch one content from a capped origin while
+- a corrupting peer (127.0.0.2, holding the cluster secret) announces itself
+  as a complete seeder and answers every request with garbage;
+- a flooding client (127.0.0.3) keeps opening idle and garbage-sending
+  connections to every agent's peer port;
+- agents are killed with SIGKILL at random (seeded) moments and restarted on
+  the same store.
+At the end every agent holds the content, every copy is byte-identical to the
+original (read back through each agent's API), every agent still serves an
+honest peer, and the agents' logs say what happened to the corrupting peer.
+Every wait is bounded and nothing asserts on elapsed time.
+
+Also here: a content published by the CLI with the cryptographic digest and
+a name reaches every agent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from helpers.hostile import HostilePeer, RawClient, fetch_chunk
+from helpers.promtext import metric
+
+from p2p.content import ContentId, Manifest
+from p2p.testing.demo import distribute
+from p2p.testing.localcluster import AgentHandle, LocalCluster, bootseer_command, write_random_file
+from p2p.tracker_client import TrackerClient
+from p2p.units import MiB
+
+SIZE = 48 * MiB
+CHUNK = 1 * MiB
+NODES = 8
+CAPPED: dict[str, Any] = {"download_mbps": 12.0, "upload_mbps": 24.0}
+KILLS = 4
+ROUND_TIMEOUT_S = 180.0
+FLOOD_HOST = "127.0.0.3"
+FLOOD_ROUNDS = 40  # each: up to 30 connections to every agent, held for a moment
+SEED = 20261122
+
+
+async def start(cluster: LocalCluster, tmp_path: Path) -> tuple[Path, Manifest]:
+    source = tmp_path / "origin" / "content.bin"
+    await asyncio.to_thread(write_random_file, source, SIZE, 5)
+    await cluster.start_tracker()
+    await cluster.start_origin(source.parent, rate_mbps=24.0)
+    return source, await cluster.publish(source, CHUNK)
+
+
+async def flood(agents: list[AgentHandle], stop: asyncio.Event) -> int:
+    """Connections that never authenticate (some send garbage); how many were opened."""
+    opened = 0
+    for _ in range(FLOOD_ROUNDS):
+        if stop.is_set():
+            break
+        clients = []
+        for agent in list(agents):  # the live list: restarted agents listen elsewhere
+            addr = str(agent.child.ready["addr"])
+            for i in range(30):
+                with contextlib.suppress(OSError):
+                    client = await RawClient.open(addr, bind_host=FLOOD_HOST)
+                    opened += 1
+                    clients.append(client)
+                    if i % 3 == 0:
+                        with contextlib.suppress(OSError):
+                            await client.send(b"\xff" * 64)
+        await asyncio.sleep(0.2)
+        for client in clients:
+            client.close()
+    return opened
+
+
+async def chaos(cluster: LocalCluster, agents: list[AgentHandle], rng: random.Random,
+                log: list[str]) -> None:
+    """SIGKILL an agent at a random moment, restart it on its store; KILLS times."""
+    for _ in range(KILLS):
+        await asyncio.sleep(rng.uniform(0.5, 2.0))
+        slot = rng.randrange(len(agents))
+        victim = agents[slot]
+        await victim.child.stop(signal.SIGKILL)
+        agents[slot] = await cluster.start_agent(victim.index, f"rack{victim.index % 2}",
+                                                 CAPPED, store_dir=victim.store_dir,
+                                                 name=f"agent{victim.index}")
+        log.append(f"killed and restarted agent{victim.index}")
+
+
+async def fetch_everywhere(agents: list[AgentHandle], content: ContentId,
+                           stop: asyncio.Event) -> None:
+    """Keep every agent asked for the content while agents come and go."""
+    async def ask(agent: AgentHandle) -> None:
+        with contextlib.suppress(Exception):  # a killed agent drops the request; we ask again
+            async with agent.client(ROUND_TIMEOUT_S) as client:
+                await client.ensure(content)
+
+    while not stop.is_set():
+        await asyncio.gather(*(ask(a) for a in list(agents)))
+        await asyncio.sleep(0.1)
+
+
+async def test_soak_kills_corruption_and_a_flood_end_with_verified_copies(
+        tmp_path: Path) -> None:
+    cluster = LocalCluster(tmp_path / "cluster")
+    hostile: HostilePeer | None = None
+    stop = asyncio.Event()
+    try:
+        source, manifest = await start(cluster, tmp_path)
+        content = manifest.content_id
+        hostile = HostilePeer(manifest, cluster.secret, cluster.tracker_url, cluster.secret,
+                              peer_id="corrupter", host="127.0.0.2")
+        await hostile.start()
+        agents = list(await asyncio.gather(*(
+            cluster.start_agent(i, f"rack{i % 2}", CAPPED) for i in range(NODES))))
+        events: list[str] = []
+        flooding = asyncio.ensure_future(flood(agents, stop))
+        fetching = asyncio.ensure_future(fetch_everywhere(agents, content, stop))
+        async with asyncio.timeout(ROUND_TIMEOUT_S):
+            await chaos(cluster, agents, random.Random(SEED), events)
+        assert len(events) == KILLS
+
+        async with asyncio.timeout(ROUND_TIMEOUT_S):
+            result = await distribute(cluster, agents, source, content, SIZE, progress=False,
+                                      verify=True)
+        stop.set()
+        opened = await flooding
+        fetching.cancel()
+        await asyncio.gather(fetching, return_exceptions=True)
+
+        assert result.failures == [], result.failures
+        assert result.verified  # every byte every reader got matched the original
+        assert opened > 0
+        assert sum(hostile.log.garbage_sent.values()) > 0, "the corrupter was never asked"
+        for agent in agents:  # still accepting and serving honest peers after all that
+            addr = str(agent.child.ready["addr"])
+            served = await fetch_chunk(addr, cluster.secret, content, 0, CHUNK,
+                                       bind_host="127.0.0.1")
+            assert served == source.read_bytes()[:CHUNK]
+        logs = "".join(p.read_text(errors="replace")
+                       for p in cluster.workdir.glob("agent*.log"))
+        assert "failed verification" in logs or "banning address 127.0.0.2" in logs
+        rejected = 0.0
+        for agent in agents:
+            async with agent.client(10.0) as client:
+                rejected += metric(await client.metrics(), "bootseer_chunks_rejected_total")
+        assert rejected <= 2 * NODES, (
+            f"{rejected} corrupt chunks were received: the corrupter was not dropped")
+    finally:
+        stop.set()
+        if hostile is not None:
+            await hostile.stop()
+        await cluster.stop()
+
+
+async def test_a_blake3_content_published_by_the_cli_under_a_name_reaches_every_agent(
+        tmp_path: Path) -> None:
+    cluster = LocalCluster(tmp_path / "cluster")
+    try:
+        source = tmp_path / "origin" / "model.bin"
+        await asyncio.to_thread(write_random_file, source, 24 * MiB, 9)
+        await cluster.start_tracker()
+        await cluster.start_origin(source.parent)
+        published = await asyncio.to_thread(
+            subprocess.run,
+            [*bootseer_command(), "publish", str(source), "--origin",
+             f"{cluster.origin_url}/model.bin", "--tracker", cluster.tracker_url,
+             "--digest", "blake3", "--chunk-size-mb", "1", "--name", "models/demo:v1"],
+            env=cluster.env, capture_output=True, text=True, timeout=60)
+        assert published.returncode == 0, published.stderr
+        content = ContentId(published.stdout.strip())
+        async with TrackerClient(cluster.tracker_url, cluster.secret) as tracker:
+            assert await tracker.get_name("models/demo:v1") == content
+            manifest = await tracker.get_manifest(content)
+        assert manifest.digest == "blake3" and len(manifest.digests[0]) == 32
+        agents = list(await asyncio.gather(*(
+            cluster.start_agent(i, f"rack{i % 2}") for i in range(3))))
+        async with asyncio.timeout(ROUND_TIMEOUT_S):
+            result = await distribute(cluster, agents, source, content, 24 * MiB,
+                                      progress=False, verify=True)
+        assert result.failures == [] and result.verified
+        taken = await asyncio.to_thread(
+            subprocess.run,
+            [*bootseer_command(), "publish", str(source), "--origin", "file:///elsewhere",
+             "--no-origin-check", "--tracker", cluster.tracker_url, "--name", "models/demo:v1",
+             "--chunk-size-mb", "2"],
+            env=cluster.env, capture_output=True, text=True, timeout=60)
+        assert taken.returncode != 0
+        assert "Traceback" not in taken.stderr
+        assert "models/demo:v1" in taken.stderr, taken.stderr
+    finally:
+        await cluster.stop()

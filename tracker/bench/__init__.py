@@ -1,0 +1,3 @@
+"""`bootseer bench tracker`: announce load against real trackers. Product code never
+imports this room.
+"""
