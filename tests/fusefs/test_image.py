@@ -412,7 +412,9 @@ async def test_pull_then_mount_and_umount_from_the_command_line(
 
         where = tmp_path / "mnt"
         where.mkdir()
-        monkeypatch.setenv("BOOTSEER_LOG_DIR", str(tmp_path))
+        monkeypatch.delenv("BOOTSEER_LOG_DIR", raising=False)
+        (tmp_path / "tmp").mkdir()
+        monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))  # the mount's log goes under it
         _, out, _ = await bootseer(cluster, "image", "mount", *agent_flags(cluster, agents[1]),
                                    ref, str(where))
         ready = json.loads(out)
@@ -428,6 +430,8 @@ async def test_pull_then_mount_and_umount_from_the_command_line(
                 break
             await asyncio.sleep(0.1)
         assert not Path(f"/proc/{ready['pid']}").exists(), "the serving process outlived umount"
+        assert Path(ready["log"]).parent.parent == tmp_path / "tmp"
+        assert not list((tmp_path / "tmp").iterdir()), "the mount's private log was left"
         status, _, err = await bootseer(cluster, "image", "umount", str(where), check=False)
         assert status == 2 and "no FUSE mount" in err
 
