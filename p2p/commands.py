@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import logging
 import os
@@ -127,6 +128,7 @@ def _run_agent(args: argparse.Namespace) -> int:
     return uvloop.run(_serve_agent(config, secret))
 
 
+GC_THRESHOLDS = (20_000, 20, 20)  # Python's defaults: (700, 10, 10)
 STOP_BUDGET_S = 4.0  # SIGTERM to exit: the agent's stop, then the API's (under 5 s)
 
 
@@ -164,6 +166,13 @@ async def _serve_agent(config: Any, secret: bytes) -> int:
     runner = web.AppRunner(make_app(agent), access_log=None, shutdown_timeout=0.5)
     await runner.setup()
     await web.SockSite(runner, api_sock).start()
+    # What exists now (modules, the agent, the API) lives as long as the process: keep
+    # the collector from walking it again on each full collection, and collect the
+    # young generation less often (a chunk's events, futures and frames are thousands
+    # of short-lived objects that reference counting frees anyway). py-spy of an
+    # uncapped round: gc_collect_main was 2.5-5% of an agent's samples.
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
     metrics_url = None
     if config.metrics_port is not None:
         try:

@@ -37,7 +37,8 @@ from typing import Any
 import pytest
 from helpers.promtext import metric
 
-from fusefs.mount import Mount, is_mounted
+from fusefs.mount import Mount
+from fusefs.mountinfo import is_mounted
 from fusefs.tree import Entry, Extent, Kind, Layer, Tree, build_tree
 from p2p.content import Manifest
 from p2p.process import free_port

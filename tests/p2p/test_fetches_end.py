@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from p2p.agentclient import AgentError
-from p2p.content import MiB, PeerId
+from p2p.content import PeerId
 from p2p.swarm.config import SwarmConfig
 from p2p.swarm.events import Abort, ChunkFailed, FetchFromOrigin, PeerJoined, PeersFound
 from p2p.swarm.swarm import Swarm
@@ -27,6 +27,7 @@ from p2p.testing.localcluster import (
     write_random_file,
 )
 from p2p.tracker_client import TrackerClient, TrackerError
+from p2p.units import MiB
 
 
 def _drive(s: Swarm, first: list[object], definite: bool, until_s: float
