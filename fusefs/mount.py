@@ -91,12 +91,14 @@ async def serve(tree: Any, source: Any, mountpoint: Path, read_ahead_kb: int = R
             if why is None:
                 await serve_kernel(tree, source, whole, path, read_ahead_kb, allow_other,
                                    on_ready)
+                drop_private_log()  # a clean unmount: the log has nothing to tell
                 return
         except PassthroughUnavailable as exc:
             why = str(exc)
         log.info("no FUSE passthrough at %s (%s): every read goes through the handler",
                  path, why)
     await _serve_pyfuse3(tree, source, path, read_ahead_kb, allow_other, on_ready)
+    drop_private_log()
 
 
 async def _serve_pyfuse3(tree: Any, source: Any, path: str, read_ahead_kb: int,
@@ -138,7 +140,6 @@ async def _serve_pyfuse3(tree: Any, source: Any, path: str, read_ahead_kb: int,
         await source.close()
     log.info("unmounted %s: %d reads of %d bytes on average, %d failed", path, ops.reads,
              ops.read_bytes // max(ops.reads, 1), ops.failed_reads)
-    drop_private_log()
 
 
 def enable_asyncio() -> None:
