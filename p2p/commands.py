@@ -114,7 +114,8 @@ def _explain_agent_flags(p: argparse.ArgumentParser) -> None:
 
 def _run_agent(args: argparse.Namespace) -> int:
     from p2p.auth import SecretError, load_secret
-    from p2p.config import ConfigError, load_agent_config
+    from p2p.config import load_agent_config
+    from p2p.configfile import ConfigError
 
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
