@@ -37,6 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from p2p.errors import UserError
+
 log = logging.getLogger(__name__)
 
 READ_AHEAD_KB = 4096
@@ -46,7 +48,7 @@ FUSE_DEVICE = "/dev/fuse"
 FUSERMOUNT = "fusermount3"
 
 
-class MountError(Exception):
+class MountError(UserError):
     """The mount cannot be made or served; the message says why and what to do."""
 
 
@@ -240,6 +242,30 @@ def ready_line(info: dict[str, Any]) -> None:
     print(json.dumps({"event": "mounted", **info}), flush=True)
 
 
+LOG_DIR_ENV = "BOOTSEER_LOG_DIR"
+
+
+def mount_log(kind: str) -> Path:
+    """A new log file's path for a detached `kind` mount: in BOOTSEER_LOG_DIR if set, else
+    in a fresh private directory (mode 0700) under the temp dir. Never a fixed name in a
+    shared directory: another user could plant a symlink there that the mount would
+    follow and write through (the file is also opened with O_EXCL | O_NOFOLLOW)."""
+    import tempfile
+
+    shared = os.environ.get(LOG_DIR_ENV)
+    where = Path(shared) if shared else Path(tempfile.mkdtemp(prefix=f"bootseer-{kind}-"))
+    return where / f"bootseer-{kind}-{os.getpid()}-{os.urandom(4).hex()}.log"
+
+
+def _open_new_log(log_path: Path) -> int:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_APPEND | os.O_CLOEXEC
+    try:
+        return os.open(log_path, flags, 0o600)
+    except OSError as exc:
+        raise MountError(f"cannot create the mount's log {log_path}: {exc.strerror} (it "
+                         "must be a new file, not a link)") from None
+
+
 def start_detached(argv: list[str], log_path: Path, timeout_s: float) -> dict[str, Any]:
     """Start `argv`, a serving command, in a session of its own (stderr to `log_path`),
     wait for its JSON "mounted" line and leave it running: the `mount` commands return
@@ -247,9 +273,10 @@ def start_detached(argv: list[str], log_path: Path, timeout_s: float) -> dict[st
     The process comes from the mount server named by BOOTSEER_MOUNT_SERVER if it is set
     (`fusefs.server`), else it is started here. The line, plus the process's "pid";
     MountError with the log's end if it does not come."""
+    log_fd = _open_new_log(log_path)
     read_fd, write_fd = os.pipe()
     with open(read_fd, "rb") as out:
-        with open(log_path, "ab") as log_file:
+        with open(log_fd, "ab") as log_file:
             try:
                 started = _start(argv, write_fd, log_file.fileno())
             finally:
