@@ -234,3 +234,28 @@ def test_ctrl_c_stops_the_sweep_leaving_whole_runs_that_the_same_command_complet
     assert again.returncode == 0, again.stderr
     resumed = json.loads(again.stdout.strip().splitlines()[-1])
     assert (resumed["skipped"], resumed["ran"]) == (len(kept), 8 - len(kept))
+
+
+def test_a_run_that_raises_is_written_with_its_parameters_and_error(tmp_path: Path) -> None:
+    """A worker that cannot run a task (here: tables that its scenario reader rejects,
+    as a worker on other code might) fails that run alone, recorded in failed/."""
+    from simulations.sweep.run import client_for, execute
+
+    sweep = _sweep(tmp_path, 'seeds = [1, 2]\n[vary]\n"run.nodes" = [12]\n')
+    loaded = load(str(sweep))
+    broken = loaded.runs[1]
+    tables, source, name = loaded.tasks[broken.name]
+    loaded.tasks[broken.name] = ({**tables, "network": {**tables["network"], "racks": 0}},
+                                 source, name)
+    out = tmp_path / "out"
+    with client_for(None, 1, None) as client:
+        outcome = execute(loaded, out, client, None)
+    assert outcome.finished == [loaded.runs[0].name]
+    [(point, error)] = outcome.failed
+    assert point == broken
+    assert "network.racks" in error
+    failure = json.loads((out / "failed" / f"{broken.name}.json").read_text())
+    assert failure["params"] == {"run.nodes": 12}
+    assert failure["seed"] == broken.seed
+    assert "network.racks" in failure["error"]
+    assert data.done(out) == {loaded.runs[0].name}
