@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fusefs.cli import add_serving_flags, add_umount
+from fusefs.cli import add_passthrough_flag, add_serving_flags, add_umount
 from p2p.cli import cluster_secret
 from p2p.errors import UserError
 
@@ -55,6 +55,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         m.add_argument("mountpoint", metavar="DIR", type=Path)
         _common(m)
         add_serving_flags(m)
+        add_passthrough_flag(m)
         m.set_defaults(run=run)
 
     add_umount(ckpt_sub, "a checkpoint")
@@ -174,7 +175,7 @@ def _options(args: argparse.Namespace) -> Any:
         raise UserError("--read-timeout and --read-ahead-kb must be positive")
     return MountOptions(args.uri, args.mountpoint.absolute(), args.tracker, args.api_socket,
                         args.store_dir.absolute(), args.read_timeout_s, args.read_ahead_kb,
-                        args.allow_other)
+                        args.allow_other, args.passthrough)
 
 
 def _run_serve(args: argparse.Namespace) -> int:

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fusefs.cli import add_serving_flags, add_umount
+from fusefs.cli import add_passthrough_flag, add_serving_flags, add_umount
 from p2p.cli import cluster_secret
 from p2p.errors import UserError
 
@@ -100,6 +100,7 @@ def _mount_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-prefetch", dest="prefetch", action="store_false",
                    help="ignore the image's hot-block record")
     add_serving_flags(p)
+    add_passthrough_flag(p)
 
 
 def _setup(args: argparse.Namespace) -> None:
@@ -124,7 +125,8 @@ def _options(args: argparse.Namespace, mountpoint: Path | None = None) -> Any:
     return MountOptions(args.ref, (mountpoint or args.mountpoint).absolute(), args.tracker,
                         args.api_socket, args.store_dir.absolute(), args.plain_http,
                         args.record, args.window_s, args.prefetch, args.read_timeout_s,
-                        args.read_ahead_kb, args.allow_other, args.record_missing)
+                        args.read_ahead_kb, args.allow_other, args.record_missing,
+                        args.passthrough)
 
 
 def _expected(run: Any) -> Any:

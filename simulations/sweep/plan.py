@@ -46,7 +46,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from simulations.scenario import split_quantity
+from p2p.units import split_quantity
 
 Value = int | float | str | bool
 MODES = ("product", "zip")

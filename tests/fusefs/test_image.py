@@ -51,7 +51,8 @@ import pytest
 from helpers.registry import RunningRegistry
 
 from fusefs.image.mount import MountOptions
-from fusefs.mount import Mount, is_mounted
+from fusefs.mount import Mount
+from fusefs.mountinfo import is_mounted
 from fusefs.testing.sample import BUSYBOX, BuiltImage, assemble, push_sample
 from fusefs.testing.sample import Layer as SampleLayer
 from p2p.origin.oci import RegistryClient, sha256_digest
