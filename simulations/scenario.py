@@ -43,8 +43,7 @@ from typing import Any
 from p2p.ratelimit import BURST_BYTES
 from p2p.swarm import SwarmConfig
 from p2p.swarm.uploads import UPLOAD_ORDER, UPLOAD_ORDERS, UPLOAD_SLOTS
-from p2p.units import UnitError, parse_bandwidth, parse_duration, parse_size
-from p2p.units import _split as _split_quantity
+from p2p.units import parse_bandwidth, parse_duration, parse_size
 from simulations.cpu import CpuSpec
 from simulations.network import NetworkSpec, OriginSpec
 from simulations.node import AgentSpec
@@ -74,19 +73,6 @@ class Scenario:
     stall_after_s: float = 120.0
     agent: AgentSpec = field(default_factory=AgentSpec)
     cpu: CpuSpec = field(default_factory=CpuSpec)
-
-
-# ---- units --------------------------------------------------------------------
-
-def split_quantity(text: str) -> tuple[float, str] | None:
-    """(number, unit) of a quantity written with its unit ("16MiB" -> (16.0, "MiB")),
-    or None if `text` is not one: how a sweep tells the unit its values are in.
-    p2p.units reads quantities; its splitter is private there, so this borrows it
-    rather than keep a second pattern of what a quantity looks like."""
-    try:
-        return _split_quantity(text, "quantity", "16MiB", None)
-    except UnitError:
-        return None
 
 
 # ---- checked tables -------------------------------------------------------------
