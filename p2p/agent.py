@@ -134,6 +134,7 @@ class Agent:
         self.store = ChunkStore(Path(config.store_dir), config.store_budget_bytes,
                                 on_evict=self._from_store(self._evicted),
                                 on_damaged=self._from_store(self._damaged))
+        self.metrics.watch_store(self.store)
         self.sessions: dict[ContentId, Session] = {}
         self._opening: dict[ContentId, asyncio.Future[Session]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -155,7 +156,7 @@ class Agent:
         self._conns = Connections(config, secret, self, new_link=self._new_link,
                                   tracker=self.tracker, metrics=self.metrics, spawn=self._spawn)
         self.port = self._conns.port
-        self._announcer = Announcer(self, self.tracker)
+        self._announcer = Announcer(self, self.tracker, self.metrics)
         self._node_timer: asyncio.TimerHandle | None = None
         self._node_timer_at: float | None = None
         self._stopping = False

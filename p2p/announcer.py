@@ -22,6 +22,7 @@ import logging
 from typing import Protocol
 
 from p2p.content import ContentId, PeerId
+from p2p.metrics import AgentMetrics
 from p2p.peer import PeerInfo
 from p2p.session import Session
 from p2p.swarm.node import AnnounceItem
@@ -47,9 +48,11 @@ class AnnouncerOwner(Protocol):
 class Announcer:
     """The agent's announces; see the module docstring."""
 
-    def __init__(self, owner: AnnouncerOwner, tracker: TrackerClient) -> None:
+    def __init__(self, owner: AnnouncerOwner, tracker: TrackerClient,
+                 metrics: AgentMetrics | None = None) -> None:
         self._owner = owner
         self._tracker = tracker
+        self._metrics = metrics
 
     async def send(self, items: tuple[AnnounceItem, ...]) -> None:
         """One announce of `items`; the owner always hears that it ended."""
@@ -61,11 +64,16 @@ class Announcer:
             replies = await self._announce(states)
         except (TrackerUnavailable, TrackerError) as exc:
             log.warning("announce of %d contents failed: %s", len(states), exc)
+            if self._metrics is not None:
+                self._metrics.tracker_reachable.set(0)
+                self._metrics.announce_failures.inc()
             self._owner.announced(None, ())
             return
         except BaseException:  # a bug, or the agent stopping: the core must not wait forever
             self._owner.announced(None, ())
             raise
+        if self._metrics is not None:
+            self._metrics.tracker_reachable.set(1)
         handed_out: list[PeerId] = []
         for state in states:
             reply = replies[state.content]

@@ -29,7 +29,7 @@ from p2p.origin import OriginError, OriginPool
 from p2p.peer import RateLimiter
 from p2p.relay import Filling, Parts
 from p2p.session import BufferPool, Session
-from p2p.store import ChunkStore, CorruptChunk, StoreError, UnknownContent
+from p2p.store import ChunkStore, CorruptChunk, StoreError, StoreFullError, UnknownContent
 from p2p.swarm.events import ChunkArrived, ChunkFailed, Event
 from p2p.wire import Piece, RemoteProtocolError
 
@@ -175,6 +175,7 @@ class Intake:
                                          memoryview(filling.buf), filling.advance)
         except OriginError as exc:
             log.warning("origin read of %s/%d failed: %s", session.content, chunk, exc)
+            self.metrics.origin_errors.labels("definite" if exc.definite else "transient").inc()
             session.origin_tasks.pop(chunk, None)
             self._feed(session, ChunkFailed(chunk, None, str(exc), exc.definite))  # Withdraw...
             filling.failed(f"the origin read failed: {exc}")  # ... before relays' Rejects
@@ -208,6 +209,8 @@ class Intake:
             self._feed(session, ChunkArrived(chunk, source, ok=False))
             return False
         except StoreError as exc:
+            self.metrics.store_errors.labels(
+                "full" if isinstance(exc, StoreFullError) else "error").inc()
             self._failed(session, str(exc))
             return False
         if self.sessions.get(session.content) is not session or session.failed is not None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -14,6 +16,14 @@ from prometheus_client import (
 # series for nothing a dashboard uses. The switch is process-wide; the tracker's
 # metrics (tracker.state) turn it off too.
 disable_created_metrics()  # type: ignore[no-untyped-call]
+
+
+class StoreView(Protocol):
+    @property
+    def used_bytes(self) -> int: ...
+
+    @property
+    def budget_bytes(self) -> int: ...
 
 
 class AgentMetrics:
@@ -61,6 +71,28 @@ class AgentMetrics:
                                         "Peer addresses banned for misbehaviour", registry=r)
         self.contents = Gauge("bootseer_contents", "Contents being fetched or served",
                               registry=r)
+        self.store_used_bytes = Gauge("bootseer_store_used_bytes", "Bytes of chunks in the "
+                                      "store (verified, and being written)", registry=r)
+        self.store_budget_bytes = Gauge("bootseer_store_budget_bytes", "The store's byte "
+                                        "budget (store_budget_gb)", registry=r)
+        self.store_errors = Counter("bootseer_store_errors", "Chunks the store could not "
+                                    "keep, by cause: full (the budget or the disk, all of it "
+                                    "pinned) or error (any other write failure)", ["cause"],
+                                    registry=r)
+        self.origin_errors = Counter("bootseer_origin_errors", "Origin reads that failed, by "
+                                     "kind: definite (4xx, refused, wrong length: retrying "
+                                     "will not help) or transient (time-out, reset, 5xx)",
+                                     ["kind"], registry=r)
+        self.tracker_reachable = Gauge("bootseer_tracker_reachable", "1 if the last announce "
+                                       "reached the tracker and was accepted, else 0",
+                                       registry=r)
+        self.announce_failures = Counter("bootseer_announce_failures", "Announces the tracker "
+                                         "did not answer or refused", registry=r)
+
+    def watch_store(self, store: StoreView) -> None:
+        """Read the store's usage and budget at every scrape."""
+        self.store_used_bytes.set_function(lambda: store.used_bytes)
+        self.store_budget_bytes.set_function(lambda: store.budget_bytes)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
