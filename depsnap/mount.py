@@ -46,7 +46,6 @@ import json
 import logging
 import os
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -270,7 +269,7 @@ class _Saver:
 
 def add_mount_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser],
                        node_flags: Callable[[argparse.ArgumentParser], None]) -> None:
-    from depsnap.cli import env_path
+    from depsnap.places import env_path
 
     for name, help_text, run in (("mount", "serve a snapshot read-only at DIR", _run_mount),
                                  ("serve", "serve a snapshot at DIR in the foreground",
@@ -298,8 +297,8 @@ def add_mount_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser],
 
 
 def _options(args: argparse.Namespace) -> MountOptions:
-    from depsnap.cli import expected
     from depsnap.key import check_key
+    from depsnap.places import expected
 
     if not args.mountpoint.is_dir():
         raise UserError(f"the mount point {args.mountpoint} is not a directory")
@@ -318,7 +317,7 @@ def _options(args: argparse.Namespace) -> MountOptions:
 
 
 def _run_serve(args: argparse.Namespace) -> int:
-    from depsnap.cli import expected, places
+    from depsnap.places import expected, places
     from fusefs.mount import MountError, check_fuse, ready_line
     from fusefs.tree import TreeError
 
@@ -335,13 +334,12 @@ def _run_serve(args: argparse.Namespace) -> int:
 
 
 def _run_mount(args: argparse.Namespace) -> int:
-    from fusefs.mount import MountError, start_detached
+    from fusefs.mount import MountError, mount_log, start_detached
     from p2p.cli import cluster_secret
 
     opts = _options(args)
     cluster_secret()  # fail here, not in the serving process
-    log_path = Path(os.environ.get("BOOTSEER_LOG_DIR", tempfile.gettempdir())) / \
-        f"bootseer-depsnap-{os.getpid()}.log"
+    log_path = mount_log("depsnap")
     try:
         ready = start_detached(opts.argv(), log_path, opts.read_timeout_s + 60.0)
     except MountError as exc:

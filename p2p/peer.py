@@ -54,7 +54,7 @@ from types import TracebackType
 from typing import Any
 
 from p2p import wire
-from p2p.content import KiB, MiB, PeerId
+from p2p.content import PeerId
 from p2p.handshake import (
     AUTH_FAILED,
     IdentityError,
@@ -66,6 +66,7 @@ from p2p.handshake import (
     server_handshake,
 )
 from p2p.ratelimit import TokenBucket
+from p2p.units import KiB, MiB
 from p2p.wire import LocalProtocolError, Message, Piece, RemoteProtocolError, normal_ip
 
 __all__ = ["AUTH_FAILED", "ConnectionClosed", "IdentityError", "PeerConnection", "PeerIdle",

@@ -12,7 +12,8 @@ see p2p.auth.sign_request, over the URL path):
     GET  /v1/names/{name}              resolve a name; the body is MAC'd
     GET  /                             the operators' status page, HTML (unauthenticated;
                                        tracker.status)
-    GET  /healthz                      liveness and counts (unauthenticated)
+    GET  /healthz                      liveness and counts (unauthenticated); 503 when a
+                                       replica's log reader stopped
     GET  /metrics                      Prometheus text (unauthenticated)
 
 Input is untrusted until proven otherwise: tracker.guard checks the signature
@@ -107,9 +108,13 @@ async def _report(request: web.Request) -> web.Response:
 
 
 async def _healthz(request: web.Request) -> web.Response:
-    registry = request.app[TRACKER].registry
-    return payload.reply({"ok": True, "peers": registry.peer_count(),
-                          "contents": registry.content_count()})
+    """200 with counts; 503 when this replica cannot apply ops (its log reader stopped)."""
+    t = request.app[TRACKER]
+    problem = t.core.problem()
+    if problem is not None:
+        return payload.reply({"ok": False, "error": problem}, status=503)
+    return payload.reply({"ok": True, "peers": t.registry.peer_count(),
+                          "contents": t.registry.content_count()})
 
 
 async def _metrics(request: web.Request) -> web.Response:
@@ -181,16 +186,15 @@ async def _expiry(app: web.Application) -> AsyncIterator[None]:
 async def _replicas(app: web.Application) -> AsyncIterator[None]:
     """With `redis_url`: join the replicas' shared log (Unavailable if Redis is not there)."""
     t = app[TRACKER]
-    url = t.config.redis_url
-    if url is None:
+    if t.config.redis_url is None:
         yield
         return
     from tracker.replicas import Replicas  # only replicas load the Redis client
 
-    replicas = Replicas(url, t.config.redis_prefix, t.machine, t.expired,
-                        (t.manifests, t.names))
+    replicas = Replicas(t.config, t.secret, t.machine, t.expired,
+                        (t.manifests, t.names, t.origins), t.metrics)
     await replicas.start()
-    t.core = t.manifests.shared = t.names.shared = replicas
+    t.core = t.manifests.shared = t.names.shared = t.origins.shared = replicas
     try:
         yield
     finally:
@@ -202,6 +206,7 @@ def make_app(config: TrackerConfig, secret: bytes) -> web.Application:
     tracker = Tracker(config, secret)
     tracker.manifests.load()
     tracker.names.load()
+    tracker.origins.load()
     app = web.Application(middlewares=[_errors], client_max_size=MANIFEST_BODY_LIMIT)
     app[TRACKER] = tracker
     app[status.STATUS] = status.StatusPage()

@@ -60,6 +60,9 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--fetcher-stall", dest="fetcher_stall_seconds", type=float, default=s,
                    metavar="SECONDS", help="an origin fetcher this long without progress "
                    "loses its slot (default 10.0)")
+    p.add_argument("--fetcher-start", dest="fetcher_start_seconds", type=float, default=s,
+                   metavar="SECONDS", help="an appointed origin fetcher this long without its "
+                   "first progress loses its slot (default 1.5 announce intervals)")
     p.add_argument("--max-connections", dest="max_connections", type=int, default=s,
                    metavar="N", help="open connections at once; beyond, 503 (default 4096)")
     p.add_argument("--header-timeout", dest="header_timeout_seconds", type=float, default=s,
@@ -69,10 +72,19 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                    metavar="SECONDS", help="time to send a request body (default 20.0)")
     p.add_argument("--redis", dest="redis_url", default=s, metavar="URL",
                    help="share swarm state with other tracker replicas through the Redis "
-                   "at URL (redis://HOST:PORT/DB); default: one process, in memory")
+                   "at URL (redis://HOST:PORT/DB, or rediss:// for TLS); default: one "
+                   "process, in memory")
     p.add_argument("--redis-prefix", dest="redis_prefix", default=s, metavar="PREFIX",
                    help="Redis key prefix: replicas of one cluster share it (default "
                    "bootseer)")
+    p.add_argument("--redis-password-file", dest="redis_password_file", default=s,
+                   metavar="FILE", help="Redis AUTH password, read from FILE (required with "
+                   "--redis)")
+    p.add_argument("--redis-user", dest="redis_username", default=s, metavar="USER",
+                   help="Redis ACL user (default: Redis's default user)")
+    p.add_argument("--redis-ca-file", dest="redis_ca_file", default=s, metavar="FILE",
+                   help="CA certificates that sign Redis's TLS certificate (with a "
+                   "rediss:// URL)")
     p.add_argument("--seed", type=int, default=s, help="handout rng seed (default random)")
     p.add_argument("--log-level", dest="log_level", default=s,
                    choices=["DEBUG", "INFO", "WARNING", "ERROR"], type=str.upper,

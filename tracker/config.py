@@ -37,6 +37,9 @@ class TrackerConfig:
     origin_fetchers: int = ORIGIN_FETCHERS  # members per content appointed to fetch from the origin
     fetcher_stall_seconds: float = 10.0  # an incomplete fetcher this long without progress
     #                                      loses its origin slot to another member
+    fetcher_start_seconds: float | None = None  # an appointed fetcher this long without its
+    #                                             first progress loses its slot; None = 1.5
+    #                                             announce intervals (its next announce shows it)
     state_dir: str | None = None  # where manifests persist across restarts; None = memory only
     secret_file: str | None = None  # cluster secret file; else BOOTSEER_SECRET(_FILE)
     seed: int | None = None  # handout rng seed, for reproducible runs; None = random
@@ -44,16 +47,26 @@ class TrackerConfig:
     header_timeout_seconds: float = 20.0  # to send a request head, from accept or last reply
     body_timeout_seconds: float = 20.0  # to send a request body, once the head is in
     announce_rate_per_second: float = 10.0  # announces per peer id, address and content
-    announce_burst: int = 50
+    announce_burst: int = 50  # announces allowed at once above that rate
     report_rate_per_second: float = 2.0  # reports per reporting address
-    report_burst: int = 20
+    report_burst: int = 20  # reports allowed at once above that rate
     host_rate_per_second: float = 1000.0  # signed requests of any kind per address
-    host_burst: int = 2000
+    host_burst: int = 2000  # signed requests allowed at once above that rate
     replay_cache_entries: int = 1_000_000  # request MACs remembered to refuse replays
     redis_url: str | None = None  # replicas share state here (redis://HOST:PORT/DB); None =
     #                              one process, state in memory (tracker.replicas)
     redis_prefix: str = "bootseer"  # key prefix: one cluster per prefix on a Redis
-    log_level: str = "INFO"
+    redis_password_file: str | None = None  # Redis AUTH password (required with redis_url)
+    redis_username: str | None = None  # Redis ACL user; None = the default user
+    redis_ca_file: str | None = None  # CA bundle that signs Redis's certificate (rediss://)
+    log_level: str = "INFO"  # DEBUG, INFO, WARNING or ERROR
+
+    @property
+    def fetcher_start(self) -> float:
+        """`fetcher_start_seconds`, or its default from the announce interval."""
+        if self.fetcher_start_seconds is not None:
+            return self.fetcher_start_seconds
+        return FETCHER_START_INTERVALS * self.announce_interval_seconds
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -66,6 +79,12 @@ class TrackerConfig:
                 f"announce_interval_seconds ({self.announce_interval_seconds}), "
                 "or every peer expires between two announces"
             )
+        if self.fetcher_start_seconds is not None and \
+                not self.fetcher_start_seconds > self.announce_interval_seconds:
+            raise ConfigError(
+                f"fetcher_start_seconds ({self.fetcher_start_seconds}) must exceed "
+                f"announce_interval_seconds ({self.announce_interval_seconds}): a fetcher "
+                "shows its first progress at its next announce")
         if self.handout_limit < 1:
             raise ConfigError("handout_limit must be >= 1")
         if self.ban_seconds <= 0:
@@ -81,6 +100,13 @@ class TrackerConfig:
         if self.redis_url is not None and not self.redis_url.startswith(REDIS_SCHEMES):
             raise ConfigError(f"redis_url {self.redis_url!r} must start with one of "
                               f"{', '.join(REDIS_SCHEMES)}")
+        if self.redis_url is not None and self.redis_password_file is None:
+            raise ConfigError("redis_url needs redis_password_file (--redis-password-file): "
+                              "the replicas' Redis must require AUTH, as whoever can write "
+                              "to it can change the swarm state (docs/trust.md)")
+        if self.redis_ca_file is not None and not (self.redis_url or "").startswith(
+                "rediss://"):
+            raise ConfigError("redis_ca_file is for TLS: redis_url must start with rediss://")
         if not self.redis_prefix or any(c in self.redis_prefix for c in " {}"):
             raise ConfigError(f"redis_prefix {self.redis_prefix!r} must be non-empty, without "
                               "spaces or braces")
@@ -88,6 +114,7 @@ class TrackerConfig:
             raise ConfigError(f"unknown log_level {self.log_level!r}")
 
 
+FETCHER_START_INTERVALS = 1.5
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 
 _POSITIVE = ("fetcher_stall_seconds", "max_connections", "header_timeout_seconds",
@@ -101,11 +128,13 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "ban_seconds": (int, float), "origin_fetchers": (int,), "state_dir": (str,),
     "secret_file": (str,), "seed": (int,),
     "log_level": (str,), "fetcher_stall_seconds": (int, float), "max_connections": (int,),
+    "fetcher_start_seconds": (int, float),
     "header_timeout_seconds": (int, float), "body_timeout_seconds": (int, float),
     "announce_rate_per_second": (int, float), "announce_burst": (int,),
     "report_rate_per_second": (int, float), "report_burst": (int,),
     "host_rate_per_second": (int, float), "host_burst": (int,),
     "replay_cache_entries": (int,), "redis_url": (str,), "redis_prefix": (str,),
+    "redis_password_file": (str,), "redis_username": (str,), "redis_ca_file": (str,),
 }
 assert set(_TYPES) == {f.name for f in fields(TrackerConfig)}
 

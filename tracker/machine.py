@@ -34,7 +34,7 @@ from typing import Any
 
 import msgpack
 
-from p2p.content import ContentId, PeerId
+from p2p.content import ContentId, PeerId, check_content_id
 from tracker.handout import HandoutPolicy
 from tracker.registry import Member, Registry
 
@@ -142,7 +142,7 @@ class Machine:
             reg.reporter_node(op.reporter, op.host)  # only members may say so
             return ReportResult(False, reg.fetcher_unreachable(op.content, op.bad))
         banned = reg.report(op.bad, op.reporter, f"{op.content}: {op.reason}", now,
-                            host=op.seen_at, reporter_host=op.host)
+                            host=op.seen_at, reporter_host=op.host, content=op.content)
         return ReportResult(banned, False)
 
 
@@ -166,21 +166,84 @@ def _pack(value: list[Any]) -> bytes:
 
 
 def decode(raw: bytes) -> Op:
-    """The op of a log entry; ValueError if it is not one `encode` wrote."""
+    """The op of a log entry; ValueError if it is not one `encode` could have written.
+
+    The log lives in Redis, outside the tracker: every field is checked for its
+    type and range here, so that a malformed entry is refused as a whole
+    before `apply` sees it (an entry that `apply` could trip over would stop
+    every replica at the same place, for good).
+    """
+    if len(raw) > MAX_ENTRY_BYTES:
+        raise ValueError(f"not a tracker log entry: {len(raw)} bytes")
     try:
         value = msgpack.unpackb(raw)
-        kind, *fields = value
-        if kind == "a":
-            peer, host, addr, rack, items = fields
-            return Announce(PeerId(peer), host, addr, rack, tuple(
-                ContentAnnounce(ContentId(c), have, complete, want, event, origin)
-                for c, have, complete, want, event, origin in items))
-        if kind == "r":
-            reporter, bad, content, reason, host, seen_at = fields
-            return Report(PeerId(reporter), PeerId(bad), ContentId(content), reason, host,
-                          seen_at)
-        if kind == "t" and not fields:
-            return Tick()
     except (ValueError, TypeError, msgpack.UnpackException) as exc:
         raise ValueError(f"not a tracker log entry: {exc}") from None
-    raise ValueError(f"not a tracker log entry: kind {str(value[0])[:20]!r}")
+    if not isinstance(value, list) or not value:
+        raise ValueError(f"not a tracker log entry: a {type(value).__name__}, not a list")
+    kind, fields = value[0], value[1:]
+    if kind == "a" and len(fields) == 5:
+        peer, host, addr, rack, items = fields
+        if not isinstance(items, list) or len(items) > MAX_ITEMS:
+            raise ValueError(f"not a tracker log entry: announce items {_shown(items)}")
+        return Announce(_peer(peer), _text(host, "host"), _optional(addr, "addr"),
+                        _text(rack, "rack", empty_ok=True),
+                        tuple(_content_announce(item) for item in items))
+    if kind == "r" and len(fields) == 6:
+        reporter, bad, content, reason, host, seen_at = fields
+        return Report(_peer(reporter), _peer(bad), _content(content),
+                      _text(reason, "reason", empty_ok=True, limit=MAX_REASON), _text(host, "host"),
+                      _optional(seen_at, "seen_at"))
+    if kind == "t" and not fields:
+        return Tick()
+    raise ValueError(f"not a tracker log entry: kind {_shown(kind)} with {len(fields)} fields")
+
+
+MAX_ENTRY_BYTES = 1 << 20  # a 256-content announce is ~40 KB
+MAX_ITEMS = 256  # tracker.announce.MAX_CONTENTS
+MAX_TEXT = 256  # tracker.payload.MAX_ID_CHARS
+MAX_REASON = 1024  # tracker.app.MAX_REASON_CHARS
+MAX_COUNT = 2**62
+EVENTS = (None, "started", "completed", "stopped")
+
+
+def _content_announce(item: object) -> ContentAnnounce:
+    if not isinstance(item, list) or len(item) != 6:
+        raise ValueError(f"not a tracker log entry: announce item {_shown(item)}")
+    content, have, complete, want, event, origin = item
+    if not isinstance(complete, bool) or event not in EVENTS:
+        raise ValueError(f"not a tracker log entry: complete {_shown(complete)}, "
+                         f"event {_shown(event)}")
+    return ContentAnnounce(_content(content), _count(have, "have"), complete,
+                           _count(want, "want"), event, _count(origin, "origin_bytes"))
+
+
+def _text(value: object, name: str, empty_ok: bool = False, limit: int = MAX_TEXT) -> str:
+    if not isinstance(value, str) or len(value) > limit or (not value and not empty_ok):
+        raise ValueError(f"not a tracker log entry: {name} {_shown(value)}")
+    return value
+
+
+def _optional(value: object, name: str) -> str | None:
+    return None if value is None else _text(value, name)
+
+
+def _peer(value: object) -> PeerId:
+    return PeerId(_text(value, "peer id"))
+
+
+def _content(value: object) -> ContentId:
+    try:
+        return check_content_id(value)
+    except ValueError as exc:
+        raise ValueError(f"not a tracker log entry: {exc}") from None
+
+
+def _count(value: object, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COUNT:
+        raise ValueError(f"not a tracker log entry: {name} {_shown(value)}")
+    return value
+
+
+def _shown(value: object) -> str:
+    return repr(value)[:40]

@@ -24,14 +24,31 @@ whatever the swarm size. Slots stay dense: when a fetcher leaves or expires,
 the last fetcher takes its slot and the next eligible member to announce is
 appointed. A fetcher also loses its slot when its host is banned, when its
 held count has not grown for `fetcher_stall_seconds` while it is incomplete,
-or when a member reports it unreachable (`fetcher_unreachable`); such a member
-is not appointed again until its held count grows. Everyone learns the new
-slots at their next announce.
+when it has shown no progress at all `fetcher_start_seconds` after its
+appointment (a fetcher that is fetching shows its first chunk at its next
+announce: a squatter that holds a slot and fetches nothing is out after that
+short window, not after the stall time), or when a member reports it
+unreachable (`fetcher_unreachable`). Its node (host) is then not appointed
+again in that content, under any peer id, until a member at that host holds
+more than it did; and a node holds at most one slot per content, however many
+peer ids it announces. So ten squatting addresses cost the honest nodes at
+most two short windows (eight squatters out, then the two that took the freed
+slots first). Everyone learns the new slots at their next announce.
 
 Peers report peers that sent them bad chunks. One report proves little (the
-reporter may be the broken one), so a host is banned only when at least
-`reporters_to_ban` distinct reporter hosts reported it within `ban_seconds`;
-a report from the offender's own host counts for nothing. The ban then lasts
+reporter may be the broken one), so a host is banned only when enough
+distinct reporter hosts reported it within `ban_seconds`: `reporters_to_ban`,
+or in a larger swarm one per `MEMBERS_PER_REPORTER` members of the content
+reported in, up to `MAX_REPORTERS_TO_BAN` (a bad peer is linked to a few dozen
+peers, whatever the swarm size, so more could never be met). A report from
+the offender's own host counts for nothing, and a report about a content
+counts only as evidence from a reporter that could have received a chunk in
+it: a member of that content that has announced chunks of it (`have` > 0, or
+complete). Two addresses holding nothing can then ban no one. The tracker
+does not see transfers, so this is the evidence it has: a reporter that
+claims chunks it lacks can still report, which is why the count of
+reporters grows with the swarm (docs/trust.md). A report that does not count
+is kept among the recent reports, marked so. The ban then lasts
 `ban_seconds`. A banned member stays a member (it may still download, and it
 keeps announcing) but is left out of `candidates`, the list that peer
 handouts are drawn from, and of the origin-fetcher slots.
@@ -61,6 +78,8 @@ from tracker.index import Candidates, SwarmIndex
 
 BAN_SECONDS = 600.0
 REPORTERS_TO_BAN = 2
+MEMBERS_PER_REPORTER = 16  # a swarm of 64 needs 4 reporters, of 128 or more 8
+MAX_REPORTERS_TO_BAN = 8
 # Eight, not four: each fetcher then uploads less of what it reads, and with relays
 # (p2p.relay) the eight last chunks spread while they arrive. 8 agents x 256 MiB at
 # 50 MB/s: 1.11-1.13x the lower bound with 8, 1.26x (simulated) with 4.
@@ -117,14 +136,15 @@ class OriginSlot:
 class _Swarm:
     """The members of one content (indexed: tracker.index), and its origin fetchers."""
 
-    __slots__ = ("demoted", "fetchers", "index", "origin_bytes", "progress")
+    __slots__ = ("demoted", "fetchers", "index", "origin_bytes", "progress", "unproven")
 
     def __init__(self) -> None:
         self.index = SwarmIndex()
         self.origin_bytes = 0  # the members' origin fetches, summed as they grow
         self.fetchers: list[PeerId] = []  # index = origin slot
         self.progress: dict[PeerId, tuple[int, float]] = {}  # fetcher -> (have, since when)
-        self.demoted: dict[PeerId, int] = {}  # lost its slot -> held count at the time
+        self.unproven: dict[PeerId, float] = {}  # fetcher without progress yet -> appointed at
+        self.demoted: dict[str, int] = {}  # node that lost its slot -> held count at the time
 
     @property
     def by_peer(self) -> dict[PeerId, Member]:
@@ -137,8 +157,7 @@ class _Swarm:
     def remove(self, peer: PeerId) -> bool:
         if self.index.remove(peer) is None:
             return False
-        self.demoted.pop(peer, None)
-        self.unappoint(peer)
+        self.unappoint(peer)  # a demoted node stays demoted: it may come back as another id
         return True
 
     def unappoint(self, peer: PeerId) -> bool:
@@ -148,15 +167,34 @@ class _Swarm:
         self.fetchers[i] = self.fetchers[-1]  # the last fetcher takes the free slot
         self.fetchers.pop()
         del self.progress[peer]
+        self.unproven.pop(peer, None)
         return True
 
     def demote(self, peer: PeerId) -> bool:
-        """Take `peer`'s slot until its held count grows; True if it had one."""
-        if not self.unappoint(peer):
-            return False
+        """Take `peer`'s slot until its node holds more; True if it had one."""
         member = self.by_peer.get(peer)
-        self.demoted[peer] = member.have if member else 0
+        if member is None or not self.unappoint(peer):
+            return False
+        self.demoted[member.node] = max(member.have, self.demoted.get(member.node, 0))
         return True
+
+    def appoint(self, member: Member, now: float) -> None:
+        self.fetchers.append(member.peer)
+        self.progress[member.peer] = (member.have, now)
+        self.unproven[member.peer] = now
+
+    def eligible(self, member: Member) -> bool:
+        """Whether `member` may take a free slot (bans aside): see the module docstring."""
+        if member.complete or member.peer in self.progress:
+            return False
+        node = member.node
+        demoted_at = self.demoted.get(node)
+        if demoted_at is not None:
+            if member.have <= demoted_at:
+                return False
+            del self.demoted[node]  # it made progress after all: eligible again
+        by_peer = self.by_peer
+        return all(by_peer[f].node != node for f in self.fetchers)
 
 
 _EMPTY = SwarmIndex()
@@ -168,16 +206,20 @@ class Registry:
     def __init__(self, ban_seconds: float = BAN_SECONDS,
                  reporters_to_ban: int = REPORTERS_TO_BAN,
                  origin_fetchers: int = ORIGIN_FETCHERS,
-                 fetcher_stall_seconds: float | None = None) -> None:
+                 fetcher_stall_seconds: float | None = None,
+                 fetcher_start_seconds: float | None = None) -> None:
         if ban_seconds <= 0 or reporters_to_ban < 1 or origin_fetchers < 1:
             raise ValueError(
                 "ban_seconds must be > 0, reporters_to_ban and origin_fetchers >= 1")
-        if fetcher_stall_seconds is not None and not fetcher_stall_seconds > 0:
-            raise ValueError("fetcher_stall_seconds must be > 0 (or None: never)")
+        for window in (fetcher_stall_seconds, fetcher_start_seconds):
+            if window is not None and not window > 0:
+                raise ValueError("fetcher_stall_seconds and fetcher_start_seconds must be > 0 "
+                                 "(or None: never)")
         self.ban_seconds = ban_seconds
         self.reporters_to_ban = reporters_to_ban
         self.origin_fetchers = origin_fetchers
         self.fetcher_stall_seconds = fetcher_stall_seconds
+        self.fetcher_start_seconds = fetcher_start_seconds
         self.reset()
 
     def reset(self) -> None:
@@ -199,10 +241,10 @@ class Registry:
     def restore(self, other: Registry) -> None:
         """Take `other`'s members, reports and bans (a replica's snapshot); keep the settings."""
         settings = (self.ban_seconds, self.reporters_to_ban, self.origin_fetchers,
-                    self.fetcher_stall_seconds)
+                    self.fetcher_stall_seconds, self.fetcher_start_seconds)
         vars(self).update(vars(other))
         (self.ban_seconds, self.reporters_to_ban, self.origin_fetchers,
-         self.fetcher_stall_seconds) = settings
+         self.fetcher_stall_seconds, self.fetcher_start_seconds) = settings
 
     # -- identity -----------------------------------------------------------------
 
@@ -329,26 +371,26 @@ class Registry:
         held = swarm.progress.get(peer)
         if held is not None and member.have > held[0]:
             swarm.progress[peer] = (member.have, now)
+            swarm.unproven.pop(peer, None)
         for fetcher in list(swarm.fetchers):
             if self._lost_claim(swarm, fetcher, now):
                 swarm.demote(fetcher)
                 self.fetchers_reassigned += 1
-        demoted_at = swarm.demoted.get(peer)
-        if demoted_at is not None and member.have > demoted_at:
-            del swarm.demoted[peer]  # it made progress after all: eligible again
-        if (len(swarm.fetchers) < self.origin_fetchers and not member.complete
-                and peer not in swarm.fetchers and peer not in swarm.demoted
+        if (len(swarm.fetchers) < self.origin_fetchers and swarm.eligible(member)
                 and not self.is_banned(member.node, now)):
-            swarm.fetchers.append(peer)
-            swarm.progress[peer] = (member.have, now)
+            swarm.appoint(member, now)
 
     def _lost_claim(self, swarm: _Swarm, fetcher: PeerId, now: float) -> bool:
         member = swarm.by_peer[fetcher]
         if self._banned_until and self.is_banned(member.node, now):  # no bans: the usual case
             return True
-        stall = self.fetcher_stall_seconds
-        return (stall is not None and not member.complete
-                and now - swarm.progress[fetcher][1] > stall)
+        if member.complete:
+            return False
+        start, stall = self.fetcher_start_seconds, self.fetcher_stall_seconds
+        appointed = swarm.unproven.get(fetcher)
+        if start is not None and appointed is not None and now - appointed > start:
+            return True
+        return stall is not None and now - swarm.progress[fetcher][1] > stall
 
     # -- counts, for metrics and the status page ----------------------------------
 
@@ -392,31 +434,58 @@ class Registry:
     # -- reports and bans ---------------------------------------------------------
 
     def report(self, peer: PeerId, reporter: PeerId, reason: str, now: float, *,
-               host: str | None = None, reporter_host: str = "") -> bool:
+               host: str | None = None, reporter_host: str = "",
+               content: ContentId | None = None) -> bool:
         """Record that `reporter` saw `peer` misbehave; True if this report banned it.
 
         `host` is where the reporter saw the offender (default: where `peer` is
         bound, else `peer` itself); the report is about that host. With a
         `reporter_host`, the reporter must be a member bound to it
-        (IdentityError otherwise). A node's reports about itself are ignored;
-        a reporter node's repeated reports about the same node count once (the
-        latest reason is kept).
+        (IdentityError otherwise). With a `content`, the report counts only if
+        the reporter announced chunks of it, and the reporters needed grow with
+        its swarm (see the module docstring); without one (the simulator's
+        nodes, which do not lie), it counts. A node's reports about itself are
+        ignored; a reporter node's repeated reports about the same node count
+        once (the latest reason is kept).
         """
         reporter_node = self.reporter_node(reporter, reporter_host)
         offender = host or self._bound.get(peer) or peer
         if offender in (reporter_node, reporter):
             return False
+        if content is not None:
+            lacking = self._no_evidence(content, reporter)
+            if lacking:
+                self._recent.append((offender, Report(
+                    reporter_node, f"{reason} (not counted: {lacking})", now)))
+                return False
         reports = self._reports.setdefault(offender, {})
         reports[reporter_node] = Report(reporter_node, reason, now)
         self._runs_out.append((now + self.ban_seconds, offender, reporter_node))
         self._recent.append((offender, reports[reporter_node]))
         fresh = sum(1 for r in reports.values() if now - r.at <= self.ban_seconds)
-        if fresh < self.reporters_to_ban or self.is_banned(offender, now):
+        if fresh < self.reporters_needed(content) or self.is_banned(offender, now):
             return False
         self._banned_until[offender] = now + self.ban_seconds
         self._runs_out.append((now + self.ban_seconds, offender, None))
         del self._reports[offender]  # the ban used them up; a new ban needs new reports
         return True
+
+    def reporters_needed(self, content: ContentId | None) -> int:
+        """Distinct reporter nodes that ban, for a report about `content`."""
+        swarm = self._swarms.get(content) if content is not None else None
+        members = len(swarm.index) if swarm is not None else 0
+        scaled = min(MAX_REPORTERS_TO_BAN, members // MEMBERS_PER_REPORTER)
+        return max(self.reporters_to_ban, scaled)
+
+    def _no_evidence(self, content: ContentId, reporter: PeerId) -> str:
+        """Why `reporter` cannot have received a chunk of `content` ("" if it can)."""
+        swarm = self._swarms.get(content)
+        member = swarm.by_peer.get(reporter) if swarm is not None else None
+        if member is None:
+            return "the reporter is not a member of that content"
+        if not member.have and not member.complete:
+            return "the reporter has announced no chunk of that content"
+        return ""
 
     def reporter_node(self, reporter: PeerId, reporter_host: str) -> str:
         """The node a report counts for; IdentityError if `reporter` may not report.

@@ -31,7 +31,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from p2p.content import Manifest, check_content_id
-from tracker import names
+from tracker import names, origins
 from tracker.config import TrackerConfig
 from tracker.guard import Guard
 from tracker.handout import get_policy
@@ -68,6 +68,11 @@ class Metrics:
         self.slow_clients = counter("slow_clients", "Bodies that did not arrive in time (408)")
         self.unavailable = counter("unavailable", "Requests answered 503 because the "
                                    "replicas' Redis was unreachable or slow")
+        self.log_entries_skipped = counter(
+            "log_entries_skipped", "Replica log entries skipped: malformed, not MAC'd by a "
+            "replica, or tripping the state machine (see the log)")
+        self.snapshots_refused = counter("snapshots_refused", "Replica snapshots in Redis "
+                                         "refused as malformed or not MAC'd by a replica")
         self.refused_connections = counter("refused_connections",
                                            "Connections refused at the connection cap")
         gauge("peers", "Distinct peers in any swarm", t.registry.peer_count)
@@ -99,6 +104,9 @@ class Core(Protocol):
 
     async def append(self, op: Op) -> None: ...
 
+    def problem(self) -> str | None:
+        """Why this core cannot apply ops now (for /healthz), or None."""
+
 
 class LocalCore:
     """One process: ops applied as they arrive, at `time.monotonic()`, with one rng."""
@@ -118,6 +126,9 @@ class LocalCore:
     async def append(self, op: Op) -> None:
         await self.submit(op)
 
+    def problem(self) -> str | None:
+        return None
+
 
 class Tracker:
     """Everything the views share: config, guard, registry, core, documents, metrics."""
@@ -128,11 +139,14 @@ class Tracker:
         self.guard = Guard(config, secret)
         self.registry = Registry(ban_seconds=config.ban_seconds,
                                  origin_fetchers=config.origin_fetchers,
-                                 fetcher_stall_seconds=config.fetcher_stall_seconds)
+                                 fetcher_stall_seconds=config.fetcher_stall_seconds,
+                                 fetcher_start_seconds=config.fetcher_start)
         self.manifests = Documents(config.state_dir, "manifests", check_content_id,
                                    _check_manifest_file)
         self.names = Documents(config.state_dir, "names", names.check_file_key,
                                names.check_document)
+        self.origins = Documents(config.state_dir, "origins", origins.check_key,
+                                 origins.check_document)
         self.machine = Machine(self.registry, get_policy(config.handout_policy),
                                config.peer_ttl_seconds)
         seed = config.seed if config.seed is not None else int.from_bytes(os.urandom(8), "big")

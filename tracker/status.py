@@ -13,7 +13,11 @@ it every `REFRESH_SECONDS`, so a launch can be watched without a script.
 Authentication: like /metrics and /healthz, the page is served without a
 signature; it shows peer ids, addresses and report reasons, no secret and no
 manifest. A tracker listening beyond a trusted network should be reached
-through an authenticating proxy for all three (the README says so).
+through an authenticating proxy for all three (docs/operating.md says so).
+
+The page is sent with a Content-Security-Policy that allows nothing but its
+own inline style, by hash: no script, no frame, no form, no other origin. A
+value that escaped its escaping could then still not run or load anything.
 
 Rendering walks each content's members once to average their holdings:
 O(members), per page view, never per announce. Every value shown is
@@ -22,6 +26,8 @@ escaped.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import time
 from dataclasses import dataclass
 from html import escape
@@ -137,10 +143,17 @@ def _bytes(n: int) -> str:
 
 
 STATUS = web.AppKey("status", StatusPage)
+_STYLE_HASH = base64.b64encode(hashlib.sha256(STYLE.encode()).digest()).decode()
+HEADERS = {
+    "Cache-Control": "no-store",
+    "Content-Security-Policy": f"default-src 'none'; style-src 'sha256-{_STYLE_HASH}'; "
+                               "base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
 
 
 async def page(request: web.Request) -> web.Response:
     t = request.app[TRACKER]
     html = request.app[STATUS].render(t, time.monotonic())
-    return web.Response(text=html, content_type="text/html", charset="utf-8",
-                        headers={"Cache-Control": "no-store"})
+    return web.Response(text=html, content_type="text/html", charset="utf-8", headers=HEADERS)

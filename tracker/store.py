@@ -21,6 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
+from tracker.guard import Unavailable
+
 log = logging.getLogger("bootseer.tracker")
 
 Check = Callable[[bytes, str], bytes]  # (file bytes, key) -> canonical bytes, or ValueError
@@ -92,7 +94,7 @@ class Documents:
         if body is not None or self.shared is None:
             return body
         body = await self.shared.get_document(self.kind, key)
-        return None if body is None else await self._keep(key, self._check(body, key))
+        return None if body is None else await self._keep(key, self._check_shared(body, key))
 
     async def put(self, key: str, body: bytes) -> bool:
         """Store `body` as `key`; True if new, False if identical; Conflict otherwise."""
@@ -101,13 +103,29 @@ class Documents:
             if held is None and self.shared is not None:
                 theirs = await self.shared.put_document(self.kind, key, body)
                 if theirs is not None:  # another replica's: checked like a file we load
-                    held = await self._keep(key, self._check(theirs, key))
+                    held = await self._keep(key, self._check_shared(theirs, key))
             if held == body:
                 return False
             if held is not None:
                 raise Conflict(key, held)
             await self._keep(key, body)
             return True
+
+    def _check_shared(self, body: bytes, key: str) -> bytes:
+        """A document read from the shared store, checked; Unavailable (503) if it fails.
+
+        Redis is outside the tracker (docs/trust.md): a document there that
+        fails its check was not written by a replica, and is neither served nor
+        kept.
+        """
+        try:
+            return self._check(body, key)
+        except ValueError as exc:
+            log.error("the %s document %r in the shared store fails its check: %s; an "
+                      "operator must delete it", self.kind, key, exc)
+            raise Unavailable(f"the tracker's shared store holds a {self.kind} document for "
+                              f"{key[:200]!r} that fails its check; see the tracker's log"
+                              ) from None
 
     async def _keep(self, key: str, body: bytes) -> bytes:
         """Hold `body` as `key`, and persist it if it is new here."""

@@ -23,8 +23,8 @@ class SwarmConfig:
     per_peer_inflight: int = 1
     max_inflight: int = 16  # requests to peers, all together
     max_origin_inflight: int = 2  # concurrent origin fetches by this node
-    request_timeout_s: float = 15.0
-    origin_timeout_s: float = 60.0
+    request_timeout_s: float = 15.0  # a peer request unanswered this long goes elsewhere
+    origin_timeout_s: float = 60.0  # an origin read of one chunk that takes longer fails
     origin_patience_s: float = 3.0  # starved this long, tracker silent -> go to the origin
     appointed_patience_s: float = 20.0  # the same, when the tracker appointed others
     settle_s: float = 0.5  # wait this long to hear peers' pending lists before fetching
@@ -35,8 +35,8 @@ class SwarmConfig:
     # A node alone pays it once per content (p2p.swarm.origin has the measurements).
     vacant_grace_s: float = 0.25
     pending_ttl_s: float = 30.0  # how long a peer's "fetching from origin" counts
-    backoff_base_s: float = 0.5
-    backoff_max_s: float = 30.0
+    backoff_base_s: float = 0.5  # a failing peer is left alone this long, doubling
+    backoff_max_s: float = 30.0  # ... up to this long
     max_peer_failures: int = 4  # consecutive; then disconnect
     endgame_duplicates: int = 1  # extra copies of a tail request
     endgame_tail: int = 2  # duplicate only when this few chunks are missing
@@ -44,6 +44,10 @@ class SwarmConfig:
     # No chunk arrived for this long while chunks are wanted: abort, saying what was
     # tried. Generous: a slow origin or a swarm at a cold start is not a dead one.
     no_source_deadline_s: float = 180.0
+    # The origin answered only "no" (404, refused, wrong length) for this long, and no
+    # connected peer holds or is fetching a missing chunk: abort now, with the origin's
+    # answer, instead of after the deadline above. A few backed-off retries fit in it.
+    origin_refused_s: float = 5.0
     # Request leftover slots' worth of chunks that peers are fetching from the origin:
     # such a peer relays the bytes as they come, so the last chunks out of the origin
     # spread while they arrive instead of after (p2p.relay).
@@ -64,8 +68,8 @@ class SwarmConfig:
     # 3.43 and 5.86 without) with 26-29% fewer swarm events; 0 lost launch's.
     relay_fetching_holders: int = 1
     use_peers: bool = True  # False: the origin-only baseline
-    chunk_picker: str = "rarest_first"
-    peer_chooser: str = "rack_aware"
+    chunk_picker: str = "rarest_first"  # rarest_first, in_order or random (p2p.swarm.policy)
+    peer_chooser: str = "rack_aware"  # rack_aware, least_loaded or random
 
     def __post_init__(self) -> None:
         if self.chunk_picker not in CHUNK_PICKERS:
@@ -79,5 +83,5 @@ class SwarmConfig:
             raise ValueError("peer and in-flight limits must be at least 1")
         if not 0.0 <= self.cross_rack_share <= 1.0:
             raise ValueError("cross_rack_share must be between 0 and 1")
-        if self.no_source_deadline_s <= 0:
-            raise ValueError("no_source_deadline_s must be positive")
+        if self.no_source_deadline_s <= 0 or self.origin_refused_s <= 0:
+            raise ValueError("no_source_deadline_s and origin_refused_s must be positive")

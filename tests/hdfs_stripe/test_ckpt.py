@@ -26,7 +26,8 @@ from helpers.promtext import metric
 from helpers.waiting import until
 
 import hdfs_stripe
-from fusefs.mount import Mount, is_mounted
+from fusefs.mount import Mount
+from fusefs.mountinfo import is_mounted
 from hdfs_stripe.index import resolve
 from hdfs_stripe.mount import MountOptions
 from hdfs_stripe.naming import parse_uri
@@ -38,8 +39,8 @@ from p2p.agentclient import AgentError
 from p2p.content import PeerId
 from p2p.testing.localcluster import AgentHandle, LocalCluster, bootseer_command
 from p2p.tracker_client import TrackerClient
+from p2p.units import MiB
 
-MiB = 1 << 20
 BLOCK = 4 * MiB  # small blocks: a shard of a few MiB spreads over every DataNode
 SHARDS = {"model-00001.safetensors": 3, "model-00002.safetensors": 4,
           "optimizer.safetensors": 5}  # MiB of float32 tensors, roughly

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
 import threading
 import time
 import urllib.parse
@@ -35,9 +34,11 @@ from test_tracker_service import (
 )
 
 from p2p.auth import AUTH_HEADER, TIME_HEADER, sign_request
-from p2p.content import ContentId, ManifestError, MiB, PeerId
+from p2p.content import ContentId, ManifestError, PeerId
+from p2p.process import free_port
 from p2p.testing.localcluster import LocalCluster, wait_all_complete, write_random_file
 from p2p.tracker_client import UNREACHABLE, TrackerClient, TrackerError
+from p2p.units import MiB
 from tracker.app import make_app
 from tracker.config import TrackerConfig
 
@@ -139,6 +140,23 @@ async def test_invented_reporter_ids_do_not_ban_an_honest_node(
     assert "honest" in await z.announce()
     assert await metric(http, tracker, "bootseer_tracker_banned") == 0
     assert await metric(http, tracker, "bootseer_tracker_forbidden_total") == 3
+
+
+async def test_two_addresses_holding_nothing_cannot_ban_an_honest_node(
+        nodes: dict[str, Node], tracker: Tracker, http: aiohttp.ClientSession) -> None:
+    """Issue 34, finding 3: reports count only from members holding chunks of the content."""
+    honest, x, y, attacker, z = (nodes[n] for n in ["honest", "x", "y", "attacker", "z"])
+    await honest.announce(have=3)
+    for n in (attacker, z):  # two members, two addresses, nothing held
+        await n.announce()
+        assert not await n.client.report(n.peer, honest.peer, C, "bad chunk 1")
+    assert "honest" in await x.announce()
+    assert await metric(http, tracker, "bootseer_tracker_banned") == 0
+    for n in (x, y):  # reporters that hold chunks of it: the ban still works
+        await n.announce(have=2)
+    assert not await x.client.report(x.peer, honest.peer, C, "bad chunk 2")
+    assert await y.client.report(y.peer, honest.peer, C, "bad chunk 2")
+    assert "honest" not in await z.announce()
 
 
 async def test_a_banned_address_gets_nothing_under_a_new_peer_id(
@@ -426,12 +444,6 @@ async def test_names_first_writer_wins_and_survive_a_restart(tmp_path: Path) -> 
         assert await again.stop() == 0
 
 
-def free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
 # -- origin-fetcher slots -------------------------------------------------------------
 
 
@@ -484,6 +496,82 @@ async def test_fake_members_holding_the_fetcher_slots_lose_them(tmp_path: Path) 
         assert reassigned >= 4
         assert await cluster.origin_bytes() <= 2 * m.size
     finally:
+        for c in fakes:
+            await c.close()
+        await cluster.stop()
+
+
+async def test_ten_squatting_addresses_cost_an_honest_fetch_a_few_seconds(
+        tmp_path: Path) -> None:
+    """Issue 34, finding 7, with real processes: 10 fake members at 10 addresses, each
+    listening (dials to them succeed, then nothing is said), take the slots first and keep
+    announcing holding nothing, under two peer ids each. Default intervals. The honest
+    agent's time is printed for the report, beside the same fetch without squatters;
+    what is asserted is that the fakes are out and the origin served the bytes ~once."""
+    cluster = LocalCluster(tmp_path / "cluster")
+    fakes: list[TrackerClient] = []
+    servers: list[asyncio.Server] = []
+    held: list[asyncio.StreamWriter] = []
+    slots: dict[str, int | None] = {}
+
+    async def hold(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)  # accepted, never answered
+
+    try:
+        await cluster.start_tracker()
+        origin = tmp_path / "origin"
+        for name, seed in (("squatted.bin", 3), ("alone.bin", 4)):
+            await asyncio.to_thread(write_random_file, origin / name, 16 * MiB, seed)
+        await cluster.start_origin(origin)
+        squatted = await cluster.publish(origin / "squatted.bin", 1 * MiB)
+        alone = await cluster.publish(origin / "alone.bin", 1 * MiB)
+        hosts = [f"127.0.0.{i + 2}" for i in range(10)]
+        servers = [await asyncio.start_server(hold, h, 0) for h in hosts]
+        addrs = [f"{h}:{srv.sockets[0].getsockname()[1]}"
+                 for h, srv in zip(hosts, servers, strict=True)]
+        fakes = [TrackerClient(cluster.tracker_url, cluster.secret, bind_host=h) for h in hosts]
+
+        async def fake_announce(i: int) -> None:
+            for peer in (f"fake{i}", f"fake{i}-b"):
+                reply = await fakes[i].announce(squatted.content_id, PeerId(peer), addrs[i],
+                                                "rack0", 0, False)
+                slots[peer] = reply.origin_slot
+
+        for i in range(10):
+            await fake_announce(i)
+        assert sorted(s for s in slots.values() if s is not None) == list(range(8))
+
+        async def keep_announcing() -> None:
+            while True:
+                await asyncio.gather(*(fake_announce(i) for i in range(10)))
+                await asyncio.sleep(0.3)
+
+        announcer = asyncio.create_task(keep_announcing())
+        try:
+            (agent,) = [await cluster.start_agent(0, "rack0")]
+            began = time.monotonic()
+            results = await wait_all_complete([agent], squatted.content_id, 120)
+            with_squatters = time.monotonic() - began
+            began = time.monotonic()
+            baseline = await wait_all_complete([agent], alone.content_id, 120)
+            without = time.monotonic() - began
+        finally:
+            announcer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await announcer
+        assert all(r.get("complete") for r in [*results.values(), *baseline.values()]), results
+        await asyncio.gather(*(fake_announce(i) for i in range(10)))
+        assert set(slots.values()) == {None}, slots  # every fake, under either id, is out
+        assert await cluster.origin_bytes() <= 2 * (squatted.size + alone.size)
+        print(json.dumps({"test": "squatted_fetch_16MiB", "fakes": 10,
+                          "seconds": round(with_squatters, 2),
+                          "baseline_seconds": round(without, 2),
+                          "ratio": round(with_squatters / without, 1)}))
+    finally:
+        for w in held:
+            w.close()
+        for srv in servers:
+            srv.close()
         for c in fakes:
             await c.close()
         await cluster.stop()

@@ -353,6 +353,46 @@ def test_reports_count_once_per_reporter_host_and_only_from_members() -> None:
     assert reg.origin_slot(C, PeerId("bad-again")).slot is None
 
 
+def test_reports_count_only_from_reporters_holding_chunks_of_that_content() -> None:
+    """Issue 34, finding 3: members holding nothing cannot ban; honest reporters can."""
+    reg = Registry(ban_seconds=100.0)
+    reg.announce(C, at("honest", "10.0.0.9", have=5), 0.0)
+    for peer, host in [("e1", "10.0.0.1"), ("e2", "10.0.0.2")]:
+        reg.announce(C, at(peer, host), 0.0)  # members of C holding nothing
+        assert not reg.report(PeerId("honest"), PeerId(peer), "bad chunk 3", 1.0,
+                              reporter_host=host, content=C)
+    reg.announce(D, at("e3", "10.0.0.3", have=4), 0.0)  # holds chunks, of another content
+    assert not reg.report(PeerId("honest"), PeerId("e3"), "bad chunk 3", 1.0,
+                          reporter_host="10.0.0.3", content=C)
+    assert reg.banned(1.0) == [] and reg.reports("10.0.0.9") == []
+    assert [r.reason for _, r in reg.recent_reports()][-2:] == [
+        "bad chunk 3 (not counted: the reporter has announced no chunk of that content)",
+        "bad chunk 3 (not counted: the reporter is not a member of that content)"]
+    reg.announce(C, at("x", "10.0.0.4", have=2), 1.0)
+    reg.announce(C, at("y", "10.0.0.5", complete=True), 1.0)
+    assert not reg.report(PeerId("honest"), PeerId("x"), "bad chunk 3", 2.0,
+                          reporter_host="10.0.0.4", content=C)
+    assert reg.report(PeerId("honest"), PeerId("y"), "bad chunk 4", 2.0,
+                      reporter_host="10.0.0.5", content=C)
+    assert reg.banned(2.0) == ["10.0.0.9"]
+
+
+def test_the_reporters_needed_grow_with_the_swarm_up_to_a_cap() -> None:
+    reg = Registry(ban_seconds=100.0)
+    for i in range(100):
+        reg.announce(C, at(f"p{i}", f"10.0.1.{i}", have=1), 0.0)
+    assert (reg.reporters_needed(C), reg.reporters_needed(D), reg.reporters_needed(None)) \
+        == (6, 2, 2)  # 100 members // 16; an empty content and no content: the floor
+    for i in range(1, 6):
+        assert not reg.report(PeerId("p0"), PeerId(f"p{i}"), "bad", 1.0,
+                              reporter_host=f"10.0.1.{i}", content=C)
+    assert reg.report(PeerId("p0"), PeerId("p6"), "bad", 1.0, reporter_host="10.0.1.6",
+                      content=C)
+    for i in range(100, 1000):
+        reg.announce(C, at(f"p{i}", f"10.1.{i // 200}.{i % 200}"), 0.0)
+    assert reg.reporters_needed(C) == 8
+
+
 def test_a_fetcher_without_progress_loses_its_slot_until_it_progresses() -> None:
     reg = Registry(origin_fetchers=1, fetcher_stall_seconds=10.0)
     reg.announce(C, at("slow", "10.0.0.1"), 0.0)
@@ -370,6 +410,34 @@ def test_a_fetcher_without_progress_loses_its_slot_until_it_progresses() -> None
     assert reg.origin_slot(C, PeerId("slow")).slot is None
     reg.announce(C, at("slow", "10.0.0.1", have=2), 21.0)
     assert reg.origin_slot(C, PeerId("slow")).slot == 0
+
+
+def test_ten_squatting_addresses_cost_an_honest_fetcher_two_start_windows_at_most() -> None:
+    """Issue 34, finding 7, on virtual time: 10 fake members at 10 addresses announce every
+    0.3 s holding nothing (each also under a second peer id); an honest node announces
+    every 2 s and gains a chunk at each announce while it holds a slot."""
+    start, interval = 3.0, 2.0
+    reg = Registry(origin_fetchers=8, fetcher_stall_seconds=10.0, fetcher_start_seconds=start)
+    fakes = [(f"fake{i}{tag}", f"10.9.0.{i}") for i in range(10) for tag in ("", "-b")]
+    honest_have, honest_slot_at, last_fake_slot_at = 0, None, 0.0
+    for step in range(300):  # 30 s in steps of 0.1 s
+        now = step / 10
+        if step % 3 == 0:
+            for peer, host in fakes:
+                reg.announce(C, at(peer, host), now)
+        if step % 20 == 5:
+            reg.announce(C, at("honest", "10.0.0.1", have=honest_have), now)
+            if reg.origin_slot(C, PeerId("honest")).slot is not None:
+                honest_slot_at = now if honest_slot_at is None else honest_slot_at
+                honest_have += 1
+        fetchers = reg.fetchers(C)
+        nodes = [reg.member(C, f).node for f in fetchers]  # type: ignore[union-attr]
+        assert len(set(nodes)) == len(nodes), fetchers  # one slot per node, whatever its ids
+        if any(f.startswith("fake") for f in fetchers):
+            last_fake_slot_at = now
+    assert honest_slot_at is not None and honest_slot_at <= start + interval + 0.5
+    assert last_fake_slot_at <= 2 * (start + 0.3), last_fake_slot_at  # two windows, then none
+    assert reg.fetchers(C) == ["honest"]
 
 
 def test_an_unreachable_fetcher_is_replaced_but_not_banned() -> None:

@@ -19,7 +19,6 @@ from typing import Any
 
 import aiohttp
 import pytest
-import redis.asyncio as aioredis
 from aiohttp import web
 from helpers.cluster import (
     CAPPED,
@@ -43,7 +42,6 @@ from p2p.tracker_client import ContentState, TrackerClient, TrackerError
 from tracker import machine, replicas
 from tracker.app import make_app
 from tracker.config import TrackerConfig
-from tracker.guard import Unavailable
 from tracker.handout import get_policy
 from tracker.registry import Registry
 from tracker.state import TRACKER, Tracker
@@ -83,15 +81,16 @@ class Replica:
         await self.runner.cleanup()
 
 
-def config(redis_url: str, **more: Any) -> TrackerConfig:
-    return TrackerConfig(redis_url=redis_url, peer_ttl_seconds=60.0, origin_fetchers=4,
+def config(redis: RedisServer, **more: Any) -> TrackerConfig:
+    return TrackerConfig(redis_url=redis.url, redis_password_file=str(redis.password_file),
+                         peer_ttl_seconds=60.0, origin_fetchers=4,
                          announce_rate_per_second=1e6, announce_burst=10**9,
                          host_rate_per_second=1e6, host_burst=10**9, **more)
 
 
 @pytest.fixture
 async def pair(redis_server: RedisServer) -> AsyncIterator[list[Replica]]:
-    pair = [await Replica(config(redis_server.url)).start() for _ in range(2)]
+    pair = [await Replica(config(redis_server)).start() for _ in range(2)]
     yield pair
     for r in pair:
         await r.stop()
@@ -131,13 +130,14 @@ async def test_replicas_answer_exactly_as_one_process_applying_the_same_log(
             await c.close()
 
     # Replay the log, as it stands in Redis, through one fresh machine.
-    r = aioredis.from_url(redis_server.url)
+    r = redis_server.client()
     entries = await r.xrange("bootseer:log")
     seed = await r.get("bootseer:seed")
     await r.aclose()
     cfg = pair[0].t.config
     alone = machine.Machine(Registry(cfg.ban_seconds, origin_fetchers=cfg.origin_fetchers,
-                                     fetcher_stall_seconds=cfg.fetcher_stall_seconds),
+                                     fetcher_stall_seconds=cfg.fetcher_stall_seconds,
+                                     fetcher_start_seconds=cfg.fetcher_start),
                             get_policy(cfg.handout_policy), cfg.peer_ttl_seconds)
     checked = 0
     for entry_id, fields in entries:
@@ -220,7 +220,7 @@ async def test_redis_restarted_empty_replicas_start_over_from_the_next_announces
 async def test_a_replica_that_joins_late_loads_the_snapshot_and_agrees(
         redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(replicas, "SNAPSHOT_SECONDS", 0.3)
-    first = [await Replica(config(redis_server.url)).start() for _ in range(2)]
+    first = [await Replica(config(redis_server)).start() for _ in range(2)]
     late = None
     try:
         async with TrackerClient(first[0].url, SECRET) as a:
@@ -229,11 +229,11 @@ async def test_a_replica_that_joins_late_loads_the_snapshot_and_agrees(
                     await announce(a, f"p{i}", f"r{i % 3}",
                                    [ContentState(CONTENTS[i % 2], round_, False, want=0)])
                 await asyncio.sleep(0.7)  # a snapshot, and a trim of the log before it
-        r = aioredis.from_url(redis_server.url)
+        r = redis_server.client()
         length, snap = await r.xlen("bootseer:log"), await r.hget("bootseer:snapshot", "id")
         await r.aclose()
         assert snap is not None and length < 90, (length, snap)  # trimmed: replay cannot do
-        late = await Replica(config(redis_server.url)).start()
+        late = await Replica(config(redis_server)).start()
         async with TrackerClient(late.url, SECRET) as c:
             await announce(c, "p0", "r0", [ContentState(CONTENTS[0], 9, False, want=0)])
         views = [registry_view(x.t.registry) for x in [*first, late]]
@@ -244,10 +244,11 @@ async def test_a_replica_that_joins_late_loads_the_snapshot_and_agrees(
 
 
 async def test_redis_unreachable_at_start_is_one_line_naming_the_url(tmp_path: Path) -> None:
-    from tracker.testing.redisproc import free_port
+    from p2p.process import free_port
 
     url = f"redis://127.0.0.1:{free_port()}/0"
-    t = await start_tracker(tmp_path, "--redis", url)
+    (tmp_path / "pw").write_text("x")
+    t = await start_tracker(tmp_path, "--redis", url, "--redis-password-file", str(tmp_path / "pw"))
     assert not t.url and t.proc.returncode == 2
     err = t.log.read_text()
     assert url in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
@@ -264,7 +265,8 @@ async def test_a_transfer_completes_through_a_replica_fault(
     try:
         source = tmp_path / "origin" / "content.bin"
         await asyncio.to_thread(write_random_file, source, SIZE, 11)
-        trackers = await cluster.start_replicas(redis_server.url, 2)
+        trackers = await cluster.start_replicas(redis_server.url, 2, "--redis-password-file",
+                                                str(redis_server.password_file))
         await cluster.start_origin(source.parent)
         content = (await cluster.publish(source, CHUNK)).content_id
         slow = {**CAPPED, "download_mbps": 10.0}  # >= 6 s a copy: the fault falls inside
@@ -308,11 +310,14 @@ async def _get(url: str) -> str:
 
 async def test_a_snapshot_holding_anything_but_a_registry_is_refused_not_run(
         redis_server: RedisServer) -> None:
-    r = aioredis.from_url(redis_server.url)
+    r = redis_server.client()
     await r.hset("bootseer:snapshot", mapping={"id": "1-0", "state": pickle.dumps(Path("/"))})
     await r.aclose()
-    with pytest.raises(Unavailable, match=r"bootseer:snapshot .* is unreadable .*PosixPath"):
-        await Replica(config(redis_server.url)).start()
+    replica = await Replica(config(redis_server)).start()  # refused: starts from the log
+    try:
+        assert replica.t.metrics.snapshots_refused._value.get() == 1
+    finally:
+        await replica.stop()
 
 
 async def test_a_single_trackers_state_dir_reaches_every_replica(
@@ -324,8 +329,8 @@ async def test_a_single_trackers_state_dir_reaches_every_replica(
             await c.put_manifest(m)
     finally:
         await alone.stop()
-    pair = [await Replica(config(redis_server.url, state_dir=str(tmp_path / "state"))).start(),
-            await Replica(config(redis_server.url)).start()]
+    pair = [await Replica(config(redis_server, state_dir=str(tmp_path / "state"))).start(),
+            await Replica(config(redis_server)).start()]
     try:
         async with TrackerClient(pair[1].url, SECRET) as b:
             assert await b.get_manifest(m.content_id) == m

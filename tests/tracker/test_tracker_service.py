@@ -25,6 +25,7 @@ from aiohttp import web
 
 from p2p.auth import BODY_MAC_HEADER, AuthError, sign_request
 from p2p.content import ContentId, Manifest, ManifestBuilder, PeerId
+from p2p.process import free_port
 from p2p.tracker_client import TrackerClient, TrackerError, TrackerUnavailable
 
 BOOTSEER = Path(sys.executable).parent / "bootseer"
@@ -162,8 +163,8 @@ async def test_peer_reported_by_two_peers_is_not_handed_out(tracker: Tracker) ->
     hosts = {"bad": "127.0.0.2", "x": "127.0.0.3", "y": "127.0.0.4", "z": "127.0.0.5"}
     clients = {p: TrackerClient(tracker.url, SECRET, bind_host=h) for p, h in hosts.items()}
     try:
-        for p, c in clients.items():
-            await announce(c, p, host=hosts[p])
+        for p, c in clients.items():  # the reporters hold chunks: their reports count
+            await announce(c, p, host=hosts[p], have=1)
         assert not await clients["x"].report(PeerId("x"), PeerId("bad"), C, "chunk 3 mismatch")
         assert "bad" in await announce(clients["z"], "z", host=hosts["z"])
         assert await clients["y"].report(PeerId("y"), PeerId("bad"), C, "chunk 5 mismatch")
@@ -355,12 +356,6 @@ async def test_healthz_and_metrics(client: TrackerClient, tracker: Tracker,
     assert await metric(http, tracker, "bootseer_tracker_reports_total") == 1
     for name in ["expired_peers_total", "auth_failures_total", "bad_requests_total"]:
         assert await metric(http, tracker, f"bootseer_tracker_{name}") == 0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def test_unreachable_tracker_raises_tracker_unavailable() -> None:

@@ -8,6 +8,8 @@ screenshot of the page must be a real, non-blank image of the window's size.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import re
 import shutil
 import struct
@@ -16,6 +18,7 @@ import zlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import aiohttp
 import pytest
 from test_tracker_service import SECRET, Tracker, manifest, start_tracker
 
@@ -116,3 +119,16 @@ async def test_status_page_of_an_empty_tracker_says_so(tracker: Tracker) -> None
     dom = browse(tracker.url + "/", "--dump-dom")
     assert cells(dom, "contents") == [["no content has members"]]
     assert cells(dom, "bans") == [["none"]]
+
+
+async def test_status_page_allows_no_script_and_only_its_own_style(tracker: Tracker) -> None:
+    """Issue 34, finding 8: a Content-Security-Policy that the page's own style meets."""
+    async with aiohttp.ClientSession() as http, http.get(tracker.url + "/") as resp:
+        csp, html = resp.headers.get("Content-Security-Policy", ""), await resp.text()
+        assert resp.headers.get("X-Content-Type-Options") == "nosniff"
+    directives = dict(d.strip().split(" ", 1) for d in csp.split(";"))
+    assert directives["default-src"] == "'none'" and "script-src" not in directives
+    assert directives["frame-ancestors"] == "'none'" and directives["form-action"] == "'none'"
+    style = html.split("<style>", 1)[1].split("</style>", 1)[0]
+    digest = base64.b64encode(hashlib.sha256(style.encode()).digest()).decode()
+    assert directives["style-src"] == f"'sha256-{digest}'"  # the browser applies it
