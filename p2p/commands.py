@@ -89,6 +89,10 @@ def _agent_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.add_argument("--upload-mbps", dest="upload_mbps", type=float)
     p.add_argument("--download-mbps", dest="download_mbps", type=float)
     p.add_argument("--origin-concurrency", dest="origin_concurrency", type=int)
+    p.add_argument("--mirror", metavar="HOST:PORT",
+                   help="also serve a pull-through registry mirror here (containerd, docker)")
+    p.add_argument("--mirror-upstream", dest="mirror_upstream", metavar="URL",
+                   help="the registry for mirror clients that name none (e.g. https://host)")
     p.add_argument("--log-level", dest="log_level",
                    default=os.environ.get("BOOTSEER_LOG_LEVEL", "WARNING"),
                    help="DEBUG, INFO, WARNING or ERROR (env BOOTSEER_LOG_LEVEL; default: WARNING)")
@@ -114,7 +118,8 @@ def _explain_agent_flags(p: argparse.ArgumentParser) -> None:
 
 def _run_agent(args: argparse.Namespace) -> int:
     from p2p.auth import SecretError, load_secret
-    from p2p.config import ConfigError, load_agent_config
+    from p2p.config import load_agent_config
+    from p2p.configfile import ConfigError
 
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -181,10 +186,20 @@ async def _serve_agent(config: Any, secret: bytes) -> int:
             await agent.stop()
             raise UserError(f"cannot serve metrics on {config.host}:{config.metrics_port}: "
                             f"{exc.strerror}") from exc
+    mirror = None
+    if config.mirror is not None:
+        from p2p.mirror import serve_mirror
+
+        try:
+            mirror = await serve_mirror(agent, config.mirror, config.mirror_upstream)
+        except (ValueError, OSError) as exc:
+            await agent.stop()
+            raise UserError(f"cannot serve the registry mirror on {config.mirror}: "
+                            f"{getattr(exc, 'strerror', None) or exc}") from exc
     assert agent.me is not None
     print(json.dumps({"event": "listening", "peer": agent.me.peer, "addr": agent.me.addr,
                       "api_socket": str(sock_path), "metrics": metrics_url,
-                      "pid": os.getpid()}), flush=True)
+                      "mirror": mirror and mirror.url, "pid": os.getpid()}), flush=True)
     registered = discovery.register(sock_path)
     try:
         await _until_signalled()
@@ -195,6 +210,8 @@ async def _serve_agent(config: Any, secret: bytes) -> int:
         async with asyncio.timeout(STOP_BUDGET_S):
             await agent.stop()  # fails every waiter: open requests are answered at once
             await runner.cleanup()
+            if mirror is not None:
+                await mirror.runner.cleanup()
     except TimeoutError:
         logging.getLogger(__name__).warning("stop took over %.0f s; exiting anyway",
                                             STOP_BUDGET_S)

@@ -51,8 +51,8 @@ def cpu_seconds(pid: int) -> float:
 
 
 def cpu_split(pid: int) -> tuple[float, float]:
-    """(user, system) CPU seconds the live process `pid` has used, all its threads ((0.0,
-    0.0) once it is gone): the interpreter's part and the kernel's."""
+    """(user, system) CPU seconds the live process `pid` has used, all its threads
+    ((0.0, 0.0) once it is gone)."""
     with contextlib.suppress(OSError, IndexError, ValueError):
         # Fields 14 and 15 of /proc/PID/stat, counted after the ")" that ends the name.
         fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()

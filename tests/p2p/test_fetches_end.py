@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from p2p.agentclient import AgentError
-from p2p.content import MiB
 from p2p.testing.localcluster import (
     LocalCluster,
     bootseer_command,
@@ -23,6 +22,7 @@ from p2p.testing.localcluster import (
     write_random_file,
 )
 from p2p.tracker_client import TrackerClient, TrackerError
+from p2p.units import MiB
 
 SIZE = 6 * MiB
 CHUNK = 1 * MiB
