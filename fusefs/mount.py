@@ -91,12 +91,14 @@ async def serve(tree: Any, source: Any, mountpoint: Path, read_ahead_kb: int = R
             if why is None:
                 await serve_kernel(tree, source, whole, path, read_ahead_kb, allow_other,
                                    on_ready)
+                drop_private_log()  # a clean unmount: the log has nothing to tell
                 return
         except PassthroughUnavailable as exc:
             why = str(exc)
         log.info("no FUSE passthrough at %s (%s): every read goes through the handler",
                  path, why)
     await _serve_pyfuse3(tree, source, path, read_ahead_kb, allow_other, on_ready)
+    drop_private_log()
 
 
 async def _serve_pyfuse3(tree: Any, source: Any, path: str, read_ahead_kb: int,
@@ -235,6 +237,7 @@ def ready_line(info: dict[str, Any]) -> None:
 
 
 LOG_DIR_ENV = "BOOTSEER_LOG_DIR"
+MOUNT_LOG_ENV = "BOOTSEER_MOUNT_LOG"  # set by start_detached for a log in a private dir
 
 
 def mount_log(kind: str) -> Path:
@@ -247,6 +250,19 @@ def mount_log(kind: str) -> Path:
     shared = os.environ.get(LOG_DIR_ENV)
     where = Path(shared) if shared else Path(tempfile.mkdtemp(prefix=f"bootseer-{kind}-"))
     return where / f"bootseer-{kind}-{os.getpid()}-{os.urandom(4).hex()}.log"
+
+
+def drop_private_log() -> None:
+    """After a clean unmount, remove the log `start_detached` made in a private directory
+    (`mount_log`), and the directory: nothing is left behind in the temp dir. A log in
+    BOOTSEER_LOG_DIR is the operator's and stays, as does any log of a mount that failed
+    (its process never gets here)."""
+    path = os.environ.get(MOUNT_LOG_ENV)
+    if not path:
+        return
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+        os.rmdir(os.path.dirname(path))
 
 
 def _open_new_log(log_path: Path) -> int:
@@ -266,12 +282,16 @@ def start_detached(argv: list[str], log_path: Path, timeout_s: float) -> dict[st
     (`fusefs.server`), else it is started here. The line, plus the process's "pid";
     MountError with the log's end if it does not come."""
     log_fd = _open_new_log(log_path)
+    private = not os.environ.get(LOG_DIR_ENV)
     read_fd, write_fd = os.pipe()
     with open(read_fd, "rb") as out:
         with open(log_fd, "ab") as log_file:
+            if private:  # the child inherits it (a mount server's too: it sends os.environ)
+                os.environ[MOUNT_LOG_ENV] = str(log_path)
             try:
                 started = _start(argv, write_fd, log_file.fileno())
             finally:
+                os.environ.pop(MOUNT_LOG_ENV, None)
                 os.close(write_fd)
         ready_now, _, _ = select.select([out], [], [], timeout_s)
         line = out.readline() if ready_now else b""
