@@ -12,6 +12,14 @@ reporting), which costs several times the copy. One JSON line: CPU seconds per G
 each way, every round, and the median ratio mmap / write.
 
     python benchmarks/write_paths.py [--mib 512] [--rounds 2] [--dir DIR]
+
+Alone, the mapping measured 0.97-1.57 CPU-s per GiB against 1.18-4.18 for write(2)
+while the host's pages were fresh, and 0.59-0.98 against 0.39-0.57 once they were
+backed. In the agents it lost: `benchmarks/ab.py`, 8 x 256 MiB uncapped, 3 rounds,
+the store filling chunk files through a mapping took 2.99-3.57 CPU-s per GiB (user
+1.14-1.65) against 2.14-2.99 (user 0.92-1.03) with write(2), so the store writes.
+(The copy into a mapping runs in user space holding the GIL, in the store's worker
+thread, where write(2) releases it.)
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ import uvloop
 
 from p2p.content import CHUNK_SIZE, DEFAULT_DIGEST, DIGESTS, ContentId
 from p2p.errors import UserError
-from p2p.store import write_mapped
+from p2p.store import write_all
 from p2p.testing.demo import ROUND_TIMEOUT_S, distribute
 from p2p.testing.localcluster import AgentHandle, LocalCluster, wait_all_complete, write_random_file
 from p2p.units import GiB, MiB, positive_int, size_arg
@@ -186,11 +186,10 @@ async def _rounds(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, 
 
 
 def write_cost(directory: Path, nbytes: int) -> float:
-    """CPU seconds per GiB that writing `nbytes` of new chunk files, the store's way
-    (`p2p.store.write_mapped`), costs this thread.
+    """CPU seconds per GiB that writing `nbytes` of new chunk files costs this thread.
 
     On a VM whose free memory the host takes back (free page reporting), the first
-    touch of a page is a fault on the host, charged to the guest: write(2) into fresh
+    touch of a page is a fault on the host, charged to the guest: writing into fresh
     page cache measured 3.3-3.9 CPU-s per GiB here, and 0.16-0.19 once the pages
     were backed again (pages freed a moment ago, e.g. by the last round's stores,
     are handed out first, so the probe may see backed pages where the agents,
@@ -201,9 +200,9 @@ def write_cost(directory: Path, nbytes: int) -> float:
     block = memoryview(os.urandom(CHUNK_SIZE))
     before = resource.getrusage(resource.RUSAGE_THREAD)
     for i in range(nbytes // CHUNK_SIZE):
-        fd = os.open(directory / f"{i}.chunk", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        fd = os.open(directory / f"{i}.chunk", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
-            write_mapped(fd, block)
+            write_all(fd, block)
         finally:
             os.close(fd)
     after = resource.getrusage(resource.RUSAGE_THREAD)

@@ -175,14 +175,14 @@ async def break_mid_transfer(cluster: LocalCluster, agent: AgentHandle, content:
 
 def delete_tree(path: Path) -> None:
     """rmtree under a live writer: the agent may put a chunk file into a directory
-    between rmtree's listing and its rmdir (ENOTEMPTY), so go again, a bounded number
-    of times."""
+    between rmtree's listing and its rmdir (ENOTEMPTY), or rename a temp file it listed
+    before rmtree unlinks it (ENOENT), so go again, a bounded number of times."""
     for _ in range(20):
         try:
             shutil.rmtree(path)
             return
         except OSError as exc:
-            if exc.errno != errno.ENOTEMPTY:
+            if exc.errno not in (errno.ENOTEMPTY, errno.ENOENT):
                 raise
     raise AssertionError(f"{path} kept being written to while it was deleted")
 
