@@ -109,7 +109,8 @@ def add_umount(sub: argparse._SubParsersAction[argparse.ArgumentParser], what: s
 
 
 def run_umount(args: argparse.Namespace) -> int:
-    from fusefs.mount import force_unmount, is_mounted
+    from fusefs.mount import force_unmount
+    from fusefs.mountinfo import is_mounted
 
     if not is_mounted(args.mountpoint):
         raise UserError(f"no FUSE mount at {args.mountpoint}")

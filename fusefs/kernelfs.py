@@ -399,7 +399,7 @@ async def serve_kernel(tree: Tree, source: Source, whole: WholeFiles, path: str,
     unmount and close `source`. PassthroughUnavailable, with nothing mounted and
     `source` still open, if this node cannot (no privilege, or the kernel did not
     take passthrough at INIT): the caller serves another way."""
-    from fusefs.mount import set_read_ahead
+    from fusefs.mountinfo import set_read_ahead
 
     fd = mount_device(path, allow_other)
     fs = KernelFS(tree, source, whole, fd, path)

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fusefs.mountinfo import is_mounted, set_read_ahead
 from p2p.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -87,12 +88,14 @@ async def serve(tree: Any, source: Any, mountpoint: Path, read_ahead_kb: int = R
             if why is None:
                 await serve_kernel(tree, source, whole, path, read_ahead_kb, allow_other,
                                    on_ready)
+                drop_private_log()  # a clean unmount: the log has nothing to tell
                 return
         except PassthroughUnavailable as exc:
             why = str(exc)
         log.info("no FUSE passthrough at %s (%s): every read goes through the handler",
                  path, why)
     await _serve_pyfuse3(tree, source, path, read_ahead_kb, allow_other, on_ready)
+    drop_private_log()
 
 
 async def _serve_pyfuse3(tree: Any, source: Any, path: str, read_ahead_kb: int,
@@ -208,49 +211,9 @@ def keep_reply_buffers_on_the_heap() -> None:
         log.info("no glibc mallopt here; reply buffers stay where the allocator puts them")
 
 
-def mount_device(mountinfo: str, path: str) -> str | None:
-    """The major:minor of the last FUSE mount at `path` in a /proc/<pid>/mountinfo text."""
-    found = None
-    for line in mountinfo.splitlines():
-        fields = line.split()
-        if len(fields) < 10 or "-" not in fields:
-            continue
-        fstype = fields[fields.index("-") + 1]
-        if _unescape(fields[4]) == path and fstype.startswith("fuse"):
-            found = fields[2]
-    return found
-
-
-def _unescape(field: str) -> str:
-    """mountinfo writes space, tab, newline and backslash as octal escapes."""
-    for code in ("\\040", "\\011", "\\012", "\\134"):
-        field = field.replace(code, chr(int(code[1:], 8)))
-    return field
-
-
-def set_read_ahead(path: str, kb: int) -> int | None:
-    """Set the read-ahead of the FUSE mount at `path`; the value now in effect (None if the
-    BDI cannot be found or written: the mount still works, with 128 KiB reads)."""
-    try:
-        device = mount_device(Path("/proc/self/mountinfo").read_text(), path)
-        if device is None:
-            log.warning("no FUSE mount at %s in /proc/self/mountinfo; read-ahead unchanged", path)
-            return None
-        knob = Path("/sys/class/bdi") / device / "read_ahead_kb"
-        knob.write_text(f"{kb}\n")
-        return int(knob.read_text())
-    except OSError as exc:
-        log.warning("cannot raise the read-ahead of %s (%s); reads stay at 128 KiB", path, exc)
-        return None
-
-
 # ---- a mount in a child process -----------------------------------------------------------
 
 
-def is_mounted(path: Path | str) -> bool:
-    """Whether a FUSE mount is at `path` (from /proc/self/mountinfo, without touching it)."""
-    text = Path("/proc/self/mountinfo").read_text()
-    return mount_device(text, os.path.realpath(path)) is not None
 
 
 def force_unmount(path: Path | str) -> None:
@@ -271,6 +234,7 @@ def ready_line(info: dict[str, Any]) -> None:
 
 
 LOG_DIR_ENV = "BOOTSEER_LOG_DIR"
+MOUNT_LOG_ENV = "BOOTSEER_MOUNT_LOG"  # set by start_detached for a log in a private dir
 
 
 def mount_log(kind: str) -> Path:
@@ -283,6 +247,19 @@ def mount_log(kind: str) -> Path:
     shared = os.environ.get(LOG_DIR_ENV)
     where = Path(shared) if shared else Path(tempfile.mkdtemp(prefix=f"bootseer-{kind}-"))
     return where / f"bootseer-{kind}-{os.getpid()}-{os.urandom(4).hex()}.log"
+
+
+def drop_private_log() -> None:
+    """After a clean unmount, remove the log `start_detached` made in a private directory
+    (`mount_log`), and the directory: nothing is left behind in the temp dir. A log in
+    BOOTSEER_LOG_DIR is the operator's and stays, as does any log of a mount that failed
+    (its process never gets here)."""
+    path = os.environ.get(MOUNT_LOG_ENV)
+    if not path:
+        return
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+        os.rmdir(os.path.dirname(path))
 
 
 def _open_new_log(log_path: Path) -> int:
@@ -302,12 +279,16 @@ def start_detached(argv: list[str], log_path: Path, timeout_s: float) -> dict[st
     (`fusefs.server`), else it is started here. The line, plus the process's "pid";
     MountError with the log's end if it does not come."""
     log_fd = _open_new_log(log_path)
+    private = not os.environ.get(LOG_DIR_ENV)
     read_fd, write_fd = os.pipe()
     with open(read_fd, "rb") as out:
         with open(log_fd, "ab") as log_file:
+            if private:  # the child inherits it (a mount server's too: it sends os.environ)
+                os.environ[MOUNT_LOG_ENV] = str(log_path)
             try:
                 started = _start(argv, write_fd, log_file.fileno())
             finally:
+                os.environ.pop(MOUNT_LOG_ENV, None)
                 os.close(write_fd)
         ready_now, _, _ = select.select([out], [], [], timeout_s)
         line = out.readline() if ready_now else b""

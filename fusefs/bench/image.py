@@ -307,8 +307,8 @@ async def _config_of(ref: str) -> dict[str, Any]:
 
 
 async def _layer_contents(cluster: Any, ref: str) -> list[str]:
-    from fusefs.image.catalog import layer_name
     from p2p.origin.oci import RegistryClient
+    from p2p.origin.oci_origin import layer_name
     from p2p.origin.oci_ref import parse_reference
     from p2p.tracker_client import TrackerClient
 

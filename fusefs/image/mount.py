@@ -34,7 +34,8 @@ from fusefs.image.forked import ForkedMount
 from fusefs.image.record import WINDOW_S, Record, Recorder
 from fusefs.image.source import ImageSource
 from fusefs.image.toc import LayerError
-from fusefs.mount import READ_AHEAD_KB, is_mounted, serve
+from fusefs.mount import READ_AHEAD_KB, serve
+from fusefs.mountinfo import is_mounted
 from fusefs.source import READ_TIMEOUT_S, AgentSource, SourceError
 from fusefs.tree import Layer, Tree, build_tree
 from p2p.agentclient import AgentClient

@@ -11,6 +11,7 @@ import asyncio
 import os
 from dataclasses import dataclass
 
+import blake3
 import pytest
 
 from depsnap.frames import FrameWriter
@@ -61,7 +62,8 @@ def _pack(raw: bytes) -> tuple[Pack, bytes]:
     writer = FrameWriter(FRAME)
     stored = b"".join([*writer.feed(raw), *writer.finish()])
     content = "c1-" + "5" * 64
-    return Pack("unit", content, len(raw), (Member("d", 0, len(raw)),), FRAME,
+    digest = blake3.blake3(raw).hexdigest()  # the mount serves a member only once it matches
+    return Pack("unit", content, len(raw), (Member(digest, 0, len(raw)),), FRAME,
                 tuple(writer.frames)), stored
 
 
@@ -90,12 +92,17 @@ async def test_a_read_across_frames_gives_exactly_the_bytes_asked_for(offset: in
     await source.close()
 
 
-async def test_only_the_frame_read_is_decoded_and_the_rest_of_the_file_is_prefetched(
-        ) -> None:
+async def test_a_files_first_read_checks_it_whole_and_the_file_is_prefetched() -> None:
+    """A lazy mount serves a file only once its whole member matches the snapshot's digest
+    (as a restore does): the first read decodes every frame of it, once; later reads of it
+    decode nothing again."""
     source, held, pack = _source(os.urandom(FRAMES * FRAME))
     await source.read(pack.content, 3 * FRAME, 10)
     await _settle()
-    assert held.reads == [sum(pack.frames[:3])]
+    starts = [sum(pack.frames[:i]) for i in range(len(pack.frames))]
+    assert sorted(held.reads) == starts
+    await source.read(pack.content, 5 * FRAME, 10)
+    assert sorted(held.reads) == starts
     # The file is the whole pack: its stored bytes' chunks go to the agent as a prefetch.
     chunks = list(range((sum(pack.frames) - 1) // (4 * FRAME) + 1))
     assert held.client.prefetched == [(pack.content, chunks)]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import stat
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -42,3 +43,28 @@ def test_the_log_goes_to_a_private_directory_and_works(
     assert ready["ok"] == 1
     assert "mount log line" in path.read_text()
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_a_private_log_is_removed_after_a_clean_unmount(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`serve` ends a clean unmount with `drop_private_log`; here a child stands in for the
+    serving process and does just that, as its last act."""
+    monkeypatch.delenv("BOOTSEER_MOUNT_SERVER", raising=False)
+    monkeypatch.delenv("BOOTSEER_LOG_DIR", raising=False)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    path = mount_log("image")
+    ended = tmp_path / "ended"
+    child = (f"{READY}; import sys, pathlib; sys.stdout.flush(); "
+             f"from fusefs.mount import drop_private_log; drop_private_log(); "
+             f"pathlib.Path({str(ended)!r}).touch()")
+    start_detached([sys.executable, "-c", child], path, 30.0)
+    for _ in range(100):  # bounded: 10 s for the child to finish
+        if ended.exists():
+            break
+        time.sleep(0.1)
+    assert ended.exists()
+    assert not path.exists() and not path.parent.exists()
+    assert list(tmp_path.iterdir()) == [ended]

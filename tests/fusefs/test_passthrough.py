@@ -37,8 +37,9 @@ from fusefs import protocol as P
 from fusefs.backing import WHOLE_NAME, WholeFiles
 from fusefs.mount import Mount
 from fusefs.tree import Entry, Extent, Kind, Layer, build_tree
-from p2p.content import Manifest, ManifestBuilder, MiB
+from p2p.content import Manifest, ManifestBuilder
 from p2p.store import ChunkStore
+from p2p.units import MiB
 
 SIZE = 9 * MiB + 12345  # three 4 MiB chunks, the last one short
 PART = (5 * MiB + 7, 100_000)  # an extent inside the content: never passthrough

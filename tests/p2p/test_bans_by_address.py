@@ -16,12 +16,13 @@ from typing import Any
 from helpers.hostile import HostilePeer
 from helpers.waiting import WAIT_S, until
 
-from p2p.content import ContentId, MiB, PeerId
+from p2p.content import ContentId, PeerId
 from p2p.swarm.config import SwarmConfig
 from p2p.swarm.events import ChunkArrived, Disconnect, PeerJoined, Request
 from p2p.swarm.swarm import Swarm
 from p2p.testing.localcluster import AgentHandle, LocalCluster, write_random_file
 from p2p.tracker_client import TrackerClient
+from p2p.units import MiB
 
 SIZE = 8 * MiB
 CHUNK = 1 * MiB

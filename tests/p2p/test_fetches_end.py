@@ -9,13 +9,17 @@ hang fails the test instead of stalling it, not a timing claim.
 from __future__ import annotations
 
 import asyncio
+import random
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from p2p.agentclient import AgentError
-from p2p.content import MiB
+from p2p.content import PeerId
+from p2p.swarm.config import SwarmConfig
+from p2p.swarm.events import Abort, ChunkFailed, FetchFromOrigin, PeerJoined, PeersFound
+from p2p.swarm.swarm import Swarm
 from p2p.testing.localcluster import (
     LocalCluster,
     bootseer_command,
@@ -23,6 +27,47 @@ from p2p.testing.localcluster import (
     write_random_file,
 )
 from p2p.tracker_client import TrackerClient, TrackerError
+from p2p.units import MiB
+
+
+def _drive(s: Swarm, first: list[object], definite: bool, until_s: float
+           ) -> tuple[list[Abort], float]:
+    """Fail every origin fetch `s` makes, following its timer, until it aborts or until_s."""
+    now, acts, aborts = 0.0, first, []
+    while now < until_s:
+        while acts:  # failing a fetch may start another, or end the content at once
+            a = acts.pop(0)
+            aborts += [a] if isinstance(a, Abort) else []
+            if isinstance(a, FetchFromOrigin):
+                acts += s.handle(ChunkFailed(a.chunk, None, "origin x answered HTTP 404",
+                                             definite), now)
+        if aborts or (t := s.next_timer()) is None:
+            break
+        now = t
+        acts = list(s.handle_timer(now))
+    return aborts, now
+
+
+def _fetcher() -> tuple[Swarm, list[object]]:
+    s = Swarm(PeerId("me"), "r", 2, [False, False], 100, SwarmConfig(), random.Random(1), 0.0)
+    return s, list(s.handle(PeersFound((), origin_slot=0, origin_slots=1), 0.0))
+
+
+def test_definite_answers_abort_within_origin_refused_s_transient_ones_do_not() -> None:
+    s, first = _fetcher()
+    aborts, when = _drive(s, first, definite=True, until_s=60.0)
+    assert aborts and "origin cannot serve" in aborts[0].reason and "HTTP 404" in aborts[0].reason
+    assert when <= SwarmConfig().origin_refused_s + SwarmConfig().backoff_max_s
+    s, first = _fetcher()
+    assert _drive(s, first, definite=False, until_s=60.0)[0] == []  # the 180 s rule only
+
+
+def test_a_peer_that_holds_a_missing_chunk_keeps_the_content_alive() -> None:
+    s, first = _fetcher()
+    s.handle(PeerJoined(PeerId("p"), "r", (False, True)), 0.0)
+    aborts, _ = _drive(s, first, definite=True, until_s=60.0)
+    assert not any("origin cannot serve" in a.reason for a in aborts)
+
 
 SIZE = 6 * MiB
 CHUNK = 1 * MiB

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import aiohttp
 
-from p2p.content import MiB
 from p2p.testing.localcluster import LocalCluster, write_random_file
+from p2p.units import MiB
 
 DEPTH = 100_000
 
