@@ -42,6 +42,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from depsnap.relocate import relocate
 from depsnap.snapshot import RESTORE_LOCK_NAME, Entry, Snapshot
 from depsnap.unpack import UnpackError, unpack
 from p2p.agentclient import AgentClient
@@ -81,6 +82,10 @@ async def restore(agent: AgentClient, snapshot: Snapshot, prefix: Path,
     try:
         with _building(tmp):
             stats = await _build(agent, snapshot, str(tmp), cache_dir, store_dir)
+            moved = relocate(tmp, snapshot.prefix, str(prefix))
+            if moved:
+                log.info("restored at %s, made at %s: rewrote %d entry points (%s)",
+                         prefix, snapshot.prefix, len(moved), ", ".join(moved[:5]))
             os.chmod(tmp, ROOT_MODE)
             os.unlink(tmp / LOCK_NAME)  # still locked through its descriptor
             os.rename(tmp, prefix)

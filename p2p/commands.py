@@ -17,6 +17,7 @@ from typing import Any
 import uvloop
 
 from p2p import discovery
+from p2p.cli import cluster_secret
 from p2p.content import CHUNK_SIZE, DEFAULT_DIGEST, DIGESTS, Manifest
 from p2p.discovery import find_api_socket
 from p2p.errors import UserError
@@ -53,8 +54,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(run=_run_publish)
 
     p = sub.add_parser("get", help="have the local agent fetch a content (and copy it out)")
-    p.add_argument("content")
+    p.add_argument("content", metavar="ID|NAME",
+                   help="a content id (c1-...) or a name given with `publish --name`")
     p.add_argument("--out", type=Path, help="write the verified bytes to this file")
+    p.add_argument("--tracker", default=os.environ.get("BOOTSEER_TRACKER",
+                                                       "http://127.0.0.1:7070"),
+                   help="where a name is looked up (env BOOTSEER_TRACKER)")
     _api_socket_flag(p)
     p.set_defaults(run=_run_get)
 
@@ -316,12 +321,43 @@ async def _check_origin(manifest: Manifest, path: Path) -> None:
                         f"{len(buf)} bytes differ); nothing was published")
 
 
+def _content_id(text: str, tracker_url: str) -> str:
+    """`text` if it is a content id, else the id the tracker's name `text` stands for."""
+    from p2p.content import ManifestError, check_content_id
+    from p2p.tracker_client import TrackerClient, TrackerError, TrackerUnavailable, check_name
+
+    try:
+        return check_content_id(text)
+    except ManifestError:
+        pass
+    try:
+        check_name(text)
+    except ValueError:
+        raise UserError(f"{text!r} is neither a content id (c1- and 64 hex digits) "
+                        "nor a name") from None
+
+    async def look_up() -> str:
+        async with TrackerClient(tracker_url, cluster_secret()) as tracker:
+            return str(await tracker.get_name(text))
+
+    try:
+        return asyncio.run(look_up())
+    except TrackerError as exc:
+        if exc.status == 404:
+            raise UserError(f"no content is named {text!r} at {tracker_url}") from None
+        raise UserError(str(exc)) from None
+    except TrackerUnavailable as exc:
+        raise UserError(str(exc)) from None
+
+
 def _run_get(args: argparse.Namespace) -> int:
     from p2p.agentclient import AgentClient, AgentError
 
+    args.content = _content_id(args.content, args.tracker)
+
     async def get() -> dict[str, Any]:
         async with AgentClient(find_api_socket(args.api_socket)) as client:
-            info = await client.ensure(args.content)
+            info = await _ensure_showing_progress(client, args.content)
             if args.out:
                 with open(args.out, "wb") as out:
                     for offset in range(0, info["size"], 64 * MiB):
@@ -335,6 +371,29 @@ def _run_get(args: argparse.Namespace) -> int:
         raise UserError(str(exc)) from exc
     print(json.dumps({"content": args.content, **info}))
     return 0
+
+
+async def _ensure_showing_progress(client: Any, content: str) -> dict[str, Any]:
+    """`ensure`, with its progress on stderr (p2p.progress) read from the agent's status."""
+    from p2p.progress import REFRESH_S, Progress
+
+    fetch = asyncio.ensure_future(client.ensure(content))
+    progress = None
+    try:
+        while not fetch.done():
+            await asyncio.wait([fetch], timeout=REFRESH_S)
+            info = (await client.status())["contents"].get(content)
+            if info is None:
+                continue  # the agent has not opened it yet
+            progress = progress or Progress(f"get {content[:15]}", info["size"])
+            chunks = max(info["chunks"], 1)
+            done = info["size"] if info["complete"] else info["size"] * info["have"] // chunks
+            progress.update(done, info["peer_bytes"], info["origin_bytes"])
+        return dict(await fetch)
+    finally:
+        fetch.cancel()
+        if progress is not None:
+            progress.close()
 
 
 def _run_status(args: argparse.Namespace) -> int:

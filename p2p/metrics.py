@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    disable_created_metrics,
+    generate_latest,
+)
+
+# Every counter would also export a `_created` series (its creation time): twice the
+# series for nothing a dashboard uses. The switch is process-wide; the tracker's
+# metrics (tracker.state) turn it off too.
+disable_created_metrics()  # type: ignore[no-untyped-call]
 
 
 class AgentMetrics:

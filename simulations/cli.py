@@ -54,7 +54,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--json", action="store_true", help="print one JSON summary line")
     p.add_argument("--engine", choices=ENGINES, default="compiled",
                    help="compiled (mypyc, built once per source version; the default) or "
-                        "python")
+                        "python; for a sweep, what local workers run (a cluster's workers "
+                        "run what they have)")
     p.add_argument("--scheduler", metavar="ADDRESS",
                    help="sweep: a Dask scheduler's address (default: a local cluster)")
     p.add_argument("--workers", type=int, metavar="N",

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import os
 import secrets
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from helpers.cluster import Background
 
 # The everyday subset, `pytest -m "not slow"`: the modules that start no process (no agent,
 # tracker, registry, HDFS, Redis, FUSE mount, compiler or installer) and take seconds.
@@ -44,6 +46,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def cluster_secret() -> bytes:
     """A fresh cluster secret for this test session; nothing global is set."""
     return secrets.token_bytes(32)
+
+
+@pytest.fixture
+async def background() -> AsyncIterator[Background]:
+    """Tasks a test runs beside its main line; whatever is left is cancelled at the end."""
+    tasks = Background()
+    try:
+        yield tasks
+    finally:
+        await tasks.cancel_all()
 
 
 @pytest.fixture(scope="session")

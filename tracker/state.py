@@ -28,7 +28,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics
 
 from p2p.content import Manifest, check_content_id
 from tracker import names, origins
@@ -40,6 +40,8 @@ from tracker.registry import Registry
 from tracker.store import Documents
 
 log = logging.getLogger("bootseer.tracker")
+
+disable_created_metrics()  # type: ignore[no-untyped-call]  # no `_created` twins (p2p.metrics)
 
 
 class Metrics:

@@ -74,7 +74,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from depsnap.testing.wheelhouse import ML_WHEELS, PYTHON, wheelhouse
+from depsnap.testing.wheelhouse import ML_LOCK, ML_WHEELS, PYTHON, wheelhouse
 from fusefs.server import SERVER_ENV
 from p2p.process import cpu_seconds
 from p2p.testing.localcluster import AgentHandle, LocalCluster, bootseer_command
@@ -102,7 +102,7 @@ def _run(args: argparse.Namespace) -> int:
 
 async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     packages = args.packages or list(ML_WHEELS)
-    wheels = await asyncio.to_thread(wheelhouse, packages)
+    wheels = await asyncio.to_thread(wheelhouse, ML_LOCK, args.packages or ())
     with tempfile.TemporaryDirectory(prefix="bootseer-bench-depsnap-") as tmp:
         work = args.workdir or Path(tmp)
         cluster = LocalCluster(work / "cluster")

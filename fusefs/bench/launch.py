@@ -110,7 +110,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 async def _bench(args: argparse.Namespace) -> dict[str, Any]:
-    from depsnap.testing.wheelhouse import PYTHON, TEST_WHEELS, wheelhouse
+    from depsnap.testing.wheelhouse import PYTHON, TEST_LOCK, TEST_WHEELS, wheelhouse
     from fusefs.testing.sample import python3_image
     from p2p.testing.testbed.netns import TestbedError, testbed
     from p2p.testing.testbed.plan import Spec, SpecError
@@ -122,7 +122,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     packages = args.packages or list(TEST_WHEELS)
     log("building the image and the wheelhouse (cached after the first run)")
     image = await python3_image()
-    wheels = await asyncio.to_thread(wheelhouse, packages)
+    wheels = await asyncio.to_thread(wheelhouse, TEST_LOCK, args.packages or ())
     spec = Spec(args.nodes, args.racks, args.node_cap, args.origin_cap, args.oversubscription,
                 name=args.name, subnet=args.subnet)
     with tempfile.TemporaryDirectory(prefix="bootseer-bench-launch-") as tmp:

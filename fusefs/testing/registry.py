@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 import subprocess
 import time
 import urllib.error
@@ -49,9 +50,10 @@ class Registry:
 
 
 @contextlib.contextmanager
-def local_registry(directory: Path, auth: dict[str, object] | None = None
-                   ) -> Iterator[Registry]:
-    """A started docker-registry on 127.0.0.1 (see the module docstring); stopped on exit."""
+def local_registry(directory: Path, auth: dict[str, object] | None = None,
+                   port: int | None = None) -> Iterator[Registry]:
+    """A started docker-registry on 127.0.0.1 (see the module docstring), on `port` or a
+    free one; stopped on exit."""
     if not Path(REGISTRY_BIN).is_file():
         raise RegistryStartError(
             "docker-registry is not installed: apt-get install docker-registry")
@@ -59,21 +61,37 @@ def local_registry(directory: Path, auth: dict[str, object] | None = None
     log_path = directory / "registry.log"
     process = None
     try:
-        for _ in range(3):  # a free port can be taken between probe and bind
-            port = free_port()
+        if port is not None:
+            _check_free(port)  # else another registry there would answer our readiness probe
+        # A free port can be taken between probe and bind: then try another. A port asked
+        # for is tried once.
+        for _ in range(3 if port is None else 1):
+            listen = free_port() if port is None else port
             with log_path.open("ab") as log:
                 process = subprocess.Popen(
-                    [REGISTRY_BIN, "serve", str(_write_config(directory, port, auth or {}))],
+                    [REGISTRY_BIN, "serve", str(_write_config(directory, listen, auth or {}))],
                     stdout=log, stderr=subprocess.STDOUT)
-            if _wait_ready(process, port, log_path):
+            if _wait_ready(process, listen, log_path):
                 break
         else:
-            raise RegistryStartError(f"docker-registry exited at start; its log:\n"
-                               f"{log_path.read_text()[-2000:]}")
-        yield Registry(f"127.0.0.1:{port}", directory / "storage", log_path, process)
+            said = log_path.read_text()[-2000:]
+            if port is not None and "address already in use" in said:
+                raise RegistryStartError(f"cannot listen on 127.0.0.1:{port}: "
+                                         "address already in use")
+            raise RegistryStartError(f"docker-registry exited at start; its log:\n{said}")
+        yield Registry(f"127.0.0.1:{listen}", directory / "storage", log_path, process)
     finally:
         if process is not None:
             stop_popen(process)
+
+
+def _check_free(port: int) -> None:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise RegistryStartError(f"cannot listen on 127.0.0.1:{port}: {exc.strerror}"
+                                     ) from None
 
 
 def _write_config(directory: Path, port: int, auth: dict[str, object]) -> Path:

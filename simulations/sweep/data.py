@@ -31,8 +31,8 @@ import pyarrow.parquet as pq
 
 from simulations.sweep.plan import TIME_METRICS, Axis, Point, Sweep, Value
 
-# Summary fields that do not describe the run: which process ran it and how busy it was.
-NOT_RESULTS = ("peak_rss_mb", "engine")
+# A summary field that does not describe the run: the peak RSS of the worker process.
+NOT_RESULTS = ("peak_rss_mb",)
 
 
 def describe(sweep: Sweep, runs: Sequence[Point]) -> dict[str, Any]:

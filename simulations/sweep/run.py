@@ -29,7 +29,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from simulations import report, scenario
+from simulations import compiled, report, scenario
 from simulations.scenario import Scenario, ScenarioError
 from simulations.simulation import Simulation
 from simulations.sweep import data
@@ -45,6 +45,7 @@ class Loaded:
     sweep: Sweep
     runs: list[Point]
     scenarios: dict[str, Scenario]
+    tasks: dict[str, tuple[dict[str, Any], str, str]]  # run -> what `run_tables` takes
 
 
 @dataclass(slots=True)
@@ -84,9 +85,10 @@ def load(name_or_path: str) -> Loaded:
     except ScenarioError as exc:
         raise SweepError(f"{source}: sweep.scenario: {exc}") from None
     runs = check(sweep, base, lambda tables: scenario.parse(tables, scenario_source, name))
-    scenarios = {p.name: scenario.parse(apply(base, sweep, p.params, p.seed),
-                                        scenario_source, name) for p in runs}
-    return Loaded(sweep, runs, scenarios)
+    tasks = {p.name: (apply(base, sweep, p.params, p.seed), scenario_source, name)
+             for p in runs}
+    scenarios = {run: scenario.parse(*task) for run, task in tasks.items()}
+    return Loaded(sweep, runs, scenarios, tasks)
 
 
 def run_point(s: Scenario) -> tuple[dict[str, Any], dict[str, list[Any]]]:
@@ -97,8 +99,17 @@ def run_point(s: Scenario) -> tuple[dict[str, Any], dict[str, list[Any]]]:
     sim = Simulation(s)
     stop = sim.run()
     result = report.collect(sim, stop, time.perf_counter() - started)
-    summary = dict(result.summary, cpu_seconds=round(time.thread_time() - cpu, 3))
+    summary = dict(result.summary, cpu_seconds=round(time.thread_time() - cpu, 3),
+                   engine="compiled" if compiled.active() else "python")
     return summary, result.columns
+
+
+def run_tables(tables: dict[str, Any], source: str,
+               name: str) -> tuple[dict[str, Any], dict[str, list[Any]]]:
+    """The task: `run_point` of the scenario these tables make (checked by the client
+    already). Tables, not a `Scenario`, travel to the worker: plain values unpickle the
+    same into the plain-Python and the compiled build of the simulator."""
+    return run_point(scenario.parse(tables, source, name))
 
 
 # ---- running on Dask -------------------------------------------------------------------------
@@ -113,14 +124,17 @@ def _distributed() -> Any:
 
 
 @contextlib.contextmanager
-def client_for(scheduler: str | None, workers: int | None) -> Iterator[Any]:
+def client_for(scheduler: str | None, workers: int | None,
+               build: Path | None = None) -> Iterator[Any]:
     """A Dask client: on the cluster at `scheduler` (waiting for `workers` to join), or on a
-    LocalCluster of `workers` single-threaded processes (default: one per core)."""
+    LocalCluster of `workers` single-threaded processes (default: one per core), which run
+    the compiled `build` of the simulator if one is given (simulations.compiled)."""
     dd = _distributed()
     if scheduler is None:
         count = workers or os.cpu_count() or 1
-        with dd.LocalCluster(n_workers=count, threads_per_worker=1, processes=True,
-                          dashboard_address=":0", silence_logs=logging.ERROR) as cluster, \
+        with _first_on_path(build), \
+                dd.LocalCluster(n_workers=count, threads_per_worker=1, processes=True,
+                                dashboard_address=":0", silence_logs=logging.ERROR) as cluster, \
                 dd.Client(cluster) as client:
             yield client
         return
@@ -135,6 +149,21 @@ def client_for(scheduler: str | None, workers: int | None) -> Iterator[Any]:
         yield client
 
 
+@contextlib.contextmanager
+def _first_on_path(build: Path | None) -> Iterator[None]:
+    """`build` first on this process's import path while the cluster lives: a local
+    worker is spawned with its parent's path (and restarted with it if it dies), so it
+    imports the compiled packages; this process has imported its own already."""
+    if build is None:
+        yield
+        return
+    sys.path.insert(0, str(build))
+    try:
+        yield
+    finally:
+        sys.path.remove(str(build))
+
+
 def execute(loaded: Loaded, out: Path, client: Any, progress: Progress | None) -> Outcome:
     """Run what `out` lacks of `loaded` on `client`, writing each result as it comes."""
     as_completed = _distributed().as_completed
@@ -146,7 +175,7 @@ def execute(loaded: Loaded, out: Path, client: Any, progress: Progress | None) -
     by_key: dict[str, Point] = {}
     futures = []
     for point in todo:
-        future = client.submit(run_point, loaded.scenarios[point.name], key=f"sim-{point.name}")
+        future = client.submit(run_tables, *loaded.tasks[point.name], key=f"sim-{point.name}")
         by_key[future.key] = point
         futures.append(future)
     if progress is not None:

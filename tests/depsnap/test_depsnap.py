@@ -171,7 +171,21 @@ async def test_run_creates_on_one_agent_and_restores_a_working_venv_on_another(
                                             "--prefix", str(again), cwd=work)
         assert status == 0, err
         assert (second["fetched_packs"], second["cached_files"]) == (0, second["files"])
-        assert tree_of(again) == tree_of(installed)
+        # At another prefix, the same tree but for the entry points, which name where they
+        # are now; the files they replaced (hard links into the cache) are left alone.
+        before, after = tree_of(installed), tree_of(again)
+        assert after.keys() == before.keys()
+        moved = {rel for rel in after if after[rel] != before[rel]}
+        assert {"bin/activate", "bin/tabulate"} <= moved
+        assert all(rel.startswith("bin/") for rel in moved), moved
+        assert (again / "bin" / "tabulate").read_text().startswith(f"#!{again}/bin/python")
+        assert (prefix / "bin" / "tabulate").read_text().startswith(  # B's first restore
+            f"#!{prefix}/bin/python")
+        assert f"VIRTUAL_ENV={again}" in (again / "bin" / "activate").read_text() \
+            or f"VIRTUAL_ENV='{again}'" in (again / "bin" / "activate").read_text()
+        table = subprocess.run([str(again / "bin" / "tabulate"), "--help"],
+                               capture_output=True, text=True, timeout=60)
+        assert table.returncode == 0 and "Usage" in table.stdout, table.stderr
 
 
 async def pack_bytes_held(node: Node, packs: list[str]) -> int:

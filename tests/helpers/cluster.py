@@ -5,12 +5,11 @@ under way, read an agent's status and metrics, run a round checked byte for byte
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-import pytest
 
 from helpers.waiting import until
 from p2p.content import ContentId, Manifest, PeerId
@@ -48,15 +47,6 @@ class Background:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-
-
-@pytest.fixture
-async def background() -> AsyncIterator[Background]:
-    tasks = Background()
-    try:
-        yield tasks
-    finally:
-        await tasks.cancel_all()
 
 
 async def start_cluster(cluster: LocalCluster, tmp_path: Path,

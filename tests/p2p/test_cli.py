@@ -67,7 +67,7 @@ def test_agent_with_bad_config_file_exits_cleanly(tmp_path: Path) -> None:
 
 
 def test_get_without_agent_explains(tmp_path: Path) -> None:
-    result = run("get", "x3-nothing", "--api-socket", str(tmp_path / "none.sock"))
+    result = run("get", "c1-" + "0" * 64, "--api-socket", str(tmp_path / "none.sock"))
     assert result.returncode == 2
     assert "no agent is listening" in result.stderr and "Traceback" not in result.stderr
 

@@ -23,7 +23,7 @@ import pytest
 from p2p.cli import main
 from simulations import report
 from simulations.sweep import data
-from simulations.sweep.run import load, run_point
+from simulations.sweep.run import load, run_point, run_serially
 
 WAIT_S = 120.0
 # What a summary says about the machine that ran it, not about the run.
@@ -179,11 +179,18 @@ def test_a_worker_killed_mid_sweep_loses_no_run(
 
 def test_the_same_command_resumes_and_report_redraws(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """On the embedded LocalCluster, whose workers run the compiled build by default."""
     sweep = _sweep(tmp_path, 'seeds = [1, 2, 3]\nmetrics = ["p99"]\n'
                              '[vary]\n"run.nodes" = [12]\n')
     out = tmp_path / "out"
-    argv = (str(sweep), "--out", str(out), "--workers", "1")  # the embedded LocalCluster
+    argv = (str(sweep), "--out", str(out), "--workers", "1")
     assert _sweep_line(capsys, *argv)["ran"] == 3
+    rows = {r["run"]: r for r in data.read_runs(out).to_pylist()}
+    assert {r["engine"] for r in rows.values()} == {"compiled"}
+    for name, summary in run_serially(load(str(sweep))).items():  # plain Python, here
+        assert summary["engine"] == "python"
+        assert _rounded({k: rows[name][k] for k in summary if k not in MACHINE}) == \
+            _rounded(summary)
     runs = sorted((out / "runs").glob("*.parquet"))
     kept = {p: p.stat().st_mtime_ns for p in runs[1:]}
     runs[0].unlink()
@@ -227,3 +234,28 @@ def test_ctrl_c_stops_the_sweep_leaving_whole_runs_that_the_same_command_complet
     assert again.returncode == 0, again.stderr
     resumed = json.loads(again.stdout.strip().splitlines()[-1])
     assert (resumed["skipped"], resumed["ran"]) == (len(kept), 8 - len(kept))
+
+
+def test_a_run_that_raises_is_written_with_its_parameters_and_error(tmp_path: Path) -> None:
+    """A worker that cannot run a task (here: tables that its scenario reader rejects,
+    as a worker on other code might) fails that run alone, recorded in failed/."""
+    from simulations.sweep.run import client_for, execute
+
+    sweep = _sweep(tmp_path, 'seeds = [1, 2]\n[vary]\n"run.nodes" = [12]\n')
+    loaded = load(str(sweep))
+    broken = loaded.runs[1]
+    tables, source, name = loaded.tasks[broken.name]
+    loaded.tasks[broken.name] = ({**tables, "network": {**tables["network"], "racks": 0}},
+                                 source, name)
+    out = tmp_path / "out"
+    with client_for(None, 1, None) as client:
+        outcome = execute(loaded, out, client, None)
+    assert outcome.finished == [loaded.runs[0].name]
+    [(point, error)] = outcome.failed
+    assert point == broken
+    assert "network.racks" in error
+    failure = json.loads((out / "failed" / f"{broken.name}.json").read_text())
+    assert failure["params"] == {"run.nodes": 12}
+    assert failure["seed"] == broken.seed
+    assert "network.racks" in failure["error"]
+    assert data.done(out) == {loaded.runs[0].name}

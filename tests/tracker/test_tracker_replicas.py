@@ -26,7 +26,6 @@ from helpers.cluster import (
     CHUNKS,
     SIZE,
     Background,
-    background,
     info,
     round_of,
     start_agents,
@@ -48,7 +47,6 @@ from tracker.state import TRACKER, Tracker
 from tracker.testing.redisproc import RedisServer
 
 CONTENTS = [ContentId("c1-" + d * 64) for d in "abc"]
-__all__ = ["background"]  # the fixture, from test_faults
 
 
 @pytest.fixture
