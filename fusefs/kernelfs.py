@@ -20,16 +20,14 @@ the background; the next first open uses it.
 The codec is `fusefs.protocol`; this module reads requests (one `readv` each into
 one reused buffer, on the event loop, non-blocking), answers metadata inline from
 the tree, and runs OPEN and READ as tasks (they wait on disk threads or the
-agent). Mounting is mount(2) as root with `fd=N,rootmode=...`: no fusermount3.
-`PassthroughUnavailable` says why the mount cannot be served this way (no
-privilege, a kernel that does not offer passthrough); `fusefs.mount.serve` then
-serves with pyfuse3 instead.
+agent). Mounting is `fusefs.kernelmount`. `PassthroughUnavailable` says why
+the mount cannot be served this way (no privilege, a kernel that does not offer
+passthrough); `fusefs.mount.serve` then serves with pyfuse3 instead.
 """
 
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import errno
 import fcntl
 import logging
@@ -41,6 +39,7 @@ from typing import Any
 
 from fusefs import protocol as P
 from fusefs.backing import WholeFiles
+from fusefs.kernelmount import PassthroughUnavailable, mount_device, unmount
 from fusefs.source import Source, SourceError
 from fusefs.tree import Extent, Kind, Node, Tree
 from p2p.content import ContentId, Manifest
@@ -51,13 +50,6 @@ TIMEOUT_S = 24 * 3600.0  # the tree never changes
 BLOCK_SIZE = 1 << 20
 NAME_MAX = 255
 REQUEST_BUFFER = 1 << 17  # > max_write (4 KiB) + headers; xattr names fit with room
-MS_RDONLY, MS_NOSUID, MS_NODEV = 1, 2, 4
-MNT_DETACH = 2
-MIN_KERNEL = (6, 9)
-
-
-class PassthroughUnavailable(Exception):
-    """This mount cannot be served by the kernel protocol here; the message says why."""
 
 
 class FuseReply(Exception):
@@ -66,51 +58,6 @@ class FuseReply(Exception):
     def __init__(self, code: int) -> None:
         super().__init__(code)
         self.code = code
-
-
-def kernel_supports_passthrough(release: str | None = None) -> str | None:
-    """Why passthrough cannot work on this node (None: it may; INIT decides)."""
-    release = release or os.uname().release
-    try:
-        version = tuple(int(x) for x in release.split("-")[0].split(".")[:2])
-    except ValueError:
-        return f"cannot read the kernel version {release!r}"
-    if version < MIN_KERNEL:
-        return f"kernel {release} has no FUSE passthrough (Linux 6.9 or later)"
-    if os.geteuid() != 0:
-        return "FUSE passthrough needs root (CAP_SYS_ADMIN)"
-    return None
-
-
-def _libc() -> Any:
-    return ctypes.CDLL(None, use_errno=True)
-
-
-def mount_device(path: str, allow_other: bool) -> int:
-    """Open /dev/fuse and mount it read-only at `path`; the device fd."""
-    fd = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC | os.O_NONBLOCK)
-    options = (f"fd={fd},rootmode=40000,user_id={os.getuid()},group_id={os.getgid()},"
-               "default_permissions" + (",allow_other" if allow_other else ""))
-    if _libc().mount(b"bootseer", os.fsencode(path), b"fuse.bootseer",
-                     MS_RDONLY | MS_NOSUID | MS_NODEV, options.encode()) != 0:
-        code = ctypes.get_errno()
-        os.close(fd)
-        if code in (errno.EPERM, errno.EACCES):
-            raise PassthroughUnavailable(f"mount(2) of {path}: {os.strerror(code)}")
-        raise OSError(code, f"mount(2) of {path}: {os.strerror(code)}")
-    return fd
-
-
-def unmount(path: str) -> None:
-    """umount2, lazily if files are still open; quiet if nothing is mounted there."""
-    libc = _libc()
-    for flags in (0, MNT_DETACH):
-        if libc.umount2(os.fsencode(path), flags) == 0:
-            return
-        code = ctypes.get_errno()
-        if code in (errno.EINVAL, errno.ENOENT):
-            return
-    log.warning("cannot unmount %s: %s", path, os.strerror(code))
 
 
 @dataclass

@@ -80,11 +80,8 @@ async def serve(tree: Any, source: Any, mountpoint: Path, read_ahead_kb: int = R
     keep_reply_buffers_on_the_heap()
     path = os.path.realpath(mountpoint)  # before the mount: never stat our own mount
     if whole is not None:
-        from fusefs.kernelfs import (
-            PassthroughUnavailable,
-            kernel_supports_passthrough,
-            serve_kernel,
-        )
+        from fusefs.kernelfs import serve_kernel
+        from fusefs.kernelmount import PassthroughUnavailable, kernel_supports_passthrough
 
         why = kernel_supports_passthrough()
         try:

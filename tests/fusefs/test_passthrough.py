@@ -205,3 +205,10 @@ def test_a_backing_file_is_not_built_from_a_damaged_chunk(tmp_path: Path) -> Non
     fd = whole.open_verified(manifest, 0, 4 * MiB)
     assert fd is not None
     os.close(fd)
+
+
+def test_a_kernel_before_6_9_is_told_apart_before_anything_is_mounted() -> None:
+    from fusefs.kernelmount import kernel_supports_passthrough
+
+    assert "6.9" in (kernel_supports_passthrough("6.1.0-28-amd64") or "")
+    assert kernel_supports_passthrough("6.18.44-fc-v669") is None  # root here
