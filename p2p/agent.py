@@ -171,6 +171,7 @@ class Agent:
         self.node = Node(self.config.announce_interval_s, self._loop.time(),
                          line_Bps=self.config.line_Bps)
         self._rearm_node()
+        self._spawn(self._announcer.check())
         for manifest in self.store.known():
             try:  # seed what survived a restart; whoever still wants it all asks again
                 await self._open_session(manifest, lazy=True)

@@ -21,6 +21,7 @@ import contextlib
 import logging
 from typing import Protocol
 
+from p2p.auth import AuthError
 from p2p.content import ContentId, PeerId
 from p2p.metrics import AgentMetrics
 from p2p.peer import PeerInfo
@@ -35,6 +36,8 @@ from p2p.tracker_client import (
 )
 
 log = logging.getLogger(__name__)
+
+START_CHECK_NAME = "bootseer/agent-start-check"  # never published: the tracker says 404
 
 
 class AnnouncerOwner(Protocol):
@@ -82,6 +85,33 @@ class Announcer:
             if session is not None:  # it may have closed while we waited
                 self._owner.tracker_replied(session, reply)
         self._owner.announced(next(iter(replies.values())).interval, tuple(handed_out))
+
+    async def check(self) -> None:
+        """Ask the tracker once, at start, so that a tracker down or a wrong cluster secret is
+        said at once, not at the first announce (which waits for a content to announce)."""
+        try:
+            await self._tracker.get_name(START_CHECK_NAME)
+        except TrackerError as exc:
+            if exc.status != 404:  # 404: it answered us, and has no such name
+                self._unreachable(f"the tracker at {self._tracker.base_url} refused this "
+                                  f"node ({exc}); if it says unauthenticated, this node's "
+                                  "cluster secret is not the tracker's")
+                return
+        except TrackerUnavailable as exc:
+            self._unreachable(f"{exc}; the agent keeps trying at every announce")
+            return
+        except AuthError as exc:  # the reply's signature: the tracker holds another secret
+            self._unreachable(f"the tracker at {self._tracker.base_url} signs its replies "
+                              f"with another cluster secret ({exc})")
+            return
+        if self._metrics is not None:
+            self._metrics.tracker_reachable.set(1)
+        log.info("the tracker at %s answers", self._tracker.base_url)
+
+    def _unreachable(self, message: str) -> None:
+        log.error("%s", message)
+        if self._metrics is not None:
+            self._metrics.tracker_reachable.set(0)
 
     async def goodbye(self) -> None:
         if self._owner.sessions:
