@@ -27,7 +27,7 @@ DEB_PACKAGES := fuse3 libfuse3-dev pkg-config gcc python3-dev python3-venv \
 	openjdk-17-jdk-headless maven iproute2 wrk chromium fonts-dejavu-core redis-server
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: setup test lint demo clean
+.PHONY: setup test test-fast lint demo clean
 
 setup: $(STAMP)
 
@@ -53,6 +53,10 @@ lint: setup
 
 test: lint
 	$(BIN)/pytest -q
+
+# The everyday subset: no test that starts a process (tests/conftest.py, FAST_MODULES).
+test-fast: setup
+	$(BIN)/pytest -q -m "not slow"
 
 demo: setup
 	$(BIN)/bootseer demo

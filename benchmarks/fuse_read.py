@@ -39,8 +39,9 @@ from pathlib import Path
 
 from fusefs.mount import Mount
 from fusefs.tree import Entry, Extent, Kind, Layer, build_tree
-from p2p.content import CHUNK_SIZE, GiB, Manifest, ManifestBuilder
+from p2p.content import CHUNK_SIZE, Manifest, ManifestBuilder
 from p2p.store import ChunkStore
+from p2p.units import GiB
 
 
 def make_store(store_dir: Path, size: int) -> Manifest:

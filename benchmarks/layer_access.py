@@ -63,7 +63,8 @@ import indexed_gzip.indexed_gzip as igz
 import rapidgzip
 import zstandard
 
-MiB = 1 << 20
+from p2p.units import MiB
+
 MB = 1e6
 READ_BYTES = 1 * MiB
 RAPIDGZIP_CHUNK = 4 * MiB  # rapidgzip's default chunk_size

@@ -33,8 +33,9 @@ from pathlib import Path
 
 import uvloop
 
-from p2p.content import GiB, MiB, PeerId
+from p2p.content import PeerId
 from p2p.peer import PeerInfo, Timeouts, accept, connect, listen_socket
+from p2p.units import GiB, MiB
 from p2p.wire import Piece
 
 LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {

@@ -26,7 +26,9 @@ import blake3
 
 from depsnap.frames import FRAME_BYTES, FrameWriter
 from depsnap.snapshot import PACK_KIND, PERMISSION_BITS, Entry, Pack, PackLayout, layout_packs
-from p2p.content import CHUNK_SIZE, Manifest, ManifestBuilder, MiB
+from p2p.content import CHUNK_SIZE, Manifest, ManifestBuilder
+from p2p.errors import UserError
+from p2p.units import MiB
 
 # The swarm's default. Measured side by side (restore of numpy/pandas/pyarrow/scipy from
 # one peer, two rounds): 4 MiB chunks 1.4-2.1 s, 1 MiB chunks 2.3-2.7 s (fewer chunk
@@ -36,7 +38,7 @@ PACK_CHUNK_BYTES = CHUNK_SIZE
 BLOCK = 4 * MiB
 
 
-class CaptureError(Exception):
+class CaptureError(UserError):
     """The prefix cannot be captured; the message names the path."""
 
 

@@ -24,7 +24,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from p2p.cli import cluster_secret
+from depsnap.places import (
+    expected,
+    node_flags,
+    places,
+    publish_flags,
+)
 from p2p.errors import UserError
 
 
@@ -46,7 +51,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 
     s = ds.add_parser("restore", help="restore a published snapshot at --prefix")
     s.add_argument("key", metavar="KEY")
-    s.add_argument("--prefix", type=Path, required=True)
+    s.add_argument("--prefix", type=Path, required=True, help="where to restore the venv")
     s.add_argument("--json", action="store_true", help="one JSON line")
     node_flags(s)
     s.set_defaults(run=_run_restore)
@@ -54,11 +59,6 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     from depsnap.mount import add_mount_commands
 
     add_mount_commands(ds, node_flags)
-
-
-def env_path(name: str) -> Path | None:
-    value = os.environ.get(name)
-    return Path(value) if value else None
 
 
 def _key_flags(p: argparse.ArgumentParser) -> None:
@@ -71,37 +71,6 @@ def _key_flags(p: argparse.ArgumentParser) -> None:
                    help="a resolved `name==version` list (lock file) that is part of the key")
     p.add_argument("--json", action="store_true", help="one JSON line")
     p.add_argument("install_command", nargs=argparse.REMAINDER, metavar="-- CMD ...")
-
-
-def publish_flags(p: argparse.ArgumentParser) -> None:
-    """Where a snapshot made here is published."""
-    p.add_argument("--origin-dir", type=Path,
-                   default=env_path("BOOTSEER_DEPSNAP_ORIGIN_DIR"),
-                   help="directory new snapshots are written to (shared, or served with "
-                        "`bootseer origin DIR`)")
-    p.add_argument("--origin-registry", default=os.environ.get("BOOTSEER_DEPSNAP_REGISTRY"),
-                   metavar="REPOSITORY", help="push new snapshots to this registry repository "
-                   "(e.g. registry:5000/depsnap) instead of --origin-dir")
-
-
-def node_flags(p: argparse.ArgumentParser) -> None:
-    """Where this node's tracker, agent, store, cache and snapshot origin are."""
-    p.add_argument("--tracker", default=os.environ.get("BOOTSEER_TRACKER",
-                                                       "http://127.0.0.1:7070"))
-    p.add_argument("--api-socket", default=os.environ.get("BOOTSEER_API_SOCKET",
-                                                          "/run/bootseer/agent.sock"))
-    p.add_argument("--cache-dir", type=Path,
-                   default=env_path("BOOTSEER_DEPSNAP_CACHE") or
-                   Path.home() / ".cache" / "bootseer" / "depsnap-files",
-                   help="hard-link cache of restored files (same filesystem as the prefix)")
-    p.add_argument("--no-cache", action="store_true", help="do not use the hard-link cache")
-    p.add_argument("--origin-url", default=os.environ.get("BOOTSEER_DEPSNAP_ORIGIN_URL"),
-                   help="URL agents read --origin-dir at (default: file://DIR); where a "
-                        "snapshot the tracker does not know is looked for")
-    p.add_argument("--store-dir", type=Path,
-                   default=Path(os.environ.get("BOOTSEER_STORE_DIR", "/var/cache/bootseer")),
-                   help="the local agent's chunk store, read directly (the agent's API is used "
-                        "for what is not there)")
 
 
 def _command(args: argparse.Namespace) -> list[str]:
@@ -121,46 +90,6 @@ def _inputs(args: argparse.Namespace) -> Any:
                       Path.cwd(), args.base_image, args.resolved)
     except KeyInputError as exc:
         raise UserError(str(exc)) from None
-
-
-def places(args: argparse.Namespace, origin_dir: Path | None = None) -> Any:
-    from depsnap.run import Places
-
-    url = getattr(args, "origin_url", None) or (
-        f"file://{origin_dir.absolute()}" if origin_dir else "")
-    return Places(args.tracker, cluster_secret(), args.api_socket,
-                  origin_dir.absolute() if origin_dir else None, url,
-                  None if args.no_cache else args.cache_dir.absolute(),
-                  args.store_dir.absolute(), getattr(args, "origin_registry", None))
-
-
-def expected_errors() -> tuple[type[Exception], ...]:
-    """Every failure a user can cause or fix: shown as one line, never a traceback."""
-    from depsnap.capture import CaptureError
-    from depsnap.key import KeyInputError
-    from depsnap.publish import SnapshotNotFound
-    from depsnap.record import KeyRecordError
-    from depsnap.restore import RestoreError
-    from depsnap.snapshot import SnapshotError
-    from p2p.agentclient import AgentError
-    from p2p.auth import AuthError
-    from p2p.content import ManifestError
-    from p2p.origin.base import OriginError
-    from p2p.tracker_client import TrackerError, TrackerUnavailable
-
-    return (CaptureError, KeyInputError, SnapshotNotFound, RestoreError, SnapshotError,
-            AuthError, ManifestError, AgentError, TrackerError, TrackerUnavailable,
-            OriginError, KeyRecordError, ValueError)
-
-
-def expected(call: Any) -> Any:
-    """Call `call()`; every expected failure becomes a UserError."""
-    try:
-        return call()
-    except expected_errors() as exc:
-        raise UserError(str(exc)) from None
-    except OSError as exc:
-        raise UserError(f"{exc.filename or ''}: {exc.strerror}") from None
 
 
 def _show(summary: dict[str, Any], as_json: bool) -> None:

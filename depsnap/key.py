@@ -39,6 +39,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from p2p.errors import UserError
+
 KEY_VERSION = "bootseer-depsnap-key-v1"
 KEY_HEX = 64
 NAME_PREFIX = "depsnap/"  # the tracker name space of snapshot keys
@@ -73,7 +75,7 @@ _NAME = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(.*)$", re.DOTALL)
 _KEY = re.compile(rf"[0-9a-f]{{{KEY_HEX}}}")
 
 
-class KeyInputError(ValueError):
+class KeyInputError(UserError, ValueError):
     """An input cannot go into a key (e.g. a file option without a file)."""
 
 

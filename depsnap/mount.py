@@ -270,7 +270,7 @@ class _Saver:
 
 def add_mount_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser],
                        node_flags: Callable[[argparse.ArgumentParser], None]) -> None:
-    from depsnap.cli import env_path
+    from depsnap.places import env_path
 
     for name, help_text, run in (("mount", "serve a snapshot read-only at DIR", _run_mount),
                                  ("serve", "serve a snapshot at DIR in the foreground",
@@ -298,8 +298,8 @@ def add_mount_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser],
 
 
 def _options(args: argparse.Namespace) -> MountOptions:
-    from depsnap.cli import expected
     from depsnap.key import check_key
+    from depsnap.places import expected
 
     if not args.mountpoint.is_dir():
         raise UserError(f"the mount point {args.mountpoint} is not a directory")
@@ -318,7 +318,7 @@ def _options(args: argparse.Namespace) -> MountOptions:
 
 
 def _run_serve(args: argparse.Namespace) -> int:
-    from depsnap.cli import expected, places
+    from depsnap.places import expected, places
     from fusefs.mount import MountError, check_fuse, ready_line
     from fusefs.tree import TreeError
 

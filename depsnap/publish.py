@@ -37,12 +37,13 @@ from depsnap.record import adopt, write_record
 from depsnap.snapshot import KIND, Snapshot, SnapshotError
 from p2p.agentclient import AgentClient, AgentError
 from p2p.content import ContentId, Manifest
+from p2p.errors import UserError
 from p2p.tracker_client import TrackerClient, TrackerError
 
 TREES = "trees"
 
 
-class SnapshotNotFound(Exception):
+class SnapshotNotFound(UserError):
     """No snapshot is published for a key."""
 
 

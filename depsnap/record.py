@@ -29,6 +29,7 @@ import aiohttp
 
 from depsnap.key import check_key, key_name
 from p2p.content import ContentId, Manifest, ManifestError
+from p2p.errors import UserError
 from p2p.origin.base import OriginError
 from p2p.tracker_client import TrackerClient, TrackerError
 
@@ -37,7 +38,7 @@ MAX_RECORD_BYTES = 16 << 20
 TIMEOUT_S = 30.0
 
 
-class KeyRecordError(Exception):
+class KeyRecordError(UserError):
     """A key record at the origin is unreadable or inconsistent; the message says why."""
 
 

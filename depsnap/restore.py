@@ -45,13 +45,14 @@ from pathlib import Path
 from depsnap.snapshot import RESTORE_LOCK_NAME, Entry, Snapshot
 from depsnap.unpack import UnpackError, unpack
 from p2p.agentclient import AgentClient
+from p2p.errors import UserError
 
 log = logging.getLogger(__name__)
 ROOT_MODE = 0o755  # the prefix itself is not an entry of the tree: it gets the usual mode
 LOCK_NAME = RESTORE_LOCK_NAME  # in a tree being built; gone before it is renamed
 
 
-class RestoreError(Exception):
+class RestoreError(UserError):
     """The snapshot cannot be restored; the message says why and what to do."""
 
 

@@ -56,6 +56,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fusefs.tree import gc_paused
+from p2p.errors import UserError
 
 FORMAT_VERSION = 1
 KIND = "depsnap-tree"  # manifest kind of a tree content
@@ -72,7 +73,7 @@ _DIGEST = re.compile(r"[0-9a-f]{64}")
 RESTORE_LOCK_NAME = ".depsnap-restoring"  # a restore's lock, at the top of the tree it builds
 
 
-class SnapshotError(ValueError):
+class SnapshotError(UserError, ValueError):
     """A tree manifest is malformed or unsafe; the message names the path."""
 
 

@@ -66,19 +66,15 @@ def add_server(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run_server(args: argparse.Namespace) -> int:
-    from fusefs.mount import MountError, check_fuse
+    from fusefs.mount import check_fuse
     from fusefs.server import serve_forever
 
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not args.socket.parent.is_dir():
         raise UserError(f"the directory of --socket {args.socket} does not exist")
-    try:
-        check_fuse()
-        serve_forever(args.socket.absolute(),
-                      lambda info: print(json.dumps(info), flush=True))
-    except MountError as exc:
-        raise UserError(str(exc)) from None
+    check_fuse()
+    serve_forever(args.socket.absolute(), lambda info: print(json.dumps(info), flush=True))
     return 0
 
 

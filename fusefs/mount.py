@@ -37,6 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from p2p.errors import UserError
+
 log = logging.getLogger(__name__)
 
 READ_AHEAD_KB = 4096
@@ -46,7 +48,7 @@ FUSE_DEVICE = "/dev/fuse"
 FUSERMOUNT = "fusermount3"
 
 
-class MountError(Exception):
+class MountError(UserError):
     """The mount cannot be made or served; the message says why and what to do."""
 
 

@@ -34,6 +34,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
+from p2p.errors import UserError
+
 FORMAT_VERSION = 1
 WINDOW_S = 60.0
 MAX_RUNS = 15  # first-access times kept per piece
@@ -44,7 +46,7 @@ PieceKey = tuple[str, int]  # (part, index)
 R = TypeVar("R", bound="Record")
 
 
-class RecordError(ValueError):
+class RecordError(UserError, ValueError):
     """A record file is unusable, or is for another subject."""
 
 

@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from fusefs.mount import MountError
+from p2p.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +76,10 @@ class ServerUnavailable(Exception):
 
 class ServerRefused(Exception):
     """The server answered with an error; the message is its reason."""
+
+
+class ServerError(UserError):
+    """The server cannot listen where it was asked to; the message says why."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +154,7 @@ def fork_serving(server: str, argv: list[str], stdout: int, stderr: int) -> int:
 def serve_forever(path: Path, on_ready: Callable[[dict[str, Any]], None] | None = None
                   ) -> None:
     """Preload, listen at `path` and fork a serving process per request until SIGTERM or
-    SIGINT; the socket is removed at the end. MountError if it cannot listen there
+    SIGINT; the socket is removed at the end. ServerError if it cannot listen there
     (checked first: a request that comes while the server preloads waits for it)."""
     listener = _listen(path)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the children
@@ -189,11 +193,11 @@ def _listen(path: Path) -> socket.socket:
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as probe:
                 probe.connect(str(path))
-            raise MountError(f"a mount server already answers at {path}")
+            raise ServerError(f"a mount server already answers at {path}")
         except ConnectionRefusedError:
             path.unlink()
     elif path.exists():
-        raise MountError(f"{path} exists and is not a socket; remove it or choose "
+        raise ServerError(f"{path} exists and is not a socket; remove it or choose "
                          "another --socket")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     old = os.umask(0o177)
@@ -201,7 +205,7 @@ def _listen(path: Path) -> socket.socket:
         listener.bind(str(path))
     except OSError as exc:
         listener.close()
-        raise MountError(f"cannot listen at {path}: {exc.strerror}") from None
+        raise ServerError(f"cannot listen at {path}: {exc.strerror}") from None
     finally:
         os.umask(old)
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600

@@ -47,6 +47,7 @@ from typing import Any, Protocol
 from p2p.agentclient import AgentClient, AgentError
 from p2p.chunkview import ChunkView, RecentChunks
 from p2p.content import ContentId, Manifest, ManifestError, check_content_id
+from p2p.errors import RemoteError
 from p2p.store import DamagedChunk, MissingChunk
 
 log = logging.getLogger(__name__)
@@ -59,7 +60,7 @@ RETRY_AFTER_S = 5.0
 Buffer = bytes | bytearray | memoryview
 
 
-class SourceError(Exception):
+class SourceError(RemoteError):
     """The bytes cannot be had (in time); the message says which and why."""
 
 

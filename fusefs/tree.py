@@ -60,6 +60,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from p2p.errors import UserError
+
 ROOT_INODE = 1
 FORMAT_VERSION = 1
 WHITEOUT_PREFIX = ".wh."
@@ -69,7 +71,7 @@ MAX_NAME_BYTES = 255
 PERMISSION_BITS = 0o7777
 
 
-class TreeError(ValueError):
+class TreeError(UserError, ValueError):
     """A layer or a tree file is unusable; the message names the layer and the path."""
 
     def __init__(self, layer: str, path: str, why: str) -> None:

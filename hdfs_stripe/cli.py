@@ -79,26 +79,10 @@ def _setup(args: argparse.Namespace) -> bytes:
     return cluster_secret()
 
 
-def expected_errors() -> tuple[type[Exception], ...]:
-    """Every failure a user can cause or fix: shown as one line, never a traceback."""
-    from fusefs.mount import MountError
-    from fusefs.tree import TreeError
-    from hdfs_stripe.naming import FileChanged, UriError
-    from hdfs_stripe.stripe import PlanError
-    from hdfs_stripe.webhdfs import HdfsError
-    from p2p.agentclient import AgentError
-    from p2p.tracker_client import TrackerError, TrackerUnavailable
-
-    return (HdfsError, FileChanged, UriError, PlanError, MountError, TreeError, AgentError,
-            TrackerError, TrackerUnavailable)
-
-
 def expected(run: Any) -> Any:
-    """Run a coroutine; every expected failure becomes a UserError."""
-    try:
-        return asyncio.run(run)
-    except expected_errors() as exc:
-        raise UserError(str(exc)) from None
+    """Run a coroutine. Its expected failures are UserErrors already (p2p.errors), which
+    the dispatcher prints as one line."""
+    return asyncio.run(run)
 
 
 # ---- prefetch ---------------------------------------------------------------------------

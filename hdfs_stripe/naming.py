@@ -26,16 +26,18 @@ import hashlib
 from dataclasses import dataclass
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
+from p2p.errors import RemoteError, UserError
+
 DEFAULT_HTTP_PORT = 9870
 NAME_PREFIX = "hdfs-file/"
 KIND = "hdfs-file"
 
 
-class UriError(ValueError):
+class UriError(UserError, ValueError):
     """Not an hdfs://HOST:PORT/path URI."""
 
 
-class FileChanged(Exception):
+class FileChanged(RemoteError):
     """The file's length or modification time is not the version being read."""
 
 

@@ -50,15 +50,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from p2p.content import chunks_for_range
+from p2p.errors import UserError
+from p2p.units import MiB
 
-MiB = 1024 * 1024
 # 8 MiB: big enough that a WebHDFS request's fixed cost (a redirect-free OPEN to the
 # DataNode, a few ms) is under 5 % of a capped DataNode's transfer time, small enough
 # that 3 DataNodes x several readers have many stripes in flight for a 1 GiB file.
 STRIPE_SIZE = 8 * MiB
 
 
-class PlanError(ValueError):
+class PlanError(UserError, ValueError):
     """Block locations that do not describe the file (gaps, overlaps, wrong total)."""
 
 

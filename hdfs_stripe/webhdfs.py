@@ -42,6 +42,7 @@ from urllib.parse import parse_qs, quote, urlsplit
 
 import aiohttp
 
+from p2p.errors import RemoteError
 from p2p.origin.base import BLOCK_BYTES
 
 RETRIES = 4
@@ -50,7 +51,7 @@ CONNECT_TIMEOUT_S = 5.0
 READ_TIMEOUT_S = 30.0  # no byte for this long: the stream is stuck
 
 
-class HdfsError(Exception):
+class HdfsError(RemoteError):
     """HDFS refused or failed a request; the message names the path and the user."""
 
 

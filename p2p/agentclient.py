@@ -14,8 +14,10 @@ from urllib.parse import quote
 
 import aiohttp
 
+from p2p.errors import RemoteError
 
-class AgentError(Exception):
+
+class AgentError(RemoteError):
     """The local agent refused or failed a request; the message says why."""
 
 

@@ -21,6 +21,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from p2p.errors import RemoteError, UserError
+
 MIN_SECRET_BYTES = 16
 MAX_CLOCK_SKEW_SECONDS = 300.0
 AUTH_HEADER = "X-Bootseer-Auth"
@@ -30,11 +32,11 @@ _MAC_HEX = re.compile(r"[0-9a-fA-F]{64}")
 _STAMP = re.compile(r"[0-9]{1,12}(\.[0-9]{1,9})?")
 
 
-class AuthError(Exception):
+class AuthError(RemoteError):
     """The other side did not prove it holds the cluster secret."""
 
 
-class SecretError(Exception):
+class SecretError(UserError):
     """No usable cluster secret is configured."""
 
 

@@ -28,8 +28,9 @@ from collections import OrderedDict
 from pathlib import Path
 
 from p2p.chunkfile import CHUNK_SUFFIX, StatKey, stat_key
-from p2p.content import ContentId, Manifest, ManifestError, MiB, check_content_id
+from p2p.content import ContentId, Manifest, ManifestError, check_content_id
 from p2p.store import MANIFEST_NAME, DamagedChunk, MissingChunk, place, read_checked
+from p2p.units import MiB
 
 RECENT_CHUNK_BYTES = 32 * MiB  # four 8 MiB stripes, eight 4 MiB chunks
 

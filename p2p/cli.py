@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
-from importlib.metadata import entry_points
+from importlib.metadata import PackageNotFoundError, entry_points, version
 
 from p2p.errors import UserError
 
@@ -35,6 +35,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         prog="bootseer",
         description="Fast startup for large training jobs: images, dependencies and "
                     "checkpoints from peers, not from the origin.")
+    parser.add_argument("--version", action="version", version=f"bootseer {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     found = sorted(entry_points(group="bootseer.commands"), key=lambda e: e.name)
     if any(ep.name == command for ep in found):
@@ -48,7 +49,49 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             _unavailable(sub, ep.name, exc)
             continue
         add(sub)
+    _explain(parser)
     return parser
+
+
+# Flags that several packages' commands share, and what they mean wherever they appear.
+COMMON_HELP = {
+    "tracker": "tracker URL; replicas comma-separated (env BOOTSEER_TRACKER)",
+    "api_socket": "the local agent's API socket (env BOOTSEER_API_SOCKET)",
+    "store_dir": "the local agent's chunk store directory (env BOOTSEER_STORE_DIR)",
+    "log_level": "DEBUG, INFO, WARNING or ERROR",
+    "runtime": "the container runtime: runc or bwrap",
+}
+
+
+class _DefaultsFormatter(argparse.HelpFormatter):
+    """Help that ends with the default, for every option that has one and does not say it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if (not action.option_strings or "default" in text or action.nargs == 0
+                or default is None or default is argparse.SUPPRESS or default == []):
+            return text
+        shown = default.name if hasattr(default, "name") and callable(default) else default
+        return f"{text} (default: {shown})".lstrip()
+
+
+def _explain(parser: argparse.ArgumentParser) -> None:
+    """Every parser below `parser` shows defaults, and shared flags say what they are."""
+    parser.formatter_class = _DefaultsFormatter
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                _explain(child)
+        elif action.help is None and action.dest in COMMON_HELP:
+            action.help = COMMON_HELP[action.dest]
+
+
+def _version() -> str:
+    try:
+        return version("bootseer")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
 
 
 def _unavailable(sub: argparse._SubParsersAction[argparse.ArgumentParser], name: str,

@@ -15,8 +15,11 @@ from typing import Any
 
 import uvloop
 
-from p2p.content import CHUNK_SIZE, DEFAULT_DIGEST, DIGESTS, MiB
+from p2p import discovery
+from p2p.content import CHUNK_SIZE, DEFAULT_DIGEST, DIGESTS
+from p2p.discovery import find_api_socket
 from p2p.errors import UserError
+from p2p.units import MiB
 
 SUPPRESS = argparse.SUPPRESS
 SWITCH_INTERVAL_S = 0.0005  # the agent's GIL switch interval: see _serve_agent
@@ -25,10 +28,11 @@ SWITCH_INTERVAL_S = 0.0005  # the agent's GIL switch interval: see _serve_agent
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _agent_parser(sub)
     p = sub.add_parser("origin", help="serve a directory as an HTTP origin (Range, rate cap)")
-    p.add_argument("root", type=Path)
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8080)
-    p.add_argument("--rate-mbps", type=float, default=None, help="cap on total egress, MB/s")
+    p.add_argument("root", type=Path, help="the directory whose files are served")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=int, default=8080, help="TCP port; 0 picks a free one")
+    p.add_argument("--rate-mbps", type=float, default=None,
+                   help="cap on total egress in MB/s (10^6 bytes a second); default: no cap")
     p.set_defaults(run=_run_origin)
 
     p = sub.add_parser("publish", help="register a file's manifest with the tracker")
@@ -36,7 +40,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--origin", required=True, help="URL of the origin copy (http://, file://)")
     p.add_argument("--tracker", default=os.environ.get("BOOTSEER_TRACKER",
                                                        "http://127.0.0.1:7070"))
-    p.add_argument("--chunk-size-mb", type=int, default=CHUNK_SIZE // MiB)
+    p.add_argument("--chunk-size-mb", type=int, default=CHUNK_SIZE // MiB,
+                   help="chunk size in MiB (2^20 bytes)")
     p.add_argument("--digest", choices=sorted(DIGESTS), default=DEFAULT_DIGEST,
                    help="chunk digest: xxh3-128 (fast) or blake3 (cryptographic, for "
                         "clusters that do not trust every node)")
@@ -55,14 +60,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _api_socket_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--api-socket", default=os.environ.get("BOOTSEER_API_SOCKET",
-                                                          "/run/bootseer/agent.sock"))
+    p.add_argument("--api-socket", help="the local agent's API socket; default: "
+                   "BOOTSEER_API_SOCKET, else the one agent running on this node "
+                   "(p2p.discovery), else /run/bootseer/agent.sock")
 
 
 def _agent_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("agent", help="run the peer agent of this node",
                        argument_default=SUPPRESS)
-    p.add_argument("--config", dest="config_file", help="TOML file (see p2p/config.py)")
+    p.add_argument("--config", dest="config_file",
+                   help="TOML file of the keys below and more (docs/configuration.md)")
     p.add_argument("--tracker", help="tracker URL")
     p.add_argument("--host", help="address peers connect to")
     p.add_argument("--port", type=int, help="peer port (0 = any free port)")
@@ -79,8 +86,26 @@ def _agent_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.add_argument("--download-mbps", dest="download_mbps", type=float)
     p.add_argument("--origin-concurrency", dest="origin_concurrency", type=int)
     p.add_argument("--log-level", dest="log_level",
-                   default=os.environ.get("BOOTSEER_LOG_LEVEL", "WARNING"))
+                   default=os.environ.get("BOOTSEER_LOG_LEVEL", "WARNING"),
+                   help="DEBUG, INFO, WARNING or ERROR (env BOOTSEER_LOG_LEVEL; default: WARNING)")
     p.set_defaults(run=_run_agent)
+    _explain_agent_flags(p)
+
+
+def _explain_agent_flags(p: argparse.ArgumentParser) -> None:
+    """Each flag that sets an AgentConfig key says what the key's comment says, its
+    default and its key: one text for the flag, the config file and docs/configuration.md."""
+    from p2p.config import AgentConfig
+    from p2p.configdoc import field_docs
+
+    docs = {doc.name: doc for doc in field_docs(AgentConfig)}
+    for action in p._actions:
+        doc = docs.get(action.dest)
+        if doc is None:
+            continue
+        default = "unset" if doc.default is None else repr(doc.default)
+        action.help = (f"{action.help or doc.doc} (default: {default}; "
+                       f"agent.toml key {doc.name})").lstrip()
 
 
 def _run_agent(args: argparse.Namespace) -> int:
@@ -148,7 +173,11 @@ async def _serve_agent(config: Any, secret: bytes) -> int:
     print(json.dumps({"event": "listening", "peer": agent.me.peer, "addr": agent.me.addr,
                       "api_socket": str(sock_path), "metrics": metrics_url,
                       "pid": os.getpid()}), flush=True)
-    await _until_signalled()
+    registered = discovery.register(sock_path)
+    try:
+        await _until_signalled()
+    finally:
+        discovery.unregister(registered)
     release_api_socket(sock_path, bound)
     try:
         async with asyncio.timeout(STOP_BUDGET_S):
@@ -183,16 +212,17 @@ async def _until_signalled() -> None:
 
 
 def _run_origin(args: argparse.Namespace) -> int:
-    from p2p.origin.server import serve_forever
+    from p2p.origin.server import start
 
     if not args.root.is_dir():
         raise UserError(f"{args.root} is not a directory")
 
     async def main() -> None:
-        task = asyncio.ensure_future(serve_forever(args.root, args.host, args.port,
-                                                   args.rate_mbps))
-        await _until_signalled()
-        task.cancel()
+        runner, _ = await start(args.root, args.host, args.port, args.rate_mbps)
+        try:
+            await _until_signalled()
+        finally:
+            await runner.cleanup()
 
     try:
         uvloop.run(main())
@@ -237,7 +267,7 @@ def _run_get(args: argparse.Namespace) -> int:
     from p2p.agentclient import AgentClient, AgentError
 
     async def get() -> dict[str, Any]:
-        async with AgentClient(args.api_socket) as client:
+        async with AgentClient(find_api_socket(args.api_socket)) as client:
             info = await client.ensure(args.content)
             if args.out:
                 with open(args.out, "wb") as out:
@@ -258,7 +288,7 @@ def _run_status(args: argparse.Namespace) -> int:
     from p2p.agentclient import AgentClient, AgentError
 
     async def status() -> dict[str, Any]:
-        async with AgentClient(args.api_socket, timeout_s=10) as client:
+        async with AgentClient(find_api_socket(args.api_socket), timeout_s=10) as client:
             return await client.status()
 
     try:

@@ -17,10 +17,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from p2p.content import GiB
 from p2p.swarm import SwarmConfig
 from p2p.swarm.node import DEFAULT_LINE_BPS
 from p2p.swarm.uploads import UPLOAD_ORDER, UPLOAD_ORDERS, UPLOAD_SLOTS
+from p2p.units import GiB
 
 
 class ConfigError(Exception):
@@ -32,16 +32,16 @@ class AgentConfig:
     tracker: str = "http://127.0.0.1:7070"  # tracker URL; replicas: several, comma-separated
     host: str = "127.0.0.1"  # where peers connect to us
     port: int = 7080  # 0 = pick a free port
-    rack: str = "default"
-    peer_id: str = ""  # default: hostname:port
-    store_dir: str = "/var/cache/bootseer"
-    store_budget_gb: float = 50.0
+    rack: str = "default"  # the node's rack: peers in it are preferred (rack_aware)
+    peer_id: str = ""  # this node's id in the swarm; empty: hostname:port
+    store_dir: str = "/var/cache/bootseer"  # verified chunks, kept across restarts
+    store_budget_gb: float = 50.0  # the store's size cap (GiB); least recently used go first
     api_socket: str = "/run/bootseer/agent.sock"  # local API (Unix socket), mode 0660
     api_group: str | None = None  # group of the socket and its 0750 directory (readers)
     metrics_port: int | None = None  # also serve GET /metrics on host:metrics_port
-    secret_file: str | None = None  # else BOOTSEER_SECRET / BOOTSEER_SECRET_FILE
-    upload_mbps: float | None = None  # per-node cap on bytes served to peers (MB/s)
-    download_mbps: float | None = None  # per-node cap on bytes fetched from peers and origins
+    secret_file: str | None = None  # file with the cluster secret; else BOOTSEER_SECRET(_FILE)
+    upload_mbps: float | None = None  # per-node cap on bytes served to peers (MB/s, 10^6 B/s)
+    download_mbps: float | None = None  # per-node cap on bytes fetched, peers and origins (MB/s)
     origin_concurrency: int = 4  # concurrent reads per origin from this node
     upload_slots: int = UPLOAD_SLOTS  # pieces sent at once, over all peers
     upload_order: str = UPLOAD_ORDER  # which waiting piece gets a free slot: the one
@@ -51,7 +51,7 @@ class AgentConfig:
     max_connections: int = 1024  # peer connections, authenticating or not, at once
     max_handshakes: int = 64  # unauthenticated peer connections at once (8 per address)
     announce_interval_s: float = 2.0  # until the tracker says otherwise
-    swarm: SwarmConfig = field(default_factory=SwarmConfig)
+    swarm: SwarmConfig = field(default_factory=SwarmConfig)  # the [swarm] table: policies
 
     def __post_init__(self) -> None:
         if self.upload_order not in UPLOAD_ORDERS:

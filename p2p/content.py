@@ -34,12 +34,12 @@ from typing import Any, NewType
 import blake3
 import xxhash
 
+from p2p.errors import RemoteError
+from p2p.units import MiB
+
 ContentId = NewType("ContentId", str)
 PeerId = NewType("PeerId", str)
 
-KiB = 1024
-MiB = 1024 * KiB
-GiB = 1024 * MiB
 CHUNK_SIZE = 4 * MiB
 MAX_CHUNK_SIZE = 64 * MiB
 MAX_FIELD_CHARS = 4096
@@ -63,7 +63,7 @@ DEFAULT_DIGEST = "xxh3-128"
 DIGEST_SIZE = DIGESTS[DEFAULT_DIGEST][0]
 
 
-class ManifestError(ValueError):
+class ManifestError(RemoteError, ValueError):
     """A manifest is malformed or inconsistent with itself."""
 
 

@@ -11,3 +11,8 @@ from __future__ import annotations
 
 class UserError(Exception):
     """An expected failure: bad input or a missing server. Printed, not traced."""
+
+
+class RemoteError(UserError):
+    """An expected failure on the other side: a tracker, an agent, a peer, an origin
+    (registry, HDFS, HTTP) failed, refused or answered wrongly; the message names it."""

@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from p2p import wire
-from p2p.content import KiB, MiB, PeerId
+from p2p.content import PeerId
 from p2p.handshake import (
     AUTH_FAILED,
     IdentityError,
@@ -65,6 +65,7 @@ from p2p.handshake import (
     server_handshake,
 )
 from p2p.ratelimit import TokenBucket
+from p2p.units import KiB, MiB
 from p2p.wire import LocalProtocolError, Message, Piece, RemoteProtocolError, normal_ip
 
 __all__ = ["AUTH_FAILED", "ConnectionClosed", "IdentityError", "PeerConnection", "PeerIdle",

@@ -7,7 +7,7 @@ that chunk start through the swarm. So a node asks a fetcher for a chunk it
 is still fetching (`SwarmConfig.relay_pending`), and the fetcher sends the
 bytes as they come. (`bootseer bench swarm`, 8 agents, 256 MiB, 50 MB/s caps,
 eight fetchers: 1.11-1.13x the lower bound with relays, about 1.2x without;
-README, "The swarm".)
+benchmarks/RESULTS.md, "the swarm".)
 
 The same goes one hop further (`SwarmConfig.relay_fetching`): a node announces
 as pending the chunks it fetches from peers, and relays those too while they
@@ -42,7 +42,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
-from p2p.content import KiB
+from p2p.units import KiB
 
 RELAY_PART_BYTES = 256 * KiB  # a relay sends in Pieces this big at least (the last may be less)
 RELAY_HOLD_BYTES = 64 * KiB  # ... and this tail only once the sender has verified the chunk

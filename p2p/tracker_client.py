@@ -40,6 +40,7 @@ import yarl
 
 from p2p.auth import BODY_MAC_HEADER, check_body, sign_request
 from p2p.content import ContentId, Manifest, ManifestError, PeerId, check_content_id
+from p2p.errors import RemoteError
 
 REQUEST_TIMEOUT_SECONDS = 5.0
 KEEPALIVE_SECONDS = 10.0  # below the tracker's idle limit, so it is us who close first
@@ -92,7 +93,7 @@ class ContentState:
     origin_bytes: int = 0  # fetched from the origin so far (the tracker's status page)
 
 
-class TrackerUnavailable(Exception):
+class TrackerUnavailable(RemoteError):
     """The tracker could not be reached or did not answer in time."""
 
     def __init__(self, url: str, reason: str) -> None:
@@ -101,7 +102,7 @@ class TrackerUnavailable(Exception):
         self.reason = reason
 
 
-class TrackerError(Exception):
+class TrackerError(RemoteError):
     """The tracker answered with an error status (or an unreadable reply)."""
 
     def __init__(self, status: int, message: str, retry_after_s: float | None = None) -> None:

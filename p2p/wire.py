@@ -44,7 +44,8 @@ from typing import Any, ClassVar
 
 import msgpack
 
-from p2p.content import MAX_CHUNK_SIZE, KiB, ManifestError, check_content_id
+from p2p.content import MAX_CHUNK_SIZE, ManifestError, check_content_id
+from p2p.units import KiB
 
 PROTOCOL_VERSION = 4  # 2: Cancel, Withdraw; 3: Piece.off (relays); 4: Request.due_ms
 PREFIX_SIZE = 4

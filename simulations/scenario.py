@@ -33,7 +33,6 @@ Layout (see simulations/scenarios/*.toml for complete examples):
 from __future__ import annotations
 
 import dataclasses
-import re
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -44,6 +43,7 @@ from typing import Any
 from p2p.ratelimit import BURST_BYTES
 from p2p.swarm import SwarmConfig
 from p2p.swarm.uploads import UPLOAD_ORDER, UPLOAD_ORDERS, UPLOAD_SLOTS
+from p2p.units import parse_bandwidth, parse_duration, parse_size
 from simulations.cpu import CpuSpec
 from simulations.network import NetworkSpec, OriginSpec
 from simulations.node import AgentSpec
@@ -76,57 +76,6 @@ class Scenario:
 
 
 # ---- units --------------------------------------------------------------------
-
-_SIZE = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-         "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
-_BITS = {"bps": 1, "Kbps": 10**3, "Mbps": 10**6, "Gbps": 10**9, "Tbps": 10**12}
-_TIME = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
-_QUANTITY = re.compile(r"^\s*(-?[0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?)\s*([A-Za-z/]+)\s*$")
-
-
-def _split(text: object, what: str, example: str) -> tuple[float, str]:
-    if not isinstance(text, str):
-        raise ValueError(f"{text!r} has no unit; write it as a string, e.g. {example!r}")
-    m = _QUANTITY.match(text)
-    if m is None:
-        raise ValueError(f"{text!r} is not a {what} (e.g. {example!r})")
-    return float(m.group(1)), m.group(2)
-
-
-def _kind_of(unit: str) -> str:
-    if unit in _SIZE:
-        return "a size"
-    if unit in _BITS or (unit.endswith("/s") and unit[:-2] in _SIZE):
-        return "a bandwidth"
-    if unit in _TIME:
-        return "a duration"
-    return "an unknown unit"
-
-
-def parse_size(text: object) -> float:
-    value, unit = _split(text, "size", "4GiB")
-    if unit not in _SIZE:
-        raise ValueError(f"{text!r} is {_kind_of(unit)}, not a size (e.g. '4GiB', '500MB')")
-    return value * _SIZE[unit]
-
-
-def parse_bandwidth(text: object) -> float:
-    """Bytes per second."""
-    value, unit = _split(text, "bandwidth", "25Gbps")
-    if unit in _BITS:
-        return value * _BITS[unit] / 8
-    if unit.endswith("/s") and unit[:-2] in _SIZE:
-        return value * _SIZE[unit[:-2]]
-    raise ValueError(f"{text!r} is {_kind_of(unit)}, not a bandwidth (e.g. '25Gbps', '3GB/s')")
-
-
-def parse_duration(text: object) -> float:
-    """Seconds."""
-    value, unit = _split(text, "duration", "50ms")
-    if unit not in _TIME:
-        raise ValueError(f"{text!r} is {_kind_of(unit)}, not a duration (e.g. '50ms', '2s')")
-    return value * _TIME[unit]
-
 
 # ---- checked tables -------------------------------------------------------------
 

@@ -10,9 +10,33 @@ from pathlib import Path
 
 import pytest
 
+# The everyday subset, `pytest -m "not slow"`: the modules that start no process (no agent,
+# tracker, registry, HDFS, Redis, FUSE mount, compiler or installer) and take seconds.
+# Every other module is marked slow, a new one too until it is listed here; `make test`
+# runs everything.
+FAST_MODULES = frozenset({
+    "test_core_imports.py", "test_layering.py",
+    "test_content.py", "test_links.py", "test_node.py", "test_oci_core.py", "test_origin.py",
+    "test_peer.py", "test_swarm.py", "test_swarm_lazy.py", "test_units.py",
+    "test_upload_gate.py", "test_wire.py",
+    "test_tracker_batched.py",
+    "test_fusefs_tree.py", "test_image_record.py", "test_launch_plan.py",
+    "test_depsnap_core.py", "test_depsnap_source.py",
+    "test_stripe_plan.py",
+    "test_sim_floor.py", "test_sim_imports.py", "test_sim_network.py", "test_sim_scenario.py",
+    "test_sim_uploads.py",
+})
+
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "slow: takes more than a few seconds")
+    config.addinivalue_line("markers", "slow: starts real processes or takes minutes; "
+                                       "deselect with -m 'not slow'")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.name not in FAST_MODULES:
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")

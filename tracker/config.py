@@ -47,11 +47,11 @@ class TrackerConfig:
     header_timeout_seconds: float = 20.0  # to send a request head, from accept or last reply
     body_timeout_seconds: float = 20.0  # to send a request body, once the head is in
     announce_rate_per_second: float = 10.0  # announces per peer id, address and content
-    announce_burst: int = 50
+    announce_burst: int = 50  # announces allowed at once above that rate
     report_rate_per_second: float = 2.0  # reports per reporting address
-    report_burst: int = 20
+    report_burst: int = 20  # reports allowed at once above that rate
     host_rate_per_second: float = 1000.0  # signed requests of any kind per address
-    host_burst: int = 2000
+    host_burst: int = 2000  # signed requests allowed at once above that rate
     replay_cache_entries: int = 1_000_000  # request MACs remembered to refuse replays
     redis_url: str | None = None  # replicas share state here (redis://HOST:PORT/DB); None =
     #                              one process, state in memory (tracker.replicas)
@@ -59,7 +59,7 @@ class TrackerConfig:
     redis_password_file: str | None = None  # Redis AUTH password (required with redis_url)
     redis_username: str | None = None  # Redis ACL user; None = the default user
     redis_ca_file: str | None = None  # CA bundle that signs Redis's certificate (rediss://)
-    log_level: str = "INFO"
+    log_level: str = "INFO"  # DEBUG, INFO, WARNING or ERROR
 
     @property
     def fetcher_start(self) -> float:

@@ -38,8 +38,9 @@ from aiohttp import web
 from prometheus_client import Counter
 
 from p2p.auth import MAX_CLOCK_SKEW_SECONDS, check_request_headers, verify_request
-from p2p.content import DIGESTS, MAX_CHUNKS, MAX_FIELD_CHARS, KiB
+from p2p.content import DIGESTS, MAX_CHUNKS, MAX_FIELD_CHARS
 from p2p.ratelimit import LogLimiter
+from p2p.units import KiB
 from p2p.wire import normal_ip
 from tracker.config import TrackerConfig
 from tracker.limits import KeyedRateLimit, ReplayCache

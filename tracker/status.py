@@ -13,7 +13,7 @@ it every `REFRESH_SECONDS`, so a launch can be watched without a script.
 Authentication: like /metrics and /healthz, the page is served without a
 signature; it shows peer ids, addresses and report reasons, no secret and no
 manifest. A tracker listening beyond a trusted network should be reached
-through an authenticating proxy for all three (the README says so).
+through an authenticating proxy for all three (docs/operating.md says so).
 
 The page is sent with a Content-Security-Policy that allows nothing but its
 own inline style, by hash: no script, no frame, no form, no other origin. A

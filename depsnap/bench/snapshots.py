@@ -76,6 +76,7 @@ from typing import Any
 
 from depsnap.testing.wheelhouse import ML_WHEELS, PYTHON, wheelhouse
 from fusefs.server import SERVER_ENV
+from p2p.process import cpu_seconds
 from p2p.testing.localcluster import AgentHandle, LocalCluster, bootseer_command
 
 IMPORT = "import pandas, numpy; print(pandas.__version__)"
@@ -85,7 +86,7 @@ def add_parser(kinds: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p = kinds.add_parser("depsnap", help="pip and uv against depsnap restore and mount")
     p.add_argument("--package", dest="packages", action="append", metavar="SPEC",
                    help=f"pinned packages (default: {' '.join(ML_WHEELS)})")
-    p.add_argument("--python", default=PYTHON)
+    p.add_argument("--python", default=PYTHON, help="the interpreter the environments are made for")
     p.add_argument("--rounds", type=int, default=3,
                    help="restores (each by a fresh agent) and copies; medians are reported")
     p.add_argument("--json", action="store_true", help="print only the JSON line")
@@ -137,12 +138,6 @@ def _children_cpu() -> float:
     """CPU seconds of this process's waited-for children so far."""
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
-
-
-def _process_cpu(pid: int) -> float:
-    """CPU seconds a live process has used (user + system)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _check(argv: list[str], env: dict[str, str]) -> str:
@@ -242,11 +237,11 @@ async def _restores(env: dict[str, str], cluster: LocalCluster, run: _Runner,
     peer = origin = 0
     for i in range(rounds):
         b = await cluster.start_agent(10 + i, "r1", name=f"b{i}")
-        cpu = _children_cpu() + _process_cpu(seed.child.pid) - _process_cpu(b.child.pid)
+        cpu = _children_cpu() + cpu_seconds(seed.child.pid) - cpu_seconds(b.child.pid)
         got = await _depsnap(env, b, "restore", "--json", key, "--prefix", str(prefix),
                              "--no-cache", "--store-dir", str(b.store_dir))
-        cpus.append(round(_children_cpu() + _process_cpu(seed.child.pid)
-                          + _process_cpu(b.child.pid) - cpu, 3))
+        cpus.append(round(_children_cpu() + cpu_seconds(seed.child.pid)
+                          + cpu_seconds(b.child.pid) - cpu, 3))
         restores.append(got["seconds"])
         fetches.append(got["fetch_seconds"])
         places.append(got["place_seconds"])

@@ -45,10 +45,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from p2p.units import MiB
+
 FUSE_ROUNDS = 3  # fresh mounts, median reported
 DEFAULT_COMMAND = "python3 -c 'import json, sqlite3, ssl, email, decimal, numpy'"
 DEFAULT_PACKAGES = "python3-numpy,python3-scipy,python3-pandas"
-MiB = 1 << 20
 
 
 def add_parser(kinds: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -44,12 +44,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fusefs.launch import cpu
+from p2p import process as cpu
 from p2p.errors import UserError
+from p2p.units import MiB
 
 REPOSITORY = "bench/launch:1"
 CKPT_FILE = "/ckpt/step-1/model.bin"
-MiB = 1 << 20
 JOB = r'''
 import hashlib, os
 def digest(root, skip):
@@ -80,13 +80,15 @@ def add_parser(kinds: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p = kinds.add_parser("launch", help="a job launched on a testbed: today's way and "
                          "bootseer launch", description=__doc__,
                          formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--nodes", type=int, default=8)
-    p.add_argument("--racks", type=int, default=2)
-    p.add_argument("--node-cap", type=float, default=100.0, metavar="MB/s")
+    p.add_argument("--nodes", type=int, default=8, help="testbed nodes launching the job")
+    p.add_argument("--racks", type=int, default=2, help="racks of the testbed")
+    p.add_argument("--node-cap", type=float, default=100.0, metavar="MB/s",
+                   help="each node's link, each way, in MB/s (10^6 bytes a second)")
     p.add_argument("--origin-cap", type=float, default=40.0, metavar="MB/s",
                    help="egress of the registry, of the package mirror, and of the origin "
                         "namespace (tracker, snapshot origin), each")
-    p.add_argument("--oversubscription", type=float, default=2.0)
+    p.add_argument("--oversubscription", type=float, default=2.0,
+                   help="a rack's node caps over its uplink's")
     p.add_argument("--datanode-cap", type=float, default=25.0, metavar="MB/s",
                    help="each of the 3 DataNodes' disk reads (HDFS's own cap)")
     p.add_argument("--ckpt-mib", type=int, default=128, help="the checkpoint file's size")
@@ -161,8 +163,9 @@ async def _origins(args: argparse.Namespace, bed: Any, work: Path, wheels: Path
                    ) -> AsyncIterator[Origins]:
     """The registry, the mirror (both capped at --origin-cap) and HDFS (its DataNodes' reads
     capped at --datanode-cap), reachable from the testbed's nodes at its host address."""
-    from fusefs.testing.registry import CappedProxy, free_port, local_registry
+    from fusefs.testing.registry import CappedProxy, local_registry
     from hdfs_stripe.testing.minicluster import MiniClusterError, MiniHdfs
+    from p2p.process import free_port
 
     cap, host = args.origin_cap, bed.plan.host_ip
     with local_registry(work / "registry") as registry, _mirror(wheels, free_port()) as mirror:
@@ -251,12 +254,12 @@ async def _arms(args: argparse.Namespace, bed: Any, origins: Origins, work: Path
         agents = [await cluster.start_agent(i, "") for i in range(args.nodes)]
         sent = origins.registry_proxy.sent_bytes, origins.mirror_proxy.sent_bytes
         origin_before = await cluster.origin_bytes()
-        spent, agents_cpu = _children_cpu(), cpu.of_processes(a.child.pid for a in agents)
+        spent, agents_cpu = _children_cpu(), cpu.cpu_seconds_of(a.child.pid for a in agents)
         launched = await asyncio.gather(*(_bootseer(args, cluster, origins, a, key, work)
                                           for a in agents))
         out["bootseer_cpu_seconds"] = {
             "launch": round(_children_cpu() - spent, 1),
-            "agents": round(cpu.of_processes(a.child.pid for a in agents) - agents_cpu, 1)}
+            "agents": round(cpu.cpu_seconds_of(a.child.pid for a in agents) - agents_cpu, 1)}
         out["bootseer_registry_bytes"] = origins.registry_proxy.sent_bytes - sent[0]
         out["bootseer_mirror_bytes"] = origins.mirror_proxy.sent_bytes - sent[1]
         out["bootseer_snapshot_origin_bytes"] = await cluster.origin_bytes() - origin_before

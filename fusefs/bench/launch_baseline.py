@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from fusefs.launch.cpu import own_and_children
 from hdfs_stripe.webhdfs import HdfsError
+from p2p.process import own_and_children
 
 CKPT_PATH = "/ckpt"
 READ_BLOCK = 1 << 20

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import json
 
-from p2p.content import Manifest, ManifestBuilder, MiB
+from p2p.content import Manifest, ManifestBuilder
 from p2p.origin.oci import RegistryClient, RegistryError, sha256_digest
 from p2p.origin.oci_manifest import Descriptor, ImageManifest
 from p2p.origin.oci_origin import blob_url
 from p2p.origin.oci_ref import ImageRef
+from p2p.units import MiB
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 EMPTY_TYPE = "application/vnd.oci.empty.v1+json"

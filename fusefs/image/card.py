@@ -25,16 +25,18 @@ from typing import Any
 
 from fusefs.image.artifact import CARD_TYPE, card_tag, publish_artifact
 from p2p.agentclient import AgentClient
-from p2p.content import DEFAULT_DIGEST, ContentId, MiB
+from p2p.content import DEFAULT_DIGEST, ContentId
+from p2p.errors import UserError
 from p2p.origin.oci import PulledManifest, RegistryClient, sha256_digest
 from p2p.origin.oci_manifest import ImageManifest, ManifestError, parse_manifest
 from p2p.origin.oci_ref import ImageRef
 from p2p.tracker_client import TrackerClient, TrackerError
+from p2p.units import MiB
 
 MAX_CARD_BYTES = 16 * MiB
 
 
-class CardError(Exception):
+class CardError(UserError):
     """A card is missing or does not match what it claims; the message says which."""
 
 

@@ -55,12 +55,14 @@ from fusefs.image.record import MAX_RECORD_BYTES, Record
 from fusefs.image.toc import LayerError
 from fusefs.tree import Layer, TreeError, build_tree
 from p2p.agentclient import AgentClient
-from p2p.content import DEFAULT_DIGEST, ContentId, Manifest, ManifestBuilder, MiB
+from p2p.content import DEFAULT_DIGEST, ContentId, Manifest, ManifestBuilder
+from p2p.errors import UserError
 from p2p.origin.oci import PulledManifest, RegistryClient, RegistryError
 from p2p.origin.oci_manifest import Descriptor
 from p2p.origin.oci_origin import blob_url
 from p2p.origin.oci_ref import ImageRef
 from p2p.tracker_client import TrackerClient, TrackerError
+from p2p.units import MiB
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +75,7 @@ MAX_CONFIG_BYTES = 4 * MiB
 MAX_INDEX_BYTES = 256 * MiB
 
 
-class ImageError(Exception):
+class ImageError(UserError):
     """The image cannot be indexed or opened; the message names the image and the fix."""
 
 

@@ -9,8 +9,10 @@ of its own, sends its stderr to a log file, runs `serve_image` on a fresh event
 loop, and writes its one JSON "mounted" line to a pipe; it ends (unmounting) when
 the parent dies, however it dies. The parent reads that line (`wait_ready`,
 bounded) and later stops the child with SIGTERM, a bounded wait, SIGKILL if it
-must, and a forced unmount if the child left one. The child never returns into
-the parent's code: it ends with `os._exit`.
+must, and a forced unmount if the child left one. What `serve` returns (what
+was recorded and prefetched) the child writes beside its log, and `stop` reads
+it into `ended`. The child never returns into the parent's code: it ends with
+`os._exit`.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ class ForkedMount:
         self.mountpoint = mountpoint
         self.log_path = log_path
         self.ready: dict[str, Any] = {}
+        self.ended: dict[str, Any] = {}  # what serve returned, once stopped
         self._ready_fd = ready_fd
         self._status: int | None = None
 
@@ -102,6 +105,7 @@ class ForkedMount:
                     os.kill(self.pid, signal.SIGKILL)
                 status = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
             self._status = status
+            self.ended = _read_summary(self.log_path)
         if is_mounted(self.mountpoint):
             await asyncio.to_thread(force_unmount, self.mountpoint)
         return self._status
@@ -126,7 +130,9 @@ def _child(write_fd: int, log_path: Path, serve: Serve,
         devnull = os.open(os.devnull, os.O_RDWR)
         os.dup2(devnull, sys.stdin.fileno())
         os.dup2(devnull, sys.stdout.fileno())
-        asyncio.run(serve(lambda info: say({"event": "mounted", **info})))
+        summary = asyncio.run(serve(lambda info: say({"event": "mounted", **info})))
+        if isinstance(summary, dict):
+            _summary_path(log_path).write_text(json.dumps(summary))
         code = 0
     except expected as exc:
         log.error("%s", exc)
@@ -147,6 +153,18 @@ def _end_with_parent(parent: int) -> None:
         log.warning("cannot ask to end with the parent: %s", os.strerror(ctypes.get_errno()))
     if os.getppid() != parent:  # it died before the request was in place
         os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _summary_path(log_path: Path) -> Path:
+    return log_path.with_name(log_path.name + ".ended.json")
+
+
+def _read_summary(log_path: Path) -> dict[str, Any]:
+    try:
+        summary = json.loads(_summary_path(log_path).read_text())
+    except (OSError, ValueError):  # a child killed before it wrote one
+        return {}
+    return summary if isinstance(summary, dict) else {}
 
 
 def _read_line(fd: int) -> bytes:

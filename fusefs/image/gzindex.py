@@ -39,8 +39,9 @@ from typing import IO, Any, BinaryIO, cast
 
 import rapidgzip
 
-from fusefs.image.layerindex import DIGEST_PATTERN, MAX_SPAN_BYTES, LayerIndex, MiB, Span
+from fusefs.image.layerindex import DIGEST_PATTERN, MAX_SPAN_BYTES, LayerIndex, Span
 from fusefs.image.toc import LayerError, Member, member_from_tarinfo
+from p2p.units import MiB
 
 __all__ = ["LayerError", "LayerIndex", "Span", "build_index"]
 

@@ -39,9 +39,8 @@ import msgpack
 
 from fusefs.image.toc import LayerError, Member, pack_members, unpack_members
 from fusefs.tree import Entry, Layer
+from p2p.units import KiB, MiB
 
-KiB = 1024
-MiB = 1024 * KiB
 READ_AHEAD_BYTES = 128 * KiB  # rapidgzip reads the compressed file in 128 KiB blocks
 MAX_SPAN_BYTES = 64 * MiB
 DIGEST_BYTES = 32

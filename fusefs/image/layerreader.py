@@ -22,8 +22,9 @@ from typing import Any, BinaryIO
 
 import rapidgzip
 
-from fusefs.image.layerindex import LayerIndex, MiB
+from fusefs.image.layerindex import LayerIndex
 from fusefs.image.toc import LayerError
+from p2p.units import MiB
 
 HEADER_BYTES = 128 * 1024  # what opening a reader reads from the blob's start
 CACHE_BYTES = 64 * MiB

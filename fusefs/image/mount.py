@@ -120,13 +120,14 @@ async def serve_image(opts: MountOptions, secret: bytes, ref: ImageRef,
                         ready)
         finally:
             warming.cancel()
-        summary: dict[str, Any] = {"image": image.digest, "prefetch_chunks": queued}
+        summary: dict[str, Any] = {"image": image.digest, "prefetch_chunks": queued,
+                                   "recording": recorder is not None}
         if recorder is not None and len(recorder):
             try:
                 merged = await save_record(registry, image, recorder.record())
             except RegistryError as exc:  # a record is a hint: losing one loses no data
                 log.warning("the hot-block record of this launch was not saved: %s", exc)
-                return summary
+                return summary | {"record_error": str(exc)}
             summary.update(recorded_chunks=len(recorder), record_runs=merged.runs,
                            record_chunks=len(merged.times))
             log.info("recorded %d chunks of %s; the record now has %d from %d launches",
@@ -155,6 +156,10 @@ async def _warm(source: ImageSource, hot: list[tuple[str, int]]) -> None:
         await source.warm(hot)
     except (SourceError, LayerError, TimeoutError) as exc:
         log.warning("stopped decoding ahead of the launch: %s", exc)
+
+
+# What the serving process says of the hot-block record when it ends (serve_image).
+RECORD_KEYS = ("recording", "recorded_chunks", "record_chunks", "record_runs", "record_error")
 
 
 def launch(opts: MountOptions, secret: bytes, ref: ImageRef, argv: list[str] | None,
@@ -199,6 +204,7 @@ async def _run(mount: ForkedMount, argv: list[str] | None, runtime: str, started
         if stopped != 0:
             log.warning("the mount process exited with %d; its log: %s", stopped,
                         mount.log_path)
+    timeline["record"] = {key: mount.ended[key] for key in RECORD_KEYS if key in mount.ended}
     timeline["seconds"] = round(time.monotonic() - started, 3)
     return status, timeline
 

@@ -35,6 +35,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from fusefs.tree import Entry, Extent, Kind
+from p2p.errors import RemoteError
 
 BLOCK_BYTES = 512
 NS_PER_S = 10**9
@@ -57,7 +58,7 @@ _FILE_COLUMNS = ("size", "gap_blocks")  # one value per file, not per member
 _SPARSE_COLUMNS = ("uid", "gid", "mtime_frac_ns")  # mostly 0: [rows, values] of the others
 
 
-class LayerError(ValueError):
+class LayerError(RemoteError, ValueError):
     """A layer blob or its index is unusable; the message names the layer and where."""
 
     def __init__(self, layer: str, where: str, why: str) -> None:

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import shlex
-import shutil
+
+from p2p.errors import UserError
+from p2p.process import ToolMissing, require_tool
 
 STDERR_TAIL_BYTES = 2000
 
@@ -28,18 +30,16 @@ PACKAGES = {
 }
 
 
-class ToolError(RuntimeError):
+class ToolError(UserError, RuntimeError):
     """An external tool is missing or failed; the message says which and why."""
 
 
 def require(tool: str, error: type[ToolError] = ToolError) -> str:
     """The path of `tool`, or `error` naming the Debian package to install."""
-    path = shutil.which(tool)
-    if path is None:
-        package = PACKAGES.get(tool, tool)
-        raise error(f"{tool} is not installed (Debian package {package}: "
-                    f"apt-get install {package})")
-    return path
+    try:
+        return require_tool(tool, PACKAGES.get(tool, tool))
+    except ToolMissing as exc:
+        raise error(str(exc)) from None
 
 
 def tail(data: bytes) -> str:

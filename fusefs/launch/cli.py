@@ -19,13 +19,17 @@ import logging
 import sys
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from p2p.errors import UserError
 
+if TYPE_CHECKING:
+    from fusefs.launch.part import LaunchPart
+
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from depsnap.cli import node_flags, publish_flags
+    from fusefs.launch.part import load_parts
+    from p2p.places import add_node_flags
 
     p = sub.add_parser("launch", help="bring up image, environment and checkpoint; run the job",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -35,29 +39,18 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--runtime", choices=("runc", "bwrap"))
     p.add_argument("--plain-http", action="store_true", default=None,
                    help="reach the registry over plain HTTP")
-    e = p.add_argument_group("environment (a dependency snapshot)")
-    e.add_argument("--env-key", metavar="KEY", help="a published snapshot's key")
-    e.add_argument("--env-requirements", type=Path, metavar="FILE",
-                   help="a requirements file: restored if published, else installed here")
-    e.add_argument("--env-path", metavar="DIR", help="the venv's path (requirements only)")
-    e.add_argument("--env-mode", choices=("restore", "mount"))
-    e.add_argument("--python", metavar="PYTHON", help="the interpreter of the venv and key")
-    c = p.add_argument_group("checkpoint")
-    c.add_argument("--ckpt", action="append", metavar="URI", help="hdfs://HOST:PORT/path; "
-                   "repeat for several")
-    c.add_argument("--ckpt-path", metavar="DIR", help="where it appears in the image")
-    c.add_argument("--no-ckpt-prefetch", dest="ckpt_prefetch", action="store_false",
-                   default=None, help="fetch stripes on first read only")
     p.add_argument("--json", action="store_true", help="print the timeline as one JSON line")
     p.add_argument("--log-level", default="INFO", type=str.upper,
                    choices=["DEBUG", "INFO", "WARNING", "ERROR"])
-    node_flags(p)
-    publish_flags(p)
+    add_node_flags(p)
+    for part in load_parts().values():
+        part.add_flags(p)
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...")
     p.set_defaults(run=_run)
 
 
-def settings_of(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+def settings_of(args: argparse.Namespace,
+                parts: dict[str, LaunchPart]) -> tuple[dict[str, Any], str]:
     """The file's settings with the flags over them, and the directory relative paths in the
     file start from."""
     from fusefs.launch.plan import merge
@@ -73,46 +66,32 @@ def settings_of(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
             raise UserError(f"{args.file} is not valid TOML: {exc}") from None
         base = str(args.file.absolute().parent)
     command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
-    requirements = args.env_requirements.absolute() if args.env_requirements else None
-    flags = {"image": args.image, "command": command or None, "runtime": args.runtime,
-             "plain_http": args.plain_http,
-             "env": {"key": args.env_key, "path": args.env_path, "mode": args.env_mode,
-                     "python": args.python,
-                     "requirements": str(requirements) if requirements else None},
-             "ckpt": {"uris": args.ckpt, "path": args.ckpt_path,
-                      "prefetch": args.ckpt_prefetch}}
+    flags: dict[str, object] = {"image": args.image, "command": command or None,
+                                "runtime": args.runtime, "plain_http": args.plain_http}
+    for name, part in parts.items():
+        flags[name] = part.flag_settings(args)
     return merge(file, flags), base
 
 
-def expected_errors() -> tuple[type[Exception], ...]:
-    from depsnap.cli import expected_errors as depsnap_errors
-    from fusefs.image.cli import expected_errors as image_errors
-    from fusefs.launch.plan import PlanError
-    from fusefs.launch.run import LaunchError
-    from hdfs_stripe.cli import expected_errors as ckpt_errors
-
-    return (*image_errors(), *depsnap_errors(), *ckpt_errors(), PlanError, LaunchError)
-
-
 def _run(args: argparse.Namespace) -> int:
-    from depsnap.cli import places
+    from fusefs.launch.part import load_parts
     from fusefs.launch.plan import PlanError, plan_from
     from fusefs.launch.run import launch
+    from p2p.cli import cluster_secret
+    from p2p.places import node_places
 
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    settings, base = settings_of(args)
+    parts = load_parts()
+    settings, base = settings_of(args, parts)
     try:
-        plan = plan_from(settings, base)
+        plan = plan_from(settings, base, {name: part.parse for name, part in parts.items()})
     except PlanError as exc:
         where = f"{args.file}: " if args.file else ""
         raise UserError(f"{where}{exc}") from None
-    node = places(args, args.origin_dir)
-    errors = expected_errors()
+    node = node_places(args, cluster_secret())
     try:
-        status, timeline = launch(plan, node, errors)
-    except errors as exc:
-        raise UserError(str(exc)) from None
+        status, timeline = launch(plan, node, parts, args, (UserError,))
     except OSError as exc:
         raise UserError(f"{exc.filename or ''}: {exc.strerror}") from None
     logging.getLogger("bootseer.launch").info("timeline: %s", json.dumps(timeline))

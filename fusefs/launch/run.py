@@ -4,16 +4,16 @@ Theory of operation. `launch(plan, places, expected)`:
 
 1. forks the serving processes before this process has an event loop or a thread
    (`fusefs.image.forked`): the image mount (its hot-block record prefetched, or,
-   with no record yet, this launch recorded as the first), one checkpoint mount
-   per URI, and the snapshot mount when the environment is mounted lazily;
-2. brings the three parts up concurrently on one event loop, each timed from the
-   start: the image is up when its mount serves; the environment when its
-   snapshot is restored into a private tmpfs (or installed and published
-   here, when nobody has published the requirements' key yet; or mounted); the
-   checkpoint when its mounts serve and, with prefetch, every stripe is local;
-3. runs the command in the image (`fusefs.image.runtime`) with the environment
-   bound at its venv path (first on PATH, as VIRTUAL_ENV) and the checkpoint
-   bound read-only at its path (as BOOTSEER_CKPT);
+   with no record yet, this launch recorded as the first), and whatever mounts
+   the other parts serve (`fusefs.launch.part`: a checkpoint mount per URI, the
+   snapshot mount when the environment is mounted lazily);
+2. brings the parts up concurrently on one event loop, each timed from the
+   start: the image is up when its mount serves; every other part when its
+   bring-up says so (depsnap.launch: the environment restored, installed or
+   mounted; hdfs_stripe.launch: the checkpoint mounted and, with prefetch, local);
+3. runs the command in the image (`fusefs.image.runtime`) with every part's binds
+   and environment variables (the environment's venv first on PATH, as
+   VIRTUAL_ENV; the checkpoint read-only at its path, as BOOTSEER_CKPT);
 4. always stops the mounts (the image's writes its record) and removes its
    scratch directory; returns the command's exit status and the timeline: when
    each part was ready, and its bytes from peers and from the origin.
@@ -40,12 +40,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from depsnap.run import Places
 from fusefs.image.forked import ForkedMount, Serve
 from fusefs.image.process import Bind
-from fusefs.launch import cpu
+from fusefs.launch.part import BringUp, Context, LaunchPart
 from fusefs.launch.plan import LaunchPlan
 from fusefs.mount import is_mounted
+from p2p import process as cpu
+from p2p.errors import UserError
+from p2p.places import NodePlaces
 
 log = logging.getLogger(__name__)
 
@@ -59,30 +61,34 @@ class Launch:
     """One launch's mounts, binds and timeline while it runs."""
 
     plan: LaunchPlan
-    places: Places
-    scratch: Path
+    places: NodePlaces
+    context: Context
     started: float
     image: ForkedMount
-    env_mount: ForkedMount | None = None
-    ckpt_mounts: list[tuple[str, ForkedMount]] = field(default_factory=list)
+    forked: list[ForkedMount]  # every mount: the image's and the parts'
+    bring_ups: dict[str, BringUp] = field(default_factory=dict)  # by part name
     binds: list[Bind] = field(default_factory=list)
     environ: dict[str, str] = field(default_factory=dict)
     contents: dict[str, list[str]] = field(default_factory=dict)  # part -> content ids
     timeline: dict[str, Any] = field(default_factory=dict)
-    memory: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)  # tmpfs mounts
+
+    @property
+    def scratch(self) -> Path:
+        return self.context.scratch
 
     def mounts(self) -> list[ForkedMount]:
-        env = [self.env_mount] if self.env_mount else []
-        return [self.image, *env, *(m for _, m in self.ckpt_mounts)]
+        return list(self.forked)
 
     def since(self) -> float:
         return round(time.monotonic() - self.started, 3)
 
 
-def launch(plan: LaunchPlan, places: Places, expected: tuple[type[Exception], ...],
+def launch(plan: LaunchPlan, places: NodePlaces, parts: dict[str, LaunchPart],
+           args: Any, expected: tuple[type[Exception], ...],
            scratch_parent: Path | None = None) -> tuple[int, dict[str, Any]]:
-    """Run the plan (see the module docstring); (exit status, timeline). Call from a process
-    with no event loop and no threads yet: it forks."""
+    """Run the plan (see the module docstring) with `parts` (by name) bringing up the
+    plan's parts, which read their settings from `args` (the command line); (exit status,
+    timeline). Call from a process with no event loop and no threads yet: it forks."""
     started = time.monotonic()
     parent = scratch_parent or Path(tempfile.gettempdir())
     sweep_abandoned(parent)
@@ -91,25 +97,26 @@ def launch(plan: LaunchPlan, places: Places, expected: tuple[type[Exception], ..
     forked: list[ForkedMount] = []
     job = None
     try:
-        job = _fork_mounts(plan, places, scratch, started, expected, forked)
+        context = Context(args, scratch, contextlib.ExitStack(),
+                          lambda: round(time.monotonic() - started, 3))
+        job = _fork_mounts(plan, places, parts, context, started, expected, forked)
         return asyncio.run(_run(job))
     finally:
         asyncio.run(_stop(forked))  # a no-op for mounts `_run` stopped
         if job is not None:
-            job.memory.close()
+            job.context.memory.close()
         if not any(is_mounted(m.mountpoint) for m in forked):
             shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _fork_mounts(plan: LaunchPlan, places: Places, scratch: Path, started: float,
-                 expected: tuple[type[Exception], ...], forked: list[ForkedMount]) -> Launch:
-    from depsnap.mount import MountOptions as SnapshotOptions
-    from depsnap.mount import serve_snapshot
+def _fork_mounts(plan: LaunchPlan, places: NodePlaces, parts: dict[str, LaunchPart],
+                 context: Context, started: float, expected: tuple[type[Exception], ...],
+                 forked: list[ForkedMount]) -> Launch:
     from fusefs.image.mount import MountOptions as ImageOptions
     from fusefs.image.mount import serve_image
-    from hdfs_stripe.mount import MountOptions as CkptOptions
-    from hdfs_stripe.mount import serve_ckpt
     from p2p.origin.oci_ref import parse_reference
+
+    scratch = context.scratch
 
     def fork(name: str, serve: Callable[[Path], Serve]) -> ForkedMount:
         mountpoint = scratch / name
@@ -124,26 +131,13 @@ def _fork_mounts(plan: LaunchPlan, places: Places, scratch: Path, started: float
     image = fork("image", lambda at: lambda ready: serve_image(
         ImageOptions(plan.image, at, p.tracker, p.api_socket, _store(p),
                      plan.plain_http, record_missing=True), secret, ref, ready))
-    job = Launch(plan, places, scratch, started, image)
-    if plan.env is not None and plan.env.mode == "mount":
-        assert plan.env.key is not None
-        key = plan.env.key
-        job.env_mount = fork("env", lambda at: lambda ready: serve_snapshot(
-            SnapshotOptions(key, at, p.tracker, p.api_socket, _store(p), allow_other=True,
-                            origin_url=p.origin_url, origin_dir=p.origin_dir),
-            secret, ready))
-
-    def ckpt(uri: str) -> Callable[[Path], Serve]:
-        return lambda at: lambda ready: serve_ckpt(
-            CkptOptions(uri, at, p.tracker, p.api_socket, _store(p), allow_other=True),
-            secret, ready)
-
-    for i, (uri, target) in enumerate(plan.ckpt.targets() if plan.ckpt else []):
-        job.ckpt_mounts.append((target, fork(f"ckpt{i}", ckpt(uri))))
+    job = Launch(plan, places, context, started, image, forked)
+    for name, part_plan in plan.parts.items():
+        job.bring_ups[name] = parts[name].fork(part_plan, context, fork)
     return job
 
 
-def _store(places: Places) -> Path:
+def _store(places: NodePlaces) -> Path:
     assert places.store_dir is not None
     return places.store_dir
 
@@ -156,8 +150,8 @@ async def _run(job: Launch) -> tuple[int, dict[str, Any]]:
         try:
             async with asyncio.TaskGroup() as parts:
                 ready = parts.create_task(_image(job))
-                parts.create_task(_env(job))
-                parts.create_task(_ckpt(job))
+                for name in job.bring_ups:
+                    parts.create_task(_part(job, name))
         except ExceptionGroup as group:  # not except*: before 3.11.4 an exception raised
             raise _first(group) from None  # there came out wrapped in a new group
         config = ready.result().get("config", {}).get("config") or {}
@@ -167,7 +161,7 @@ async def _run(job: Launch) -> tuple[int, dict[str, Any]]:
         job.timeline["command_started_s"] = job.since()
         # what bringing the parts up cost this node: us, finished children, mount servers
         job.timeline["cpu_ready_s"] = round(sum(cpu.own_and_children())
-                                            + cpu.of_processes(m.pid for m in job.mounts()), 2)
+                                            + cpu.cpu_seconds_of(m.pid for m in job.mounts()), 2)
         log.info("all parts up in %.3f s; running %s", job.since(), " ".join(process.argv))
         status = await run_in_rootfs(job.image.mountpoint, process, runtime=job.plan.runtime,
                                      scratch_dir=job.scratch, binds=job.binds)
@@ -194,100 +188,20 @@ async def _image(job: Launch) -> dict[str, Any]:
     return ready
 
 
-async def _env(job: Launch) -> None:
-    env = job.plan.env
-    if env is None:
-        return
-    if job.env_mount is not None:
-        ready = await job.env_mount.wait_ready(READY_TIMEOUT_S)
-        up = _Env(job.env_mount.mountpoint, str(ready["prefix"]), "mounted", ready["key"],
-                  ready["packs"])
-    elif env.key is not None:
-        up = await _restore(job, env.key)
-    else:
-        up = await _requirements(job)
-    job.binds.append(Bind(up.source, up.target, read_only=up.action == "mounted"))
-    job.environ.update(VIRTUAL_ENV=up.target, PATH=f"{up.target}/bin")
-    job.contents["env"] = up.packs
-    job.timeline["env"] = {"ready_s": job.since(), "action": up.action, "key": up.key,
-                           "path": up.target}
-    log.info("environment %s %s at %s in %.3f s", up.key, up.action, up.target, job.since())
-
-
-@dataclass(frozen=True, slots=True)
-class _Env:
-    source: Path  # on the host
-    target: str  # in the container: the prefix the venv was made for
-    action: str  # restored, mounted, created
-    key: str
-    packs: list[str]  # the contents this node fetched it from
-
-
-async def _restore(job: Launch, key: str, target: str | None = None) -> _Env:
-    """Restore `key` into memory: a tmpfs of the launch's, gone with it. The copy is private
-    and lives as long as the job; creating thousands of files costs a tenth of the system
-    time there that it costs on a disk's filesystem (measured: 3,000 files, 0.11 s against
-    0.73 s of system time on this machine's ext4)."""
-    from depsnap.run import restore_key
-    from fusefs.image.mounts import mounted_tmpfs
-
-    memory = job.scratch / "env"
-    memory.mkdir()
-    job.memory.enter_context(mounted_tmpfs(memory))
-    summary = await restore_key(job.places, key, memory / "venv")
-    return _Env(memory / "venv", target or summary["snapshot_prefix"], "restored", key,
-                summary["packs"])
-
-
-async def _requirements(job: Launch) -> _Env:
-    """Restore the requirements' snapshot if published, else install it here and publish."""
-    from depsnap.inputs import gather
-    from depsnap.run import run, snapshot_exists
-
-    env = job.plan.env
-    assert env is not None and env.path is not None
-    argv = env.install_command()
-    inputs = await asyncio.to_thread(gather, argv, Path(env.path), env.python, os.environ,
-                                     Path.cwd())
-    key = inputs.key()
-    if await snapshot_exists(job.places, key):
-        return await _restore(job, key, env.path)
-    log.info("no snapshot for key %s yet: installing into %s", key, env.path)
-    status, summary = await asyncio.to_thread(run, job.places, inputs, argv, Path(env.path),
-                                              os.environ)
-    if status != 0:
-        raise LaunchError(f"installing the environment failed ({' '.join(argv)} exited "
-                          f"{status}); nothing was published")
-    return _Env(Path(env.path), env.path, summary["action"], key, [])
-
-
-async def _ckpt(job: Launch) -> None:
-    from p2p.agentclient import AgentClient
-
-    if not job.ckpt_mounts:
-        return
-    readies = await asyncio.gather(*(m.wait_ready(READY_TIMEOUT_S)
-                                     for _, m in job.ckpt_mounts))
-    files = [f for ready in readies for f in ready["files"]]
-    job.contents["ckpt"] = [f["content"] for f in files if f["content"]]
-    for target, mount in job.ckpt_mounts:
-        job.binds.append(Bind(mount.mountpoint, target))
-    assert job.plan.ckpt is not None
-    job.environ["BOOTSEER_CKPT"] = job.plan.ckpt.path
-    if job.plan.ckpt.prefetch:
-        async with AgentClient(job.places.api_socket) as agent:
-            await asyncio.gather(*(agent.ensure(c) for c in job.contents["ckpt"]))
-    job.timeline["ckpt"] = {"ready_s": job.since(), "files": len(files),
-                            "bytes": sum(f["size"] for f in files),
-                            "indexed_here": sum(bool(f["indexed"]) for f in files),
-                            "prefetched": job.plan.ckpt.prefetch}
-    log.info("checkpoint up in %.3f s: %d files", job.since(), len(files))
+async def _part(job: Launch, name: str) -> None:
+    up = await job.bring_ups[name](job.context)
+    job.binds += up.binds
+    for variable, value in up.environ.items():
+        job.environ[variable] = (f"{value}:{job.environ[variable]}"
+                                 if variable == "PATH" and variable in job.environ else value)
+    job.contents[name] = up.contents
+    job.timeline[name] = up.timeline
 
 
 # ---- helpers --------------------------------------------------------------------------------
 
 
-class LaunchError(Exception):
+class LaunchError(UserError):
     """A part of the launch could not be brought up; the message says which and why."""
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
 import subprocess
 import time
 import urllib.error
@@ -28,6 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from p2p.process import free_port, stop_popen
 from p2p.ratelimit import TokenBucket
 
 REGISTRY_BIN = "/usr/bin/docker-registry"
@@ -46,12 +46,6 @@ class Registry:
     root: Path  # filesystem storage
     log_path: Path
     process: subprocess.Popen[bytes] = field(repr=False)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.contextmanager
@@ -78,13 +72,8 @@ def local_registry(directory: Path, auth: dict[str, object] | None = None
                                f"{log_path.read_text()[-2000:]}")
         yield Registry(f"127.0.0.1:{port}", directory / "storage", log_path, process)
     finally:
-        if process is not None and process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        if process is not None:
+            stop_popen(process)
 
 
 def _write_config(directory: Path, port: int, auth: dict[str, object]) -> Path:

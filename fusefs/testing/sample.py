@@ -40,8 +40,8 @@ from fusefs.testing import debian
 from p2p.origin.oci import RegistryClient, sha256_digest
 from p2p.origin.oci_manifest import OCI_MANIFEST, Descriptor, Platform
 from p2p.origin.oci_ref import ImageRef
+from p2p.units import MiB
 
-MiB = 1 << 20
 BUSYBOX = Path("/bin/busybox")
 APPLETS = ("sh", "ls", "cat", "echo", "true", "env", "id", "pwd", "touch", "mkdir", "sleep",
            "kill")

@@ -45,23 +45,24 @@ from typing import Any
 
 from p2p.chunkfile import CHUNK_SUFFIX
 from p2p.errors import UserError
-from p2p.testing.demo import parse_size, positive_int
+from p2p.units import GiB, MiB, positive_int, size_arg
 
-MiB = 1 << 20
-GiB = 1 << 30
 READ_BYTES = 4 * MiB
 FUSE_ROUNDS = 3  # fresh mounts, median reported
 
 
 def add_parser(kinds: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     b = kinds.add_parser("ckpt", help="HDFS checkpoint reads: one stream, striped, swarm, FUSE")
-    b.add_argument("--size", type=parse_size, default=1 * GiB)
-    b.add_argument("--nodes", type=positive_int, default=8)
+    b.add_argument("--size", type=size_arg, default=1 * GiB,
+                   help="checkpoint file size, e.g. 1GiB (default: 1GiB)")
+    b.add_argument("--nodes", type=positive_int, default=8, help="agents loading the file at once")
     b.add_argument("--dn-cap", type=float, default=20.0, help="MB/s of reads per DataNode")
     b.add_argument("--node-cap", type=float, default=100.0, help="MB/s per agent, each way")
-    b.add_argument("--replication", type=positive_int, default=2)
-    b.add_argument("--block-size", type=parse_size, default=64 * MiB)
-    b.add_argument("--stripe-size", type=parse_size, default=None,
+    b.add_argument("--replication", type=positive_int, default=2,
+                   help="HDFS replicas of each block")
+    b.add_argument("--block-size", type=size_arg, default=64 * MiB,
+                   help="HDFS block size (default: 64MiB)")
+    b.add_argument("--stripe-size", type=size_arg, default=None,
                    help="default: hdfs_stripe.stripe.STRIPE_SIZE")
     b.add_argument("--parallel", type=positive_int, default=8,
                    help="stripes the striped reader has in flight")

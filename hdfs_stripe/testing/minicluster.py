@@ -40,6 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from p2p.process import ToolMissing, require_tool
+
 HERE = Path(__file__).resolve().parent / "minicluster"
 SOURCE = HERE / "src" / "main" / "java" / "bootseer" / "Launcher.java"
 RESOURCES = HERE / "src" / "main" / "resources"
@@ -61,11 +63,10 @@ class MiniClusterError(Exception):
 
 
 def _tool(name: str, package: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        raise MiniClusterError(f"{name} is not on PATH: install the Debian package {package} "
-                               "(`make setup` does)")
-    return path
+    try:
+        return require_tool(name, package)
+    except ToolMissing as exc:
+        raise MiniClusterError(str(exc)) from None
 
 
 def resolve_jars() -> None:

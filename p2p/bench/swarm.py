@@ -27,10 +27,11 @@ from typing import TYPE_CHECKING, Any
 
 import uvloop
 
-from p2p.content import CHUNK_SIZE, DEFAULT_DIGEST, DIGESTS, MiB
+from p2p.content import CHUNK_SIZE, DEFAULT_DIGEST, DIGESTS
 from p2p.errors import UserError
-from p2p.testing.demo import distribute, parse_size, positive_int
+from p2p.testing.demo import distribute
 from p2p.testing.localcluster import AgentHandle, LocalCluster, write_random_file
+from p2p.units import MiB, positive_int, size_arg
 
 if TYPE_CHECKING:  # a testbed is optional: load its shell only when one is used
     from p2p.testing.testbed.netns import Testbed
@@ -40,12 +41,15 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p = sub.add_parser("bench", help="benchmarks that print one JSON line")
     kinds = p.add_subparsers(dest="bench", required=True, metavar="BENCH")
     s = kinds.add_parser("swarm", help="N agents fetch one content: swarm vs origin-only")
-    s.add_argument("--nodes", type=positive_int, default=8)
-    s.add_argument("--size", type=parse_size, default=256 * MiB)
-    s.add_argument("--racks", type=positive_int, default=2)
-    s.add_argument("--node-cap", type=float, default=None, help="MB/s per node, each way")
+    s.add_argument("--nodes", type=positive_int, default=8, help="agents in the swarm")
+    s.add_argument("--size", type=size_arg, default=256 * MiB,
+                   help="content size, e.g. 256MiB, 1GiB (default: 256MiB)")
+    s.add_argument("--racks", type=positive_int, default=2, help="racks the agents are spread over")
+    s.add_argument("--node-cap", type=float, default=None,
+                   help="MB/s (10^6 bytes a second) per node, each way; default: no cap")
     s.add_argument("--origin-cap", type=float, default=None, help="MB/s out of the origin")
-    s.add_argument("--chunk-size-mb", type=positive_int, default=CHUNK_SIZE // MiB)
+    s.add_argument("--chunk-size-mb", type=positive_int, default=CHUNK_SIZE // MiB,
+                   help="chunk size in MiB")
     s.add_argument("--digest", choices=sorted(DIGESTS), default=DEFAULT_DIGEST,
                    help="chunk digest algorithm of the generated content")
     s.add_argument("--no-baseline", action="store_true", help="skip the origin-only round")

@@ -7,11 +7,13 @@ from typing import Protocol
 
 import aiohttp
 
+from p2p.errors import RemoteError
+
 CONNECT_TIMEOUT_S = 10.0
 BLOCK_BYTES = 1 << 20  # what one read of a response body takes at most
 
 
-class OriginError(Exception):
+class OriginError(RemoteError):
     """The origin could not deliver a range; the message says why and where."""
 
 

@@ -21,7 +21,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from p2p.errors import RemoteError
 from p2p.origin.oci_ref import ImageRefError, check_digest
+from p2p.units import MiB
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
@@ -31,11 +33,10 @@ IMAGE_MANIFEST_TYPES = (OCI_MANIFEST, DOCKER_MANIFEST)
 INDEX_TYPES = (OCI_INDEX, DOCKER_LIST)
 MANIFEST_TYPES = (*IMAGE_MANIFEST_TYPES, *INDEX_TYPES)
 
-MiB = 1024 * 1024
 MAX_MANIFEST_BYTES = 4 * MiB  # the limit distribution and containerd apply too
 
 
-class ManifestError(ValueError):
+class ManifestError(RemoteError, ValueError):
     """A manifest or index that is malformed or not of a supported type."""
 
 

@@ -58,10 +58,11 @@ class OriginServer:
         self.requests += 1
         if self._bucket.unlimited:
             # Uncapped: aiohttp's FileResponse answers the range with zero-copy sendfile.
-            response = web.FileResponse(path)
-            await response.prepare(request)
+            # It is returned unprepared: aiohttp prepares what a handler returns, and a
+            # FileResponse prepared twice sets its status again, which aiohttp refuses
+            # with a traceback in the log for every request.
             self.bytes_sent += end - start + 1
-            return response
+            return web.FileResponse(path)
         resp = web.StreamResponse(status=status)
         resp.content_length = end - start + 1
         if status == 206:
@@ -88,18 +89,18 @@ class OriginServer:
             await asyncio.sleep(wait)
 
 
-async def serve_forever(root: Path, host: str, port: int, rate_mbps: float | None,
-                        ready: asyncio.Future[str] | None = None) -> None:
+async def start(root: Path, host: str, port: int,
+                rate_mbps: float | None) -> tuple[web.AppRunner, str]:
+    """Serve `root` at host:port; returns the runner (to clean up) and the URL.
+
+    The socket is bound before this returns, so a busy port is an OSError here, to
+    the caller, rather than in a task nobody awaits.
+    """
+    sock = listen_socket(host, port)
     server = OriginServer(root, rate_mbps * 1e6 if rate_mbps else None)
     runner = web.AppRunner(server.app(), access_log=None)
     await runner.setup()
-    sock = listen_socket(host, port)
     await web.SockSite(runner, sock).start()
     url = f"http://{host}:{sock.getsockname()[1]}"
     print(f'{{"event": "listening", "url": "{url}", "pid": {os.getpid()}}}', flush=True)
-    if ready is not None:
-        ready.set_result(url)
-    try:
-        await asyncio.Event().wait()
-    finally:
-        await runner.cleanup()
+    return runner, url

@@ -23,8 +23,8 @@ class SwarmConfig:
     per_peer_inflight: int = 1
     max_inflight: int = 16  # requests to peers, all together
     max_origin_inflight: int = 2  # concurrent origin fetches by this node
-    request_timeout_s: float = 15.0
-    origin_timeout_s: float = 60.0
+    request_timeout_s: float = 15.0  # a peer request unanswered this long goes elsewhere
+    origin_timeout_s: float = 60.0  # an origin read of one chunk that takes longer fails
     origin_patience_s: float = 3.0  # starved this long, tracker silent -> go to the origin
     appointed_patience_s: float = 20.0  # the same, when the tracker appointed others
     settle_s: float = 0.5  # wait this long to hear peers' pending lists before fetching
@@ -35,8 +35,8 @@ class SwarmConfig:
     # A node alone pays it once per content (p2p.swarm.origin has the measurements).
     vacant_grace_s: float = 0.25
     pending_ttl_s: float = 30.0  # how long a peer's "fetching from origin" counts
-    backoff_base_s: float = 0.5
-    backoff_max_s: float = 30.0
+    backoff_base_s: float = 0.5  # a failing peer is left alone this long, doubling
+    backoff_max_s: float = 30.0  # ... up to this long
     max_peer_failures: int = 4  # consecutive; then disconnect
     endgame_duplicates: int = 1  # extra copies of a tail request
     endgame_tail: int = 2  # duplicate only when this few chunks are missing
@@ -64,8 +64,8 @@ class SwarmConfig:
     # 3.43 and 5.86 without) with 26-29% fewer swarm events; 0 lost launch's.
     relay_fetching_holders: int = 1
     use_peers: bool = True  # False: the origin-only baseline
-    chunk_picker: str = "rarest_first"
-    peer_chooser: str = "rack_aware"
+    chunk_picker: str = "rarest_first"  # rarest_first, in_order or random (p2p.swarm.policy)
+    peer_chooser: str = "rack_aware"  # rack_aware, least_loaded or random
 
     def __post_init__(self) -> None:
         if self.chunk_picker not in CHUNK_PICKERS:

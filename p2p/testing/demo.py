@@ -21,43 +21,23 @@ from typing import Any
 
 import uvloop
 
-from p2p.content import CHUNK_SIZE, ContentId, MiB
+from p2p.content import CHUNK_SIZE, ContentId
 from p2p.errors import UserError
 from p2p.testing.localcluster import AgentHandle, LocalCluster, write_random_file
+from p2p.units import MiB, positive_int, size_arg
 
 VERIFY_BLOCK = 16 * MiB
 ROUND_TIMEOUT_S = 900.0
 
 
-def parse_size(text: str) -> int:
-    units = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": MiB, "mib": MiB,
-             "g": 1 << 30, "gib": 1 << 30, "kb": 1000, "mb": 10**6, "gb": 10**9}
-    number = text.strip().lower().rstrip()
-    digits = number.rstrip("abgikm")
-    try:
-        value = float(digits) * units[number[len(digits):]]
-    except (ValueError, KeyError) as exc:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size like 256MiB or 1GiB") from exc
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"size must be positive, got {text!r}")
-    return int(value)
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from exc
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("demo", help="distribute a generated content to N local agents")
-    p.add_argument("--nodes", type=positive_int, default=8)
-    p.add_argument("--size", type=parse_size, default=256 * MiB, help="e.g. 256MiB, 1GiB")
-    p.add_argument("--racks", type=positive_int, default=2)
+    p.add_argument("--nodes", type=positive_int, default=8, help="agents in the swarm")
+    p.add_argument("--size", type=size_arg, default=256 * MiB,
+                   help="content size, e.g. 256MiB, 1GiB (default: 256MiB)")
+    p.add_argument("--racks", type=positive_int, default=2, help="racks the agents are spread over")
     p.add_argument("--json", action="store_true", help="print one JSON line")
     p.add_argument("--workdir", type=Path, help="keep logs and stores here")
     p.set_defaults(run=_run)

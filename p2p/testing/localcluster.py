@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from p2p import process
 from p2p.agentclient import AgentClient
 from p2p.content import CHUNK_SIZE, DEFAULT_DIGEST, ContentId, Manifest
 from p2p.errors import UserError
@@ -61,23 +62,10 @@ class Child:
 
     def cpu_seconds(self) -> float:
         """User plus system CPU the live process has used so far, all its threads."""
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            # Fields 14 and 15 of /proc/PID/stat, counted after the ")" that ends the name.
-            fields = Path(f"/proc/{self.pid}/stat").read_text().rpartition(")")[2].split()
-            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        return 0.0
+        return process.cpu_seconds(self.pid)
 
     async def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int:
-        if self.proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.send_signal(sig)
-            try:
-                await asyncio.wait_for(self.proc.wait(), timeout)
-            except TimeoutError:
-                with contextlib.suppress(ProcessLookupError):
-                    self.proc.kill()
-                await self.proc.wait()
-        return self.proc.returncode if self.proc.returncode is not None else -1
+        return await process.stop(self.proc, sig, timeout)
 
 
 @dataclass

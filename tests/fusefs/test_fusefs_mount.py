@@ -27,7 +27,6 @@ import asyncio
 import contextlib
 import errno
 import os
-import socket
 import stat
 import sys
 from collections.abc import AsyncIterator
@@ -40,8 +39,10 @@ from helpers.promtext import metric
 
 from fusefs.mount import Mount, is_mounted
 from fusefs.tree import Entry, Extent, Kind, Layer, Tree, build_tree
-from p2p.content import Manifest, MiB
+from p2p.content import Manifest
+from p2p.process import free_port
 from p2p.testing.localcluster import AgentHandle, LocalCluster, write_random_file
+from p2p.units import MiB
 
 CHUNK = 1 * MiB
 SHORT_READ_BOUND_S = 2.0
@@ -108,12 +109,6 @@ def layers(a: Manifest, b: Manifest, dead: Manifest) -> list[Layer]:
         f("dead.bin", dead, 0, dead.size),
     ]
     return [Layer("layer0", lower), Layer("layer1", upper)]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.asynccontextmanager

@@ -26,8 +26,7 @@ import pytest
 from fusefs.image.gzindex import LayerError, LayerIndex, build_index
 from fusefs.image.layerreader import HEADER_BYTES, LayerReader
 from fusefs.tree import Kind, TreeError, build_tree
-
-MiB = 1 << 20
+from p2p.units import MiB
 
 
 def digest_of(path: Path) -> str:

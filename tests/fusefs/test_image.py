@@ -42,13 +42,13 @@ import random
 import re
 import stat
 import tarfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from helpers.registry import RunningRegistry, running_registry
+from helpers.registry import RunningRegistry
 
 from fusefs.image.mount import MountOptions
 from fusefs.mount import Mount, is_mounted
@@ -57,17 +57,11 @@ from fusefs.testing.sample import Layer as SampleLayer
 from p2p.origin.oci import RegistryClient, sha256_digest
 from p2p.origin.oci_manifest import Platform
 from p2p.testing.localcluster import AgentHandle, LocalCluster, bootseer_command
+from p2p.units import MiB
 
 TEST_BOUND_S = 240.0
-MiB = 1 << 20
 MTIME = 1_700_000_000
 HOT_BYTES, COLD_BYTES = 1 * MiB + 12345, 5 * MiB
-
-
-@pytest.fixture(scope="module")
-def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningRegistry]:
-    with running_registry(tmp_path_factory.mktemp("registry")) as started:
-        yield started
 
 
 # ---- the image ------------------------------------------------------------------------
@@ -310,11 +304,15 @@ async def test_a_recorded_launch_is_prefetched_on_another_agent_from_peers(
     async with asyncio.timeout(TEST_BOUND_S), cluster_of(tmp_path, 2) as (cluster, agents):
         summaries = await index(cluster, ref, agents[0])
         data_content = summaries[2]["content"]
-        await bootseer(cluster, "image", "run", *agent_flags(cluster, agents[0]),
-                       "--record", ref, "--", "sh", "-c", "cat /data/hot.bin > /dev/null")
+        _, _, said = await bootseer(cluster, "image", "run", *agent_flags(cluster, agents[0]),
+                                    "--record", ref, "--", "sh", "-c",
+                                    "cat /data/hot.bin > /dev/null")
         first = (await contents_of(agents[0]))[data_content]
         hot_chunks = first["have"]
         assert 0 < hot_chunks < first["chunks"], "the first launch fetched the cold file too"
+        saved = re.search(r"saved the hot-block record \((\d+) chunks read in this launch's "
+                          r"first 60 s; it now holds (\d+) chunks from 1 launches\)", said)
+        assert saved and int(saved[1]) == int(saved[2]) >= hot_chunks, said
 
         before = blob_gets(registry, data_digest)
         async with mounted(cluster, agents[1], ref, tmp_path / "mnt") as mount:

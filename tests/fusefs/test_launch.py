@@ -34,7 +34,7 @@ import json
 import os
 import random
 import subprocess
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -48,9 +48,9 @@ from hdfs_stripe.testing.minicluster import MiniClusterError, MiniHdfs
 from hdfs_stripe.webhdfs import WebHdfs
 from p2p.origin.oci import RegistryClient
 from p2p.testing.localcluster import AgentHandle, LocalCluster, bootseer_command
+from p2p.units import MiB
 
 TEST_BOUND_S = 600.0
-MiB = 1 << 20
 CKPT = {"model.bin": 5 * MiB + 4321, "optim.bin": 2 * MiB}
 JOB = """
 import hashlib, os, sys
@@ -63,12 +63,6 @@ for name in sorted(os.listdir(ckpt)):
 print(open("/app/hello.py").read().strip())
 sys.exit(int(sys.argv[1]))
 """
-
-
-@pytest.fixture(scope="module")
-def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningRegistry]:
-    with running_registry(tmp_path_factory.mktemp("registry")) as started:
-        yield started
 
 
 @asynccontextmanager

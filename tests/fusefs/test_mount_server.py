@@ -37,8 +37,8 @@ import pytest
 from fusefs.mount import MountError, is_mounted, start_detached
 from fusefs.server import SERVER_ENV, ServerRefused, fork_serving
 from fusefs.tree import Entry, Extent, Kind, Layer, build_tree
-from p2p.content import MiB
 from p2p.testing.localcluster import LocalCluster, write_random_file
+from p2p.units import MiB
 
 pytestmark = pytest.mark.usefixtures("fuse_ready")
 SIZE = 3 * MiB + 5

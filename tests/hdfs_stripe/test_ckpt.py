@@ -38,8 +38,8 @@ from p2p.agentclient import AgentError
 from p2p.content import PeerId
 from p2p.testing.localcluster import AgentHandle, LocalCluster, bootseer_command
 from p2p.tracker_client import TrackerClient
+from p2p.units import MiB
 
-MiB = 1 << 20
 BLOCK = 4 * MiB  # small blocks: a shard of a few MiB spreads over every DataNode
 SHARDS = {"model-00001.safetensors": 3, "model-00002.safetensors": 4,
           "optimizer.safetensors": 5}  # MiB of float32 tensors, roughly

@@ -15,8 +15,7 @@ from hdfs_stripe.naming import (
     parse_uri,
 )
 from hdfs_stripe.stripe import Block, Piece, PlanError, ReadAhead, Schedule, StripePlan
-
-MiB = 1 << 20
+from p2p.units import MiB
 
 
 def blocks(sizes_mib: list[int], replicas: list[str]) -> list[Block]:

@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 
 from helpers.waiting import until
-from p2p.content import ContentId, Manifest, MiB, PeerId
+from p2p.content import ContentId, Manifest, PeerId
 from p2p.peer import PeerInfo, Timeouts
 from p2p.testing.demo import Round, distribute
 from p2p.testing.localcluster import (
@@ -22,6 +22,7 @@ from p2p.testing.localcluster import (
     wait_all_complete,
     write_random_file,
 )
+from p2p.units import MiB
 
 SIZE = 64 * MiB
 CHUNK = 1 * MiB

@@ -15,9 +15,10 @@ from typing import Any
 
 from helpers.promtext import metric
 
-from p2p.content import CHUNK_SIZE, MiB
+from p2p.content import CHUNK_SIZE
 from p2p.testing.demo import distribute
 from p2p.testing.localcluster import AgentHandle, LocalCluster, write_random_file
+from p2p.units import MiB
 
 NODES = 8
 SIZE = 256 * MiB

@@ -38,7 +38,7 @@ import msgpack
 from helpers.hostile import HostilePeer, RawClient, fetch_chunk
 from helpers.promtext import metric
 
-from p2p.content import ContentId, Manifest, MiB
+from p2p.content import ContentId, Manifest
 from p2p.testing.demo import distribute
 from p2p.testing.localcluster import (
     AgentHandle,
@@ -48,6 +48,7 @@ from p2p.testing.localcluster import (
     write_random_file,
 )
 from p2p.tracker_client import TrackerClient
+from p2p.units import MiB
 from tracker import replicas
 from tracker.testing.redisproc import RedisServer
 

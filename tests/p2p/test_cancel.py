@@ -14,8 +14,8 @@ from pathlib import Path
 from helpers.hostile import RawClient
 from helpers.promtext import metric
 
-from p2p.content import MiB
 from p2p.testing.localcluster import LocalCluster, wait_all_complete, write_random_file
+from p2p.units import MiB
 from p2p.wire import Cancel, Piece, Request
 
 CHUNK = 2 * MiB  # the agent's upload burst (4 MiB) covers the first two pieces only

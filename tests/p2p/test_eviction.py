@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from p2p.content import MiB
 from p2p.testing.localcluster import LocalCluster, write_random_file
+from p2p.units import MiB
 
 BUDGET_GB = 100 * MiB / (1 << 30)  # room for one 64 MiB content, not two
 

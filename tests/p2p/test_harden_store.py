@@ -25,7 +25,7 @@ from helpers.promtext import metric
 from helpers.waiting import WAIT_S, until
 
 from p2p.agentclient import AgentError
-from p2p.content import ContentId, Manifest, MiB
+from p2p.content import ContentId, Manifest
 from p2p.store import ChunkStore
 from p2p.testing.localcluster import (
     AgentHandle,
@@ -34,6 +34,7 @@ from p2p.testing.localcluster import (
     to_toml,
     write_random_file,
 )
+from p2p.units import MiB
 
 SIZE = 16 * MiB
 CHUNK = 1 * MiB

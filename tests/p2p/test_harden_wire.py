@@ -31,11 +31,12 @@ from helpers.promtext import metric
 from helpers.waiting import WAIT_S, until
 
 from p2p import wire
-from p2p.content import ContentId, Manifest, MiB, PeerId
+from p2p.content import ContentId, Manifest, PeerId
 from p2p.guard import ConnectionGuard, ConnectionLimits
 from p2p.ratelimit import LogLimiter
 from p2p.testing.localcluster import AgentHandle, LocalCluster, write_random_file
 from p2p.tracker_client import TrackerClient
+from p2p.units import MiB
 from p2p.wire import Piece, Reject, Request
 
 SIZE = 8 * MiB

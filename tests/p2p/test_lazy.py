@@ -13,8 +13,8 @@ from typing import Any
 
 from helpers.waiting import until
 
-from p2p.content import MiB
 from p2p.testing.localcluster import AgentHandle, LocalCluster, write_random_file
+from p2p.units import MiB
 
 CHUNK = 1 * MiB
 CHUNKS = 8

@@ -21,7 +21,7 @@ import uvloop
 
 from p2p import wire
 from p2p.auth import AuthError, handshake_mac
-from p2p.content import ContentId, KiB, MiB, PeerId
+from p2p.content import ContentId, PeerId
 from p2p.link import Link, UploadGate
 from p2p.peer import (
     ConnectionClosed,
@@ -40,6 +40,7 @@ from p2p.ratelimit import TokenBucket
 from p2p.store import ChunkStore
 from p2p.swarm.links import LinkId
 from p2p.swarm.uploads import UPLOAD_ORDER
+from p2p.units import KiB, MiB
 from p2p.wire import (
     Auth,
     Bye,

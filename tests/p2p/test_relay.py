@@ -17,13 +17,12 @@ from helpers.promtext import metric
 from helpers.waiting import until
 
 from p2p.agentclient import AgentError
-from p2p.content import ContentId, MiB
+from p2p.content import ContentId
 from p2p.relay import RELAY_HOLD_BYTES, RELAY_PART_BYTES, Filling, Parts, RelayFailed, relay
 from p2p.session import BufferPool
 from p2p.testing.demo import distribute
 from p2p.testing.localcluster import AgentHandle, LocalCluster, write_random_file
-
-KiB = 1024
+from p2p.units import KiB, MiB
 
 
 class Sink:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from p2p.chunkview import ChunkView, RecentChunks
-from p2p.content import ContentId, KiB, Manifest, ManifestBuilder
+from p2p.content import ContentId, Manifest, ManifestBuilder
 from p2p.store import (
     ChunkStore,
     CorruptChunk,
@@ -20,6 +20,7 @@ from p2p.store import (
     StoreFullError,
     UnknownContent,
 )
+from p2p.units import KiB
 
 CHUNK = 64 * KiB
 

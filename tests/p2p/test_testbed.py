@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from p2p.content import MiB
 from p2p.testing.localcluster import (
     LocalCluster,
     bootseer_command,
@@ -24,6 +23,7 @@ from p2p.testing.localcluster import (
 )
 from p2p.testing.testbed import netns
 from p2p.testing.testbed.plan import MAX_IFNAME, Host, Spec, SpecError, commands, plan
+from p2p.units import MiB
 
 NAME, SUBNET = "tq", "10.214.0.0/16"
 

@@ -15,8 +15,8 @@ from pathlib import Path
 from helpers.promtext import metric
 from helpers.waiting import until
 
-from p2p.content import MiB
 from p2p.testing.localcluster import LocalCluster, write_random_file
+from p2p.units import MiB
 
 
 async def test_failed_origin_fetches_are_withdrawn_to_peers(tmp_path: Path) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
 import threading
 import time
 import urllib.parse
@@ -35,9 +34,11 @@ from test_tracker_service import (
 )
 
 from p2p.auth import AUTH_HEADER, TIME_HEADER, sign_request
-from p2p.content import ContentId, ManifestError, MiB, PeerId
+from p2p.content import ContentId, ManifestError, PeerId
+from p2p.process import free_port
 from p2p.testing.localcluster import LocalCluster, wait_all_complete, write_random_file
 from p2p.tracker_client import UNREACHABLE, TrackerClient, TrackerError
+from p2p.units import MiB
 from tracker.app import make_app
 from tracker.config import TrackerConfig
 
@@ -441,12 +442,6 @@ async def test_names_first_writer_wins_and_survive_a_restart(tmp_path: Path) -> 
             assert info.value.status == 409
     finally:
         assert await again.stop() == 0
-
-
-def free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 # -- origin-fetcher slots -------------------------------------------------------------

@@ -244,7 +244,7 @@ async def test_a_replica_that_joins_late_loads_the_snapshot_and_agrees(
 
 
 async def test_redis_unreachable_at_start_is_one_line_naming_the_url(tmp_path: Path) -> None:
-    from tracker.testing.redisproc import free_port
+    from p2p.process import free_port
 
     url = f"redis://127.0.0.1:{free_port()}/0"
     (tmp_path / "pw").write_text("x")

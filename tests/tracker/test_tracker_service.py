@@ -25,6 +25,7 @@ from aiohttp import web
 
 from p2p.auth import BODY_MAC_HEADER, AuthError, sign_request
 from p2p.content import ContentId, Manifest, ManifestBuilder, PeerId
+from p2p.process import free_port
 from p2p.tracker_client import TrackerClient, TrackerError, TrackerUnavailable
 
 BOOTSEER = Path(sys.executable).parent / "bootseer"
@@ -355,12 +356,6 @@ async def test_healthz_and_metrics(client: TrackerClient, tracker: Tracker,
     assert await metric(http, tracker, "bootseer_tracker_reports_total") == 1
     for name in ["expired_peers_total", "auth_failures_total", "bad_requests_total"]:
         assert await metric(http, tracker, f"bootseer_tracker_{name}") == 0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def test_unreachable_tracker_raises_tracker_unavailable() -> None:

@@ -53,8 +53,9 @@ import aiohttp
 import uvloop
 
 from p2p.errors import UserError
-from p2p.testing.demo import positive_int
+from p2p.process import cpu_seconds
 from p2p.testing.localcluster import Child, LocalCluster, to_toml
+from p2p.units import positive_int
 from tracker.bench import loadgen
 from tracker.testing.redisproc import RedisMissing, RedisServer
 
@@ -72,14 +73,15 @@ BENCH_CONFIG = {
 
 def add_parser(kinds: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = kinds.add_parser("tracker", help="one tracker under N nodes' signed announces (wrk)")
-    p.add_argument("--nodes", type=positive_int, default=10_000)
-    p.add_argument("--contents", type=positive_int, default=3)
+    p.add_argument("--nodes", type=positive_int, default=10_000, help="nodes announcing")
+    p.add_argument("--contents", type=positive_int, default=3, help="contents per node")
     p.add_argument("--replicas", type=positive_int, default=1,
                    help="tracker processes sharing one Redis (started by the bench)")
     p.add_argument("--protocol", choices=["batched", "single"], default="batched",
                    help="one announce per node (all contents) or one per content")
     p.add_argument("--seconds", type=float, default=5.0, help="measured time")
-    p.add_argument("--connections", type=positive_int, default=64)
+    p.add_argument("--connections", type=positive_int, default=64,
+                   help="wrk's open connections")
     p.add_argument("--threads", type=positive_int, default=1, help="wrk threads")
     p.add_argument("--max-rate", type=positive_int, default=40_000,
                    help="requests per second the prepared pool lasts for")
@@ -183,13 +185,13 @@ async def _measure(cluster: LocalCluster, workdir: Path, args: argparse.Namespac
     del pool
     _say(args, f"wrk: {args.connections} connections for {args.seconds:g} s")
     pids = [t.pid for t in trackers] + ([redis_server.pid] if redis_server else [])
-    cpu_before, wall_before = [_cpu_seconds(p) for p in pids], time.monotonic()
+    cpu_before, wall_before = [cpu_seconds(p) for p in pids], time.monotonic()
     results = await asyncio.gather(*(
         asyncio.to_thread(loadgen.run_wrk, url, run_dir / "pool", args.threads,
                           max(1, args.connections // len(urls)), args.seconds, run_dir)
         for url, run_dir in zip(urls, runs, strict=True)))
     wall = time.monotonic() - wall_before
-    cpu = [(_cpu_seconds(p) - before) / wall for p, before in zip(pids, cpu_before, strict=True)]
+    cpu = [(cpu_seconds(p) - before) / wall for p, before in zip(pids, cpu_before, strict=True)]
     wrk = loadgen.WrkResult(sum(r.requests for r in results), max(r.seconds for r in results),
                             max(r.p50_ms for r in results), max(r.p99_ms for r in results),
                             sum(r.errors for r in results), sum(r.dry for r in results),
@@ -233,12 +235,6 @@ def _result(args: argparse.Namespace, swarm: loadgen.Swarm, wrk: loadgen.WrkResu
                                                   / max(tracker_cpu, 1e-9)),
         "limited_by": limited_by, "swarm_peers": [peers_before, peers_after],
     }
-
-
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a live process, from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def _healthz_peers(url: str) -> int:

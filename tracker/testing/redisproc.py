@@ -3,7 +3,7 @@
 `RedisServer(workdir).start()` runs the Debian `redis-server` on a free port,
 its data and log in `workdir`, and returns once it answers PING. With
 `persistent`, it keeps an append-only file, so a restart keeps the tracker
-log, snapshots and documents (what the README tells operators to run);
+log, snapshots and documents (what docs/operating.md tells operators to run);
 without, a restart empties it. `stop` sends a signal and waits; `restart`
 starts it again on the same port and directory.
 
@@ -21,23 +21,18 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 from pathlib import Path
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
+
+from p2p.process import free_port
 
 START_SECONDS = 10.0
 
 
 class RedisMissing(RuntimeError):
     """redis-server cannot be run here."""
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 class RedisServer:

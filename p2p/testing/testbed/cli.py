@@ -28,8 +28,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     kinds = p.add_subparsers(dest="action", required=True)
     u = kinds.add_parser("up", help="build the testbed; prints its layout")
-    u.add_argument("--nodes", type=int, required=True)
-    u.add_argument("--racks", type=int, default=1)
+    u.add_argument("--nodes", type=int, required=True, help="node namespaces to make")
+    u.add_argument("--racks", type=int, default=1, help="racks the nodes are spread over")
     u.add_argument("--node-cap", dest="node_mbps", type=float, default=100.0,
                    help="MB/s per node, each way (default 100)")
     u.add_argument("--origin-cap", dest="origin_mbps", type=float, default=200.0,
