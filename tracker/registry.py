@@ -31,11 +31,11 @@ short window, not after the stall time), or when a member reports it
 unreachable (`fetcher_unreachable`). Its node (host) is then not appointed
 again in that content, under any peer id, until a member at that host holds
 more than it did; and a node holds at most its share of the slots, `k` over
-the number of distinct nodes in the swarm (rounded up), however many peer ids
-it announces: one slot each once there are `k` nodes, all of them for agents
-that share one host alone (a test cluster on loopback); slots a node took
-beyond its share before others joined are freed while their fetchers have
-shown no progress. So ten squatting
+the number of distinct nodes with incomplete members (rounded up; complete
+members never fetch), however many peer ids it announces: one slot each once
+there are `k` nodes, all of them for agents that share one host alone (a test
+cluster on loopback); slots a node took beyond its share before others joined
+are freed while their fetchers have shown no progress. So ten squatting
 addresses cost the honest nodes at most two short windows (eight squatters
 out, then the two that took the freed slots first). Everyone learns the new
 slots at their next announce.
@@ -151,7 +151,7 @@ class _Swarm:
         self.progress: dict[PeerId, tuple[int, float]] = {}  # fetcher -> (have, since when)
         self.unproven: dict[PeerId, float] = {}  # fetcher without progress yet -> appointed at
         self.demoted: dict[str, int] = {}  # node that lost its slot -> held count at the time
-        self.nodes: dict[str, int] = {}  # node -> its members here (peer ids at that host)
+        self.nodes: dict[str, int] = {}  # node -> its incomplete members (ids at that host)
 
     @property
     def by_peer(self) -> dict[PeerId, Member]:
@@ -160,10 +160,9 @@ class _Swarm:
     def put(self, member: Member) -> bool:
         """Insert or refresh; True if the peer is new to this content."""
         old = self.index.by_peer.get(member.peer)
-        if old is not None and old.node != member.node:  # it gained a host ("" before)
+        if old is not None and not old.complete:
             self._count(old.node, -1)
-            old = None
-        if old is None:
+        if not member.complete:
             self._count(member.node, 1)
         return self.index.put(member)
 
@@ -178,7 +177,8 @@ class _Swarm:
         member = self.index.remove(peer)
         if member is None:
             return False
-        self._count(member.node, -1)
+        if not member.complete:
+            self._count(member.node, -1)
         self.unappoint(peer)  # a demoted node stays demoted: it may come back as another id
         return True
 
