@@ -21,10 +21,13 @@ BIN := $(VENV)/bin
 # wrk: the load generator of `bootseer bench tracker` (replays pre-signed announces).
 # chromium and fonts-dejavu-core: the real headless browser the tracker's status-page
 # test loads and screenshots the page in. redis-server: the Redis that tracker replicas
-# share (tests and `bootseer bench tracker --replicas`).
+# share (tests and `bootseer bench tracker --replicas`). containerd (and its ctr): the
+# unchanged runtime the registry-mirror test and `bootseer bench mirror` pull through;
+# systemd: `systemd-analyze verify` of the units in deploy/.
 DEB_PACKAGES := fuse3 libfuse3-dev pkg-config gcc python3-dev python3-venv \
 	docker-registry skopeo apache2-utils busybox-static runc bubblewrap umoci debootstrap \
-	openjdk-17-jdk-headless maven iproute2 wrk chromium fonts-dejavu-core redis-server
+	openjdk-17-jdk-headless maven iproute2 wrk chromium fonts-dejavu-core redis-server \
+	containerd systemd
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 .PHONY: setup test test-fast lint demo clean

@@ -13,6 +13,10 @@ medians and the median ratio after/before. The figure compared is
     python benchmarks/ab.py --before REV [--after REV] [--rounds 3] -- \
         --nodes 8 --size 256MiB [--node-cap 50 --origin-cap 50] [--digest blake3]
 
+What a byte costs is compared too: the agents' CPU seconds per GiB delivered
+(`agent_cpu_s_per_gib`, computed from `agent_cpu_seconds` for revisions whose
+bench did not print it yet), with its medians and `cpu_per_gib_after_over_before`,
+and the user part of it (`agent_user_cpu_s_per_gib`, where the bench prints it).
 CPU seconds of each whole run are measured too (`cpu_after_over_before`):
 unlike wall-clock rates they barely move when other work shares the machine,
 so they are the figure to trust for a cost such as re-verification on a busy
@@ -38,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+GiB = 1 << 30
 
 
 def export(rev: str, into: Path) -> Path:
@@ -70,6 +75,8 @@ def bench(tree: Path, bench_args: list[str]) -> dict[str, Any]:
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     result["cpu_seconds"] = round(after.ru_utime + after.ru_stime
                                   - before.ru_utime - before.ru_stime, 2)
+    result.setdefault("agent_cpu_s_per_gib", round(
+        result["agent_cpu_seconds"] / (result["nodes"] * result["bytes"] / GiB), 3))
     return result
 
 
@@ -97,9 +104,12 @@ def main() -> None:
             # ABBA order: neither side always runs first in a round
             for side in (("before", "after") if i % 2 == 0 else ("after", "before")):
                 runs[side].append(bench(trees[side], bench_args + extra[side]))
-                print(f"{side}: {runs[side][-1][figure]}", file=sys.stderr)
+                print(f"{side}: {runs[side][-1][figure]}, "
+                      f"{runs[side][-1]['agent_cpu_s_per_gib']} CPU-s/GiB", file=sys.stderr)
     medians = {side: statistics.median(r[figure] for r in rs) for side, rs in runs.items()}
     cpu = {side: statistics.median(r["cpu_seconds"] for r in rs) for side, rs in runs.items()}
+    per_gib = {side: statistics.median(r["agent_cpu_s_per_gib"] for r in rs)
+               for side, rs in runs.items()}
     print(json.dumps({
         "bench": "ab", "before": args.before, "after": args.after, "args": bench_args,
         "before_args": args.before_args, "after_args": args.after_args,
@@ -108,6 +118,14 @@ def main() -> None:
         "after_values": [r[figure] for r in runs["after"]],
         "before_median": medians["before"], "after_median": medians["after"],
         "after_over_before": round(medians["after"] / medians["before"], 3),
+        "before_cpu_s_per_gib": [r["agent_cpu_s_per_gib"] for r in runs["before"]],
+        "after_cpu_s_per_gib": [r["agent_cpu_s_per_gib"] for r in runs["after"]],
+        "before_cpu_s_per_gib_median": per_gib["before"],
+        "after_cpu_s_per_gib_median": per_gib["after"],
+        "cpu_per_gib_after_over_before": round(per_gib["after"] / per_gib["before"], 3),
+        # ... of which user CPU (the interpreter): revisions before it was printed say None
+        "before_user_cpu_s_per_gib": [r.get("agent_user_cpu_s_per_gib") for r in runs["before"]],
+        "after_user_cpu_s_per_gib": [r.get("agent_user_cpu_s_per_gib") for r in runs["after"]],
         "before_cpu_seconds": [r["cpu_seconds"] for r in runs["before"]],
         "after_cpu_seconds": [r["cpu_seconds"] for r in runs["after"]],
         "cpu_after_over_before": round(cpu["after"] / cpu["before"], 3),

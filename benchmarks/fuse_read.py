@@ -1,21 +1,26 @@
-"""Sequential read throughput through the fusefs mount against the store's own files.
+"""Sequential read throughput through the fusefs mount, by path, against the store's files.
 
 One random content of `--bytes` (1 GiB by default, 4 MiB chunks) is written
 into a chunk store, so every chunk is local; a tree maps `--rounds` files to
 that whole content (distinct inodes, so each first read through the mount
-misses the kernel's page cache of the mount and really goes through FUSE).
+misses the kernel's page cache of the mount and really goes through FUSE), and
+one more, `second`, read after the first on the same mount: for passthrough, a
+file whose whole file this process has already verified (`*_second_*`).
 The mount is served by `python -m fusefs mount` in a child process, as in
 production; no agent runs (a local chunk never goes through it).
 
-Each round, side by side: `dd bs=4M` of one file through a fresh mount (the
-first read of that file: the FUSE process opens, checks the hash of, and preads
-every chunk file), and a read of the same store files directly (4 MiB
-`readinto` per chunk file). Both read from the page cache of the store's
-files, so the ratio is the cost of the FUSE path. Medians are printed as one
-JSON line (GB/s = 1e9 bytes per second) with the read_ahead_kb in effect, the
-re-read rate of a file already read (kernel page cache, keep_cache), and the
-FUSE server's CPU seconds per GiB of first reads, which moves much less than
-the rates when other work shares the machine.
+First the content's whole file (`fusefs.backing`: the layout passthrough needs,
+one contiguous file written from verified chunks) is built, timed, in this
+process. Then each round, side by side, on fresh mounts: a read of the store's
+chunk files directly (4 MiB `readinto` per file), `dd bs=4M` of one file through
+a pyfuse3 mount (`--no-passthrough`: the handler path, today's baseline), and
+the same through the kernel-protocol mount (passthrough: the kernel reads the
+whole file; its first open hashes the whole file once, as every new serving
+process does). All read from the page cache, so the ratios are the cost of the
+FUSE paths. Medians are printed as one JSON line (GB/s = 1e9 bytes per second)
+with each path's serving-process CPU seconds per GiB, the path that really
+served (the server's own account: passthrough means no READ reached it), and
+the re-read rate of a file already read.
 
 A fresh mount per round: within one mount, the third GiB of page cache kept
 for it made the server's system time grow about six-fold here (not
@@ -37,6 +42,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from fusefs.backing import WholeFiles
+from fusefs.bench.readpath import read_path
 from fusefs.mount import Mount
 from fusefs.tree import Entry, Extent, Kind, Layer, build_tree
 from p2p.content import CHUNK_SIZE, Manifest, ManifestBuilder
@@ -84,34 +91,74 @@ def direct_gbps(store_dir: Path, manifest: Manifest) -> float:
     return total / (time.perf_counter() - began) / 1e9
 
 
+async def one_read(work: Path, store_dir: Path, name: str, size: int, read_ahead_kb: int,
+                   *extra: str) -> dict[str, object]:
+    """`dd` of `name` through a fresh mount: GB/s, server CPU s/GiB, path, re-read GB/s."""
+    log = work / f"mount-{name}-{'-'.join(extra) or 'default'}.log"
+    async with await Mount.start(work / "tree.json", work / "mnt", str(work / "no-agent.sock"),
+                                 store_dir, log, "--read-ahead-kb", str(read_ahead_kb),
+                                 *extra) as mount:
+        before = cpu_seconds(mount.proc.pid)
+        gbps = await asyncio.to_thread(dd_gbps, mount.mountpoint / name)
+        cpu = (cpu_seconds(mount.proc.pid) - before) * GiB / size
+        reread = await asyncio.to_thread(dd_gbps, mount.mountpoint / name)
+        before = cpu_seconds(mount.proc.pid)  # another file of the content, in this process
+        second = await asyncio.to_thread(dd_gbps, mount.mountpoint / "second")
+        second_cpu = (cpu_seconds(mount.proc.pid) - before) * GiB / size
+        ready = mount.ready
+    return {"gbps": gbps, "cpu": cpu, "reread": reread, "second": second,
+            "second_cpu": second_cpu, "path": read_path(log),
+            "read_ahead_kb": ready.get("read_ahead_kb")}
+
+
+def build_whole(store_dir: Path, manifest: Manifest) -> tuple[float, float]:
+    """Seconds and CPU seconds per GiB to write the content's whole file from its chunks."""
+    began, cpu = time.perf_counter(), time.process_time()
+    assert WholeFiles(store_dir).build(manifest), "the whole file could not be built"
+    seconds = time.perf_counter() - began
+    return seconds, (time.process_time() - cpu) * GiB / manifest.size
+
+
 async def run(args: argparse.Namespace, work: Path) -> dict[str, object]:
     store_dir = work / "store"
     manifest = await asyncio.to_thread(make_store, store_dir, args.bytes)
     extent = (Extent(manifest.content_id, 0, manifest.size),)
-    tree = build_tree([Layer("bench", [Entry(f"file{i}", Kind.FILE, size=manifest.size,
-                                             extents=extent) for i in range(args.rounds)])])
+    names = [*(f"file{i}" for i in range(args.rounds)), "second"]
+    tree = build_tree([Layer("bench", [Entry(name, Kind.FILE, size=manifest.size,
+                                             extents=extent) for name in names])])
     (work / "tree.json").write_bytes(tree.to_json())
     (work / "mnt").mkdir()
-    fuse, direct, reread, cpu = [], [], [], []
-    read_ahead = None
+    build_s, build_cpu = await asyncio.to_thread(build_whole, store_dir, manifest)
+    direct: list[float] = []
+    runs: dict[str, list[dict[str, object]]] = {"handler": [], "passthrough": []}
     await asyncio.to_thread(direct_gbps, store_dir, manifest)  # warm the page cache
     for i in range(args.rounds):
         direct.append(await asyncio.to_thread(direct_gbps, store_dir, manifest))
-        async with await Mount.start(work / "tree.json", work / "mnt",
-                                     str(work / "no-agent.sock"), store_dir,
-                                     work / "mount.log", "--read-ahead-kb",
-                                     str(args.read_ahead_kb)) as mount:
-            before = cpu_seconds(mount.proc.pid)
-            fuse.append(await asyncio.to_thread(dd_gbps, mount.mountpoint / f"file{i}"))
-            cpu.append((cpu_seconds(mount.proc.pid) - before) * GiB / manifest.size)
-            reread.append(await asyncio.to_thread(dd_gbps, mount.mountpoint / f"file{i}"))
-            read_ahead = mount.read_ahead_kb
-    f, d = statistics.median(fuse), statistics.median(direct)
-    return {"bytes": args.bytes, "rounds": args.rounds, "fuse_read_gbps": round(f, 3),
-            "direct_read_gbps": round(d, 3), "fuse_to_direct": round(f / d, 3),
-            "fuse_reread_gbps": round(statistics.median(reread), 3),
-            "server_cpu_s_per_gib": round(statistics.median(cpu), 3),
-            "read_ahead_kb": read_ahead, "fuse_runs_gbps": [round(x, 3) for x in fuse]}
+        for mode, extra in (("handler", ("--no-passthrough",)), ("passthrough", ())):
+            runs[mode].append(await one_read(work, store_dir, f"file{i}", manifest.size,
+                                             args.read_ahead_kb, *extra))
+    d = statistics.median(direct)
+    out: dict[str, object] = {"bytes": args.bytes, "rounds": args.rounds,
+                              "direct_read_gbps": round(d, 3)}
+    for mode, results in runs.items():
+        key = "" if mode == "passthrough" else "handler_"
+
+        def med(field: str, rs: list[dict[str, object]] = results) -> float:
+            return statistics.median(float(r[field]) for r in rs)  # type: ignore[arg-type]
+        out |= {f"{key}fuse_read_gbps": round(med("gbps"), 3),
+                f"{key}server_cpu_s_per_gib": round(med("cpu"), 3),
+                f"{key}fuse_reread_gbps": round(med("reread"), 3),
+                f"{key}second_read_gbps": round(med("second"), 3),
+                f"{key}second_server_cpu_s_per_gib": round(med("second_cpu"), 3),
+                f"{key}read_path": sorted({str(r["path"]) for r in results}),
+                f"{key}fuse_runs_gbps": [round(float(r["gbps"]), 3) for r in results]}  # type: ignore[arg-type]
+    out["read_ahead_kb"] = runs["handler"][-1]["read_ahead_kb"]
+    out["passthrough_over_handler"] = round(float(out["fuse_read_gbps"]) /  # type: ignore[arg-type]
+                                            float(out["handler_fuse_read_gbps"]), 2)  # type: ignore[arg-type]
+    out["fuse_to_direct"] = round(float(out["fuse_read_gbps"]) / d, 3)  # type: ignore[arg-type]
+    out["whole_build_seconds"] = round(build_s, 3)
+    out["whole_build_cpu_s_per_gib"] = round(build_cpu, 3)
+    return out
 
 
 def main() -> None:

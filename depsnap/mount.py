@@ -46,7 +46,6 @@ import json
 import logging
 import os
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -335,13 +334,12 @@ def _run_serve(args: argparse.Namespace) -> int:
 
 
 def _run_mount(args: argparse.Namespace) -> int:
-    from fusefs.mount import MountError, start_detached
+    from fusefs.mount import MountError, mount_log, start_detached
     from p2p.cli import cluster_secret
 
     opts = _options(args)
     cluster_secret()  # fail here, not in the serving process
-    log_path = Path(os.environ.get("BOOTSEER_LOG_DIR", tempfile.gettempdir())) / \
-        f"bootseer-depsnap-{os.getpid()}.log"
+    log_path = mount_log("depsnap")
     try:
         ready = start_detached(opts.argv(), log_path, opts.read_timeout_s + 60.0)
     except MountError as exc:

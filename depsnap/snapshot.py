@@ -51,7 +51,7 @@ from __future__ import annotations
 import json
 import posixpath
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -226,6 +226,9 @@ def check_entries(entries: Sequence[Entry], interpreter: str) -> None:
             raise SnapshotError(f"{e.path!r}: a file needs a 64-hex-digit digest")
         elif e.kind == "symlink":
             check_link(e.path, e.target, interpreter)
+    links = {e.path: e.target for e in entries if e.kind == "symlink"}
+    for path in links:
+        resolve_link(path, links, interpreter)
 
 
 def check_link(path: str, target: str, interpreter: str) -> None:
@@ -240,6 +243,59 @@ def check_link(path: str, target: str, interpreter: str) -> None:
     resolved = posixpath.normpath(posixpath.join(posixpath.dirname(path), target))
     if resolved == ".." or resolved.startswith("../"):
         raise SnapshotError(f"{path!r}: symlink target {target!r} escapes the prefix")
+
+
+MAX_LINK_HOPS = 40  # symlinks followed in one resolution, as Linux's ELOOP limit
+
+
+def resolve_link(path: str, links: Mapping[str, str], interpreter: str) -> list[str]:
+    """The components, under the prefix, that the symlink at `path` resolves to, following
+    the tree's other symlinks as the kernel would; SnapshotError if it leaves the prefix.
+    A link may end at the interpreter (a venv's `bin/python3 -> python -> /usr/bin/...`),
+    as `[interpreter]`, but never go on from it.
+
+    Read as text, `c1 -> x/..` stays inside when `x -> .`; resolved, it is the prefix's
+    parent, and a chain of such links reaches any host file. So every component that is
+    itself a link of the tree is replaced by what that link resolves to before the next
+    component (a `..`) is applied. Names not in the tree are taken as plain names: a
+    restore creates only the tree's entries."""
+    hops = [0]
+    try:
+        return _follow(posixpath.dirname(path).split("/") if "/" in path else [],
+                       links[path], links, interpreter, hops)
+    except _Escapes as exc:
+        raise SnapshotError(f"{path!r}: symlink target {links[path]!r} leaves the prefix "
+                            f"once the tree's links are followed ({exc})") from None
+
+
+class _Escapes(Exception):
+    pass
+
+
+def _follow(base: list[str], target: str, links: Mapping[str, str], interpreter: str,
+            hops: list[int]) -> list[str]:
+    if target == interpreter:
+        return [interpreter]
+    if target.startswith("/"):
+        raise _Escapes(f"through the absolute link {target!r}")
+    where = list(base)
+    parts = [p for p in target.split("/") if p not in ("", ".")]
+    for part in parts:
+        if where == [interpreter]:
+            raise _Escapes(f"on past the interpreter {interpreter!r}")
+        if part == "..":
+            if not where:
+                raise _Escapes("'..' above the prefix")
+            where.pop()
+            continue
+        where.append(part)
+        linked = links.get("/".join(where))
+        if linked is not None:
+            hops[0] += 1
+            if hops[0] > MAX_LINK_HOPS:
+                raise _Escapes(f"more than {MAX_LINK_HOPS} links in a chain")
+            where = _follow(where[:-1], linked, links, interpreter, hops)
+    return where
 
 
 def check_packs(entries: Sequence[Entry], packs: Sequence[Pack]) -> None:

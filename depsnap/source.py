@@ -19,6 +19,12 @@ agent):
   node would otherwise cost a round trip per chunk, one after another. The
   read itself waits only for its own chunks. Files never opened are never
   fetched.
+- A file's bytes are served only once its whole member has been read and its
+  BLAKE3 digest matched the tree's, as a restore checks them (the packs'
+  chunks are verified against their manifest, but the tree, not the pack,
+  says which bytes a file must hold). A mismatch is an EIO on every read of
+  that file. The check is one pass over the bytes the first read's prefetch
+  fetches anyway; verified members are remembered.
 - With a `Recorder` (record mode, `depsnap.hot`), every read of a compressed
   pack reports the frames under it, before any cache answers it, so the
   record lists what the mount's readers needed, in the order they first did.
@@ -36,6 +42,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
+import blake3
 import zstandard
 
 from depsnap.frames import FrameError, decode_frame, frame_span, stored_offsets
@@ -67,9 +74,36 @@ class SnapshotSource:
         self._decoded: OrderedDict[tuple[str, int], bytes] = OrderedDict()
         self._decoding: dict[tuple[str, int], asyncio.Task[bytes]] = {}
         self._zstd = zstandard.ZstdDecompressor()  # decodes run on the event loop's thread
+        self._verified: set[tuple[str, int]] = set()  # (pack, member index) whose digest held
+        self._verifying: dict[tuple[str, int], asyncio.Task[None]] = {}
 
     async def read(self, content: str, offset: int, length: int) -> Buffer:
         self._prefetch_file(content, offset, length)
+        starts, members = self._members.get(content, ([], ()))
+        index = bisect.bisect_right(starts, offset) - 1
+        if index >= 0 and length and (content, index) not in self._verified:
+            key = (content, index)
+            task = self._verifying.get(key)
+            if task is None:
+                task = asyncio.create_task(self._verify(content, members[index]))
+                self._verifying[key] = task
+                task.add_done_callback(lambda _: self._verifying.pop(key, None))
+            await asyncio.shield(task)
+            self._verified.add(key)
+        return await self._read_raw(content, offset, length)
+
+    async def _verify(self, content: str, member: Member) -> None:
+        """Read the member whole and check its digest; SourceError if it does not match."""
+        h = blake3.blake3()
+        step = 4 << 20
+        for start in range(member.offset, member.offset + member.size, step):
+            size = min(step, member.offset + member.size - start)
+            h.update(await self._read_raw(content, start, size))
+        if h.hexdigest() != member.digest:
+            raise SourceError(f"a file in pack {content} does not match the snapshot's "
+                              f"digest {member.digest}: refusing to serve it")
+
+    async def _read_raw(self, content: str, offset: int, length: int) -> Buffer:
         pack = self._packs.get(content)
         if pack is None or not pack.frames or length == 0:
             return await self.inner.read(content, offset, length)

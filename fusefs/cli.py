@@ -46,6 +46,7 @@ def add_mount(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     m.add_argument("--store-dir", dest="store_dir", required=True, metavar="DIR",
                    help="the local agent's chunk store directory")
     add_serving_flags(m)
+    add_passthrough_flag(m)
     m.add_argument("--log-level", dest="log_level", default="INFO", type=str.upper,
                    choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="stderr log level")
     m.set_defaults(run=run_mount)
@@ -78,6 +79,14 @@ def run_server(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_passthrough_flag(p: argparse.ArgumentParser) -> None:
+    """`--no-passthrough`, for the mounts whose whole, verified files the kernel can read
+    itself (FUSE passthrough, Linux 6.9+ as root)."""
+    p.add_argument("--no-passthrough", dest="passthrough", action="store_false",
+                   help="serve every read through the handler (pyfuse3), even where the "
+                   "kernel could read whole verified files itself")
+
+
 def add_serving_flags(p: argparse.ArgumentParser) -> None:
     """The flags of every command that serves a mount: read deadline, read-ahead, and
     whether other users may read it."""
@@ -100,7 +109,8 @@ def add_umount(sub: argparse._SubParsersAction[argparse.ArgumentParser], what: s
 
 
 def run_umount(args: argparse.Namespace) -> int:
-    from fusefs.mount import force_unmount, is_mounted
+    from fusefs.mount import force_unmount
+    from fusefs.mountinfo import is_mounted
 
     if not is_mounted(args.mountpoint):
         raise UserError(f"no FUSE mount at {args.mountpoint}")
@@ -133,6 +143,7 @@ def run_mount(args: argparse.Namespace) -> int:
 
 
 async def _serve(tree: Any, args: argparse.Namespace) -> None:
+    from fusefs.backing import WholeFiles
     from fusefs.mount import ready_line, serve
     from fusefs.source import open_agent_source
 
@@ -144,8 +155,9 @@ async def _serve(tree: Any, args: argparse.Namespace) -> None:
         log.info("serving %d nodes (%d bytes in files) at %s, read-ahead %s KiB",
                  len(tree), tree.total_bytes, info["mountpoint"], info["read_ahead_kb"])
 
+    whole = WholeFiles(Path(args.store_dir)) if args.passthrough else None
     await serve(tree, source, Path(args.mountpoint), args.read_ahead_kb, args.allow_other,
-                ready)
+                ready, whole=whole)
 
 
 def _check_dir(path: str, what: str) -> None:

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fusefs.mountinfo import is_mounted, set_read_ahead
 from p2p.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -66,16 +67,48 @@ def check_fuse() -> None:
 
 async def serve(tree: Any, source: Any, mountpoint: Path, read_ahead_kb: int = READ_AHEAD_KB,
                 allow_other: bool = False,
-                on_ready: Callable[[dict[str, Any]], None] | None = None) -> None:
+                on_ready: Callable[[dict[str, Any]], None] | None = None,
+                whole: Any = None) -> None:
     """Mount `tree` at `mountpoint`, serve until SIGTERM/SIGINT, then unmount and close
-    `source`. `on_ready` gets {"mountpoint", "read_ahead_kb"} once the mount works."""
+    `source`. `on_ready` gets {"mountpoint", "read_ahead_kb", "server", "passthrough"}
+    once the mount works.
+
+    With `whole` (a `fusefs.backing.WholeFiles` of the source's store) files whose
+    content is whole and verified are read by FUSE passthrough (`fusefs.kernelfs`),
+    where the kernel and our privilege allow it; elsewhere, and without `whole`, the
+    pyfuse3 shell serves every read."""
+    keep_reply_buffers_on_the_heap()
+    path = os.path.realpath(mountpoint)  # before the mount: never stat our own mount
+    if whole is not None:
+        from fusefs.kernelfs import (
+            PassthroughUnavailable,
+            kernel_supports_passthrough,
+            serve_kernel,
+        )
+
+        why = kernel_supports_passthrough()
+        try:
+            if why is None:
+                await serve_kernel(tree, source, whole, path, read_ahead_kb, allow_other,
+                                   on_ready)
+                drop_private_log()  # a clean unmount: the log has nothing to tell
+                return
+        except PassthroughUnavailable as exc:
+            why = str(exc)
+        log.info("no FUSE passthrough at %s (%s): every read goes through the handler",
+                 path, why)
+    await _serve_pyfuse3(tree, source, path, read_ahead_kb, allow_other, on_ready)
+    drop_private_log()
+
+
+async def _serve_pyfuse3(tree: Any, source: Any, path: str, read_ahead_kb: int,
+                         allow_other: bool,
+                         on_ready: Callable[[dict[str, Any]], None] | None) -> None:
     import pyfuse3
 
     from fusefs.fs import ContentFS
 
     enable_asyncio()
-    keep_reply_buffers_on_the_heap()
-    path = os.path.realpath(mountpoint)  # before the mount: never stat our own mount
     options = set(MOUNT_OPTIONS) | ({"allow_other"} if allow_other else set())
     loop = asyncio.get_running_loop()
     initialised = asyncio.Event()
@@ -91,7 +124,8 @@ async def serve(tree: Any, source: Any, mountpoint: Path, read_ahead_kb: int = R
         await initialised.wait()
         ra = set_read_ahead(path, read_ahead_kb)
         if on_ready is not None:
-            on_ready({"mountpoint": path, "read_ahead_kb": ra})
+            on_ready({"mountpoint": path, "read_ahead_kb": ra, "server": "pyfuse3",
+                      "passthrough": False})
 
     try:
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -180,49 +214,9 @@ def keep_reply_buffers_on_the_heap() -> None:
         log.info("no glibc mallopt here; reply buffers stay where the allocator puts them")
 
 
-def mount_device(mountinfo: str, path: str) -> str | None:
-    """The major:minor of the last FUSE mount at `path` in a /proc/<pid>/mountinfo text."""
-    found = None
-    for line in mountinfo.splitlines():
-        fields = line.split()
-        if len(fields) < 10 or "-" not in fields:
-            continue
-        fstype = fields[fields.index("-") + 1]
-        if _unescape(fields[4]) == path and fstype.startswith("fuse"):
-            found = fields[2]
-    return found
-
-
-def _unescape(field: str) -> str:
-    """mountinfo writes space, tab, newline and backslash as octal escapes."""
-    for code in ("\\040", "\\011", "\\012", "\\134"):
-        field = field.replace(code, chr(int(code[1:], 8)))
-    return field
-
-
-def set_read_ahead(path: str, kb: int) -> int | None:
-    """Set the read-ahead of the FUSE mount at `path`; the value now in effect (None if the
-    BDI cannot be found or written: the mount still works, with 128 KiB reads)."""
-    try:
-        device = mount_device(Path("/proc/self/mountinfo").read_text(), path)
-        if device is None:
-            log.warning("no FUSE mount at %s in /proc/self/mountinfo; read-ahead unchanged", path)
-            return None
-        knob = Path("/sys/class/bdi") / device / "read_ahead_kb"
-        knob.write_text(f"{kb}\n")
-        return int(knob.read_text())
-    except OSError as exc:
-        log.warning("cannot raise the read-ahead of %s (%s); reads stay at 128 KiB", path, exc)
-        return None
-
-
 # ---- a mount in a child process -----------------------------------------------------------
 
 
-def is_mounted(path: Path | str) -> bool:
-    """Whether a FUSE mount is at `path` (from /proc/self/mountinfo, without touching it)."""
-    text = Path("/proc/self/mountinfo").read_text()
-    return mount_device(text, os.path.realpath(path)) is not None
 
 
 def force_unmount(path: Path | str) -> None:
@@ -242,6 +236,44 @@ def ready_line(info: dict[str, Any]) -> None:
     print(json.dumps({"event": "mounted", **info}), flush=True)
 
 
+LOG_DIR_ENV = "BOOTSEER_LOG_DIR"
+MOUNT_LOG_ENV = "BOOTSEER_MOUNT_LOG"  # set by start_detached for a log in a private dir
+
+
+def mount_log(kind: str) -> Path:
+    """A new log file's path for a detached `kind` mount: in BOOTSEER_LOG_DIR if set, else
+    in a fresh private directory (mode 0700) under the temp dir. Never a fixed name in a
+    shared directory: another user could plant a symlink there that the mount would
+    follow and write through (the file is also opened with O_EXCL | O_NOFOLLOW)."""
+    import tempfile
+
+    shared = os.environ.get(LOG_DIR_ENV)
+    where = Path(shared) if shared else Path(tempfile.mkdtemp(prefix=f"bootseer-{kind}-"))
+    return where / f"bootseer-{kind}-{os.getpid()}-{os.urandom(4).hex()}.log"
+
+
+def drop_private_log() -> None:
+    """After a clean unmount, remove the log `start_detached` made in a private directory
+    (`mount_log`), and the directory: nothing is left behind in the temp dir. A log in
+    BOOTSEER_LOG_DIR is the operator's and stays, as does any log of a mount that failed
+    (its process never gets here)."""
+    path = os.environ.get(MOUNT_LOG_ENV)
+    if not path:
+        return
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+        os.rmdir(os.path.dirname(path))
+
+
+def _open_new_log(log_path: Path) -> int:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_APPEND | os.O_CLOEXEC
+    try:
+        return os.open(log_path, flags, 0o600)
+    except OSError as exc:
+        raise MountError(f"cannot create the mount's log {log_path}: {exc.strerror} (it "
+                         "must be a new file, not a link)") from None
+
+
 def start_detached(argv: list[str], log_path: Path, timeout_s: float) -> dict[str, Any]:
     """Start `argv`, a serving command, in a session of its own (stderr to `log_path`),
     wait for its JSON "mounted" line and leave it running: the `mount` commands return
@@ -249,12 +281,17 @@ def start_detached(argv: list[str], log_path: Path, timeout_s: float) -> dict[st
     The process comes from the mount server named by BOOTSEER_MOUNT_SERVER if it is set
     (`fusefs.server`), else it is started here. The line, plus the process's "pid";
     MountError with the log's end if it does not come."""
+    log_fd = _open_new_log(log_path)
+    private = not os.environ.get(LOG_DIR_ENV)
     read_fd, write_fd = os.pipe()
     with open(read_fd, "rb") as out:
-        with open(log_path, "ab") as log_file:
+        with open(log_fd, "ab") as log_file:
+            if private:  # the child inherits it (a mount server's too: it sends os.environ)
+                os.environ[MOUNT_LOG_ENV] = str(log_path)
             try:
                 started = _start(argv, write_fd, log_file.fileno())
             finally:
+                os.environ.pop(MOUNT_LOG_ENV, None)
                 os.close(write_fd)
         ready_now, _, _ = select.select([out], [], [], timeout_s)
         line = out.readline() if ready_now else b""

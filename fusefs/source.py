@@ -40,11 +40,11 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
-from p2p.agentclient import AgentClient, AgentError
+from p2p.agentclient import AgentClient, AgentError, AgentUnreachable
 from p2p.chunkview import ChunkView, RecentChunks
 from p2p.content import ContentId, Manifest, ManifestError, check_content_id
 from p2p.errors import RemoteError
@@ -56,6 +56,7 @@ READ_TIMEOUT_S = 30.0
 # A chunk the agent could not supply fails at once for this long: the kernel retries a
 # failed read-ahead right away with a page-sized read, which would wait the bound again.
 RETRY_AFTER_S = 5.0
+AGENT_RETRY_S = 0.2  # while the agent is away (restarting), how often a missing chunk asks
 
 Buffer = bytes | bytearray | memoryview
 
@@ -188,10 +189,14 @@ class AgentSource:
         except (ManifestError, OSError) as exc:
             raise SourceError(f"the store's manifest of {cid} is unusable: {exc}") from None
         try:  # the agent attaches it: the manifest, from the tracker, lands in the store
-            await self.client.prefetch(cid, [])
+            async with asyncio.timeout(self.read_timeout_s):
+                await self._while_agent_away(lambda: self.client.prefetch(cid, []),
+                                             f"the manifest of {cid}")
             return ChunkView.load(self.store_dir, cid, self._recent)
         except AgentError as exc:
             raise SourceError(f"the agent cannot provide {cid}: {exc}") from None
+        except TimeoutError:
+            raise SourceError(f"no agent gave {cid} within {self.read_timeout_s:g} s") from None
         except (ManifestError, OSError) as exc:
             raise SourceError(f"the agent attached {cid} but its manifest in {self.store_dir} "
                               f"is unusable ({exc}); is --store-dir the agent's store?") \
@@ -221,6 +226,21 @@ class AgentSource:
         else:
             self._failed.pop(key, None)
 
+    @staticmethod
+    async def _while_agent_away(call: Callable[[], Awaitable[object]], what: str) -> None:
+        """`call()`, again every AGENT_RETRY_S while the agent is away (restarting or being
+        upgraded): the reader pauses instead of seeing an error; the caller bounds it."""
+        waited = False
+        while True:
+            try:
+                await call()
+                return
+            except AgentUnreachable as exc:
+                if not waited:
+                    log.warning("%s waits for the agent: %s", what, exc)
+                waited = True
+                await asyncio.sleep(AGENT_RETRY_S)
+
     async def _fetch_chunk(self, view: ChunkView, index: int) -> memoryview:
         manifest = view.manifest
         length = manifest.chunk_length(index)
@@ -233,10 +253,16 @@ class AgentSource:
             buf[got:got + n] = data[:n]
             got += len(data)
 
+        async def attempt() -> None:
+            nonlocal got
+            got = 0
+            await self.client.read_to(manifest.content_id, manifest.chunk_offset(index),
+                                      length, write)
+
         try:
             async with asyncio.timeout(self.read_timeout_s):
-                await self.client.read_to(manifest.content_id, manifest.chunk_offset(index),
-                                          length, write)
+                await self._while_agent_away(attempt,
+                                             f"chunk {index} of {manifest.content_id}")
         except AgentError as exc:
             raise SourceError(f"the agent could not read chunk {index} of "
                               f"{manifest.content_id}: {exc}") from None

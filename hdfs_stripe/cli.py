@@ -22,13 +22,12 @@ import json
 import logging
 import os
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fusefs.cli import add_serving_flags, add_umount
+from fusefs.cli import add_passthrough_flag, add_serving_flags, add_umount
 from p2p.cli import cluster_secret
 from p2p.errors import UserError
 
@@ -56,6 +55,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         m.add_argument("mountpoint", metavar="DIR", type=Path)
         _common(m)
         add_serving_flags(m)
+        add_passthrough_flag(m)
         m.set_defaults(run=run)
 
     add_umount(ckpt_sub, "a checkpoint")
@@ -175,7 +175,7 @@ def _options(args: argparse.Namespace) -> Any:
         raise UserError("--read-timeout and --read-ahead-kb must be positive")
     return MountOptions(args.uri, args.mountpoint.absolute(), args.tracker, args.api_socket,
                         args.store_dir.absolute(), args.read_timeout_s, args.read_ahead_kb,
-                        args.allow_other)
+                        args.allow_other, args.passthrough)
 
 
 def _run_serve(args: argparse.Namespace) -> int:
@@ -194,13 +194,12 @@ def _run_serve(args: argparse.Namespace) -> int:
 
 
 def _run_mount(args: argparse.Namespace) -> int:
-    from fusefs.mount import MountError, start_detached
+    from fusefs.mount import MountError, mount_log, start_detached
     from hdfs_stripe.mount import READY_SLACK_S
 
     _setup(args)
     opts = _options(args)
-    log_path = Path(os.environ.get("BOOTSEER_LOG_DIR", tempfile.gettempdir())) / \
-        f"bootseer-ckpt-{os.getpid()}.log"
+    log_path = mount_log("ckpt")
     try:
         ready = start_detached(opts.argv(), log_path, opts.read_timeout_s + READY_SLACK_S)
     except MountError as exc:

@@ -14,6 +14,11 @@ read-ahead: a sequential reader's next stripes are handed to the agent as a
 prefetch list (`stripe.ReadAhead` decides how many), so they are on their way,
 from peers or from several DataNodes at once, before they are read.
 
+A file whose stripes are all in the store is read by FUSE passthrough where the
+node allows it (`fusefs.kernelfs`: the kernel reads a whole-file copy written from
+verified stripes, no READ reaches this process); the others through the handler,
+with read-ahead, until their content is whole.
+
 `serve_ckpt` is the serving process of `bootseer ckpt mount` (a process of its
 own: a pyfuse3 process must not read its own mount); `bootseer ckpt mount` starts
 it detached (`fusefs.mount.start_detached`).
@@ -29,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fusefs.backing import WholeFiles
 from fusefs.mount import READ_AHEAD_KB, serve
 from fusefs.source import READ_TIMEOUT_S, AgentSource, Buffer
 from fusefs.tree import Entry, Extent, Kind, Layer, Tree, build_tree
@@ -157,6 +163,7 @@ class MountOptions:
     read_timeout_s: float = READ_TIMEOUT_S
     read_ahead_kb: int = READ_AHEAD_KB
     allow_other: bool = False
+    passthrough: bool = True  # whole, verified files read by the kernel (fusefs.kernelfs)
 
     def argv(self) -> list[str]:
         """The `bootseer ckpt serve` command line for these options."""
@@ -164,7 +171,8 @@ class MountOptions:
                 "--tracker", self.tracker, "--api-socket", self.api_socket,
                 "--store-dir", str(self.store_dir), "--read-timeout", str(self.read_timeout_s),
                 "--read-ahead-kb", str(self.read_ahead_kb)]
-        return args + (["--allow-other"] if self.allow_other else [])
+        return args + (["--allow-other"] if self.allow_other else []) + \
+            ([] if self.passthrough else ["--no-passthrough"])
 
 
 async def serve_ckpt(opts: MountOptions, secret: bytes,
@@ -190,5 +198,7 @@ async def serve_ckpt(opts: MountOptions, secret: bytes,
              "content": f.resolved.content_id if f.resolved else None,
              "indexed": bool(f.resolved and f.resolved.indexed)} for f in files]})
 
-    await serve(tree, source, opts.mountpoint, opts.read_ahead_kb, opts.allow_other, ready)
+    whole = WholeFiles(opts.store_dir) if opts.passthrough else None
+    await serve(tree, source, opts.mountpoint, opts.read_ahead_kb, opts.allow_other, ready,
+                whole=whole)
 

@@ -573,7 +573,7 @@ class Agent:
         # The core tells a join from a restart (again on this link) and from a second
         # link to a peer joined already (both sides dialled at once).
         self._node_event(JoinHeard(content, link.peer, link.id, link.conn.remote.rack,
-                                   tuple(have), tuple(msg.pending)))
+                                   tuple(have), tuple(msg.pending), link.conn.remote_ip))
 
     def _answer_join_from_store(self, link: Link, msg: Join) -> None:
         """A peer asks about a content we hold but are not swarming on: seed it."""

@@ -21,6 +21,11 @@ class AgentError(RemoteError):
     """The local agent refused or failed a request; the message says why."""
 
 
+class AgentUnreachable(AgentError):
+    """No agent answered on the socket, or it went away mid-read: it may be restarting,
+    so a caller that can wait (a mount server) asks again."""
+
+
 class AgentClient:
     """Talks to the local agent over its Unix socket."""
 
@@ -47,8 +52,8 @@ class AgentClient:
         try:
             resp = await self._session.request(method, f"http://agent{path}", **kwargs)
         except aiohttp.ClientConnectionError as exc:
-            raise AgentError(f"no agent is listening on {self.socket_path} ({exc}); start one "
-                             "with `bootseer agent`") from exc
+            raise AgentUnreachable(f"no agent is listening on {self.socket_path} ({exc}); "
+                                   "start one with `bootseer agent`") from exc
         if resp.status >= 400:
             try:
                 message = (await resp.json())["error"]
@@ -75,8 +80,8 @@ class AgentClient:
             async for data in resp.content.iter_chunked(block):
                 write(data)
         except aiohttp.ClientError as exc:
-            raise AgentError(f"the agent cut the read of {content} short ({exc}); "
-                             "its log says why") from exc
+            raise AgentUnreachable(f"the agent cut the read of {content} short ({exc}); "
+                                   "its log says why") from exc
 
     async def prefetch(self, content: str, chunks: list[int]) -> None:
         await self._call("POST", self._path(content, "prefetch"), json={"chunks": chunks})

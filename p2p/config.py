@@ -9,22 +9,17 @@ finally only the flags the user passed.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import socket
-import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
+from p2p.configfile import apply, read_toml
 from p2p.swarm import SwarmConfig
 from p2p.swarm.node import DEFAULT_LINE_BPS
 from p2p.swarm.uploads import UPLOAD_ORDER, UPLOAD_ORDERS, UPLOAD_SLOTS
 from p2p.units import GiB
-
-
-class ConfigError(Exception):
-    """The configuration is invalid; the message names the key and where it came from."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +46,8 @@ class AgentConfig:
     max_connections: int = 1024  # peer connections, authenticating or not, at once
     max_handshakes: int = 64  # unauthenticated peer connections at once (8 per address)
     announce_interval_s: float = 2.0  # until the tracker says otherwise
+    mirror: str | None = None  # HOST:PORT: serve a pull-through registry mirror (p2p.mirror)
+    mirror_upstream: str | None = None  # registry URL for clients that name none (no ns=)
     swarm: SwarmConfig = field(default_factory=SwarmConfig)  # the [swarm] table: policies
 
     def __post_init__(self) -> None:
@@ -85,64 +82,12 @@ ENV_KEYS = {
 
 def load_agent_config(path: str | None, env: Mapping[str, str] | None = None,
                       overrides: Mapping[str, Any] | None = None) -> AgentConfig:
+    """Defaults, then the TOML file at `path`, then the environment (ENV_KEYS), then
+    `overrides` (the flags given): p2p.configfile checks every key of each."""
     config = AgentConfig()
     if path:
-        config = _apply(config, _read_toml(path), source=path)
+        config = apply(config, read_toml(path), f"config file {path}")
     env = os.environ if env is None else env
     from_env = {key: env[name] for name, key in ENV_KEYS.items() if env.get(name)}
-    config = _apply(config, from_env, source="the environment")
-    final: AgentConfig = _apply(config, dict(overrides or {}), source="the command line")
-    return final
-
-
-def _read_toml(path: str) -> dict[str, Any]:
-    try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
-
-
-def _apply(config: Any, values: Mapping[str, Any], source: str, prefix: str = "") -> Any:
-    known = {f.name: f for f in fields(config)}
-    changes: dict[str, Any] = {}
-    for key, value in values.items():
-        if key not in known:
-            raise ConfigError(f"unknown key {prefix}{key!r} in {source}; known keys: "
-                              f"{', '.join(sorted(known))}")
-        current = getattr(config, key)
-        if dataclasses.is_dataclass(current):
-            if not isinstance(value, Mapping):
-                raise ConfigError(f"{prefix}{key} in {source} must be a table")
-            changes[key] = _apply(current, value, source, prefix=f"{prefix}{key}.")
-        else:
-            changes[key] = _coerce(value, known[key].type, f"{prefix}{key}", source)
-    try:
-        return dataclasses.replace(config, **changes)
-    except ValueError as exc:
-        raise ConfigError(f"{exc} (from {source})") from exc
-
-
-def _coerce(value: Any, annotation: Any, key: str, source: str) -> Any:
-    kinds = str(annotation)
-    try:
-        if value is None:
-            if "None" not in kinds:
-                raise ValueError("may not be empty")
-            return None
-        if kinds.startswith("bool"):
-            if isinstance(value, str):
-                return value.lower() in {"1", "true", "yes", "on"}
-            return bool(value)
-        if kinds.startswith("int"):
-            return int(value)
-        if kinds.startswith("float"):
-            number = float(value)
-            if number < 0:
-                raise ValueError("must not be negative")
-            return number
-        return str(value)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{key} in {source}: {value!r} is not valid ({exc})") from exc
+    config = apply(config, from_env, "the environment", text=True)
+    return apply(config, dict(overrides or {}), "the command line", text=True)

@@ -12,8 +12,12 @@ manifest's canonical form: size, chunk size, digest algorithm and the chunk
 digests (not the kind or the origin URL, which say where the bytes are, not
 what they are). A manifest whose id does not match is refused wherever it is
 parsed, so whoever registers an id first cannot bind it to other bytes: the id
-pins every chunk. Human names (image references, snapshot keys) map to ids in
-the tracker's separate name space.
+pins every chunk. Where the bytes live is not pinned: besides its first
+`origin`, a manifest may carry more (`origins`, added by any holder of the
+cluster secret after the first publisher). An origin can only ever hand over
+bytes that are then checked against the digests, so a dead or lying one costs
+time, never correctness, and a node tries the others. Human names (image
+references, snapshot keys) map to ids in the tracker's separate name space.
 
 Two chunk digests: `xxh3-128` (the default; non-cryptographic and very fast,
 enough when every node holding the cluster secret is trusted not to forge
@@ -43,6 +47,7 @@ PeerId = NewType("PeerId", str)
 CHUNK_SIZE = 4 * MiB
 MAX_CHUNK_SIZE = 64 * MiB
 MAX_FIELD_CHARS = 4096
+MAX_ORIGINS = 16  # of one content, the first included: bounds the manifest the tracker serves
 MAX_CHUNKS = 1 << 20  # 4 TiB at the default chunk size; bounds a manifest's size
 ID_PREFIX = "c1-"
 _ID_PATTERN = re.compile(r"c1-[0-9a-f]{64}")
@@ -105,6 +110,7 @@ class Manifest:
     digests: tuple[bytes, ...]
     origin: str  # URL of the origin copy: http(s)://... or file:///...
     digest: str = DEFAULT_DIGEST  # the chunk digest algorithm, a key of DIGESTS
+    origins: tuple[str, ...] = ()  # more origin copies, tried when `origin` fails
 
     def __post_init__(self) -> None:
         if self.size < 0:
@@ -122,8 +128,10 @@ class Manifest:
         width = DIGESTS[self.digest][0]
         if any(len(d) != width for d in self.digests):
             raise ManifestError(f"every digest must be {width} bytes ({self.digest})")
-        if len(self.kind) > MAX_FIELD_CHARS or len(self.origin) > MAX_FIELD_CHARS:
-            raise ManifestError(f"kind and origin are limited to {MAX_FIELD_CHARS} characters")
+        if max(len(self.kind), *map(len, self.sources)) > MAX_FIELD_CHARS:
+            raise ManifestError(f"kind and origins are limited to {MAX_FIELD_CHARS} characters")
+        if len(self.sources) > MAX_ORIGINS:
+            raise ManifestError(f"{len(self.sources)} origins is more than {MAX_ORIGINS}")
         derived = derive_content_id(self.size, self.chunk_size, self.digest, self.digests)
         if check_content_id(self.content_id) != derived:
             raise ManifestError(f"content id {self.content_id} does not match its manifest "
@@ -132,6 +140,19 @@ class Manifest:
     @property
     def chunks(self) -> int:
         return len(self.digests)
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        """Every origin URL, the first publisher's first."""
+        return (self.origin, *self.origins)
+
+    def with_origins(self, extra: tuple[str, ...]) -> Manifest:
+        """This manifest with the origins of `extra` it does not list yet, in order."""
+        known = set(self.sources)
+        new = tuple(dict.fromkeys(u for u in extra if u not in known))
+        return self if not new else Manifest(
+            self.content_id, self.kind, self.size, self.chunk_size, self.digests,
+            self.origin, self.digest, self.origins + new)
 
     def chunk_length(self, index: int) -> int:
         """Bytes in chunk `index`; only the last chunk may be short."""
@@ -159,6 +180,7 @@ class Manifest:
             "digests": [d.hex() for d in self.digests],
             "origin": self.origin,
             "digest": self.digest,
+            **({"origins": list(self.origins)} if self.origins else {}),
         }
 
     @classmethod
@@ -173,6 +195,7 @@ class Manifest:
                 digests=tuple(bytes.fromhex(_typed(d, str)) for d in _typed(raw["digests"], list)),
                 origin=_typed(raw["origin"], str),
                 digest=_typed(raw.get("digest", DEFAULT_DIGEST), str),
+                origins=tuple(_typed(u, str) for u in _typed(raw.get("origins", []), list)),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             if isinstance(exc, ManifestError):

@@ -171,13 +171,12 @@ class Intake:
         try:
             await self.download.acquire(filling.length)  # paid before asking, as for peers
             log.debug("origin read %s/%d", session.content, chunk)
-            origin = self.origins.for_url(manifest.origin)
-            await origin.read_into(manifest.origin, manifest.chunk_offset(chunk),
-                                   memoryview(filling.buf), filling.advance)
+            await self.origins.read_into(manifest.sources, manifest.chunk_offset(chunk),
+                                         memoryview(filling.buf), filling.advance)
         except OriginError as exc:
             log.warning("origin read of %s/%d failed: %s", session.content, chunk, exc)
             session.origin_tasks.pop(chunk, None)
-            self._feed(session, ChunkFailed(chunk, None, str(exc)))  # peers hear Withdraw...
+            self._feed(session, ChunkFailed(chunk, None, str(exc), exc.definite))  # Withdraw...
             filling.failed(f"the origin read failed: {exc}")  # ... before relays' Rejects
             return False
         except Exception as exc:

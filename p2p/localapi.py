@@ -146,6 +146,8 @@ async def _prefetch(request: web.Request) -> web.Response:
     usage = 'prefetch needs a JSON body {"chunks": [chunk index, ...]}'
     try:
         chunks = (await request.json())["chunks"]
+    except RecursionError:  # json nests in C recursion: a deep body is bad input, not a bug
+        return _fail(400, f"{usage}; the body nests too deeply")
     except (json.JSONDecodeError, KeyError, TypeError):
         return _fail(400, usage)
     if not isinstance(chunks, list) or len(chunks) > MAX_PREFETCH or not all(

@@ -47,11 +47,18 @@ def free_port(host: str = "127.0.0.1") -> int:
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds the live process `pid` has used, all its threads (0.0 once
     it is gone)."""
+    return sum(cpu_split(pid))
+
+
+def cpu_split(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds the live process `pid` has used, all its threads
+    ((0.0, 0.0) once it is gone)."""
     with contextlib.suppress(OSError, IndexError, ValueError):
         # Fields 14 and 15 of /proc/PID/stat, counted after the ")" that ends the name.
         fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return 0.0
+        tick = os.sysconf("SC_CLK_TCK")
+        return int(fields[11]) / tick, int(fields[12]) / tick
+    return 0.0, 0.0
 
 
 def cpu_seconds_of(pids: Iterable[int]) -> float:

@@ -59,6 +59,7 @@ import contextlib
 import errno
 import json
 import logging
+import mmap
 import os
 import shutil
 import tempfile
@@ -92,6 +93,7 @@ _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 # blocks the host took back and faults in on first touch). Elsewhere the
 # slices only add a few syscalls.
 WRITE_SLICE_BYTES = 256 * 1024
+MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux's value
 
 
 def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
@@ -99,6 +101,29 @@ def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
     view = memoryview(data).cast("B")
     while view:
         view = view[os.write(fd, view[:WRITE_SLICE_BYTES]):]
+
+
+def write_mapped(fd: int, data: bytes | bytearray | memoryview) -> None:
+    """Fill the empty file `fd` with `data` through a shared mapping of it.
+
+    The file is fallocated first, so a full disk is an OSError (ENOSPC) here and
+    never a SIGBUS on touching the mapping; the mapping is faulted in with one call
+    (MADV_POPULATE_WRITE, Linux 5.14+; without it, by the copy). Measured on this
+    project's VMs (benchmarks/write_paths.py, 512 MiB of new 4 MiB files per round,
+    rounds alternating): 0.97-1.57 CPU-s per GiB against 1.18-4.18 for write(2) in
+    256 KiB slices, the same as write(2) or a little dearer once the host has the
+    pages backed (0.59 against 0.39-0.57): page-cache pages faulted in one at a
+    time are not the large folios that writes allocate from blocks the host took
+    back.
+    """
+    view = memoryview(data).cast("B")
+    if not view:
+        return
+    os.posix_fallocate(fd, 0, len(view))
+    with mmap.mmap(fd, len(view)) as mapped:
+        with contextlib.suppress(OSError):  # an older kernel: the copy faults them in
+            mapped.madvise(MADV_POPULATE_WRITE)
+        mapped[:] = view
 
 
 class StoreError(Exception):
@@ -151,6 +176,7 @@ class ChunkStore:
         if budget_bytes <= 0:
             raise ValueError(f"store budget must be positive, got {budget_bytes} bytes")
         self.root = Path(root)
+        self._root = os.fspath(self.root)
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             os.listdir(self.root)
@@ -362,9 +388,12 @@ class ChunkStore:
     # -- internals ----------------------------------------------------------------
 
     def _dir(self, content_id: str) -> Path:
-        if not content_id or content_id.startswith(".") or "/" in content_id or "\0" in content_id:
-            raise ValueError(f"content id {content_id!r} cannot name a store directory")
-        return self.root / content_id
+        return self.root / _dir_name(content_id)
+
+    def _chunk_path(self, content_id: str, index: int) -> str:
+        """The chunk file's path as a string: pathlib's parsing on every chunk sent or
+        stored was 2% of an agent's interpreter samples (py-spy, uncapped round)."""
+        return f"{self._root}/{_dir_name(content_id)}/{index}{CHUNK_SUFFIX}"
 
     def _verified(self, content_id: ContentId) -> _Content:
         entry = self._contents.get(content_id)
@@ -381,8 +410,7 @@ class ChunkStore:
             self._contents.move_to_end(content_id)
             manifest = self._contents[content_id].manifest
         try:
-            fd = os.open(self._dir(content_id) / f"{index}{CHUNK_SUFFIX}",
-                         os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open(self._chunk_path(content_id, index), os.O_RDONLY | os.O_CLOEXEC)
         except OSError as exc:
             raise self._damaged(content_id, index, None, f"cannot open ({exc.strerror})") \
                 from exc
@@ -510,8 +538,8 @@ class ChunkStore:
         name = f"{index}{CHUNK_SUFFIX}"
         while True:
             try:
-                self._write_atomic(content_id, name, data)
-                return stat_key(os.stat(self._dir(content_id) / name))
+                self._write_atomic(content_id, name, data, write_mapped)
+                return stat_key(os.stat(self._chunk_path(content_id, index)))
             except OSError as exc:
                 if exc.errno not in _DISK_FULL:
                     entry.present = None  # whatever was on disk may be gone: check again
@@ -541,13 +569,14 @@ class ChunkStore:
         del self._contents[content_id]
         self._used -= entry.nbytes
 
-    def _write_atomic(self, content_id: str, name: str,
-                      data: bytes | bytearray | memoryview) -> None:
-        """Write `data` to a temp file beside `name`, then rename it over `name`."""
+    def _write_atomic(self, content_id: str, name: str, data: bytes | bytearray | memoryview,
+                      write: Callable[[int, memoryview], None] = write_all) -> None:
+        """Write `data` to a temp file beside `name` with `write`, then rename it over
+        `name`."""
         directory = self._dir(content_id)
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=TEMP_SUFFIX)
         try:
-            write_all(fd, data)
+            write(fd, memoryview(data))
             os.close(fd)
             fd = -1
             os.replace(tmp, directory / name)
@@ -603,6 +632,12 @@ def place(data: memoryview, into: memoryview | None) -> memoryview:
         return data
     into[:] = data
     return into
+
+
+def _dir_name(content_id: str) -> str:
+    if not content_id or content_id.startswith(".") or "/" in content_id or "\0" in content_id:
+        raise ValueError(f"content id {content_id!r} cannot name a store directory")
+    return content_id
 
 
 def _store_error(exc: OSError, doing: str, path: Path) -> StoreError:

@@ -70,6 +70,13 @@ def parse_duration(text: object) -> float:
     return value * TIME_UNITS[unit]
 
 
+def split_quantity(text: str) -> tuple[float, str] | None:
+    """(number, unit) of a quantity written with its unit ("16MiB" -> (16.0, "MiB")), or
+    None if `text` is not one (a bare number included)."""
+    m = _QUANTITY.match(text)
+    return None if m is None or not m.group(2) else (float(m.group(1)), m.group(2))
+
+
 def size_arg(text: str) -> int:
     """argparse type: a positive size in bytes ("256MiB", "1GiB"; a bare number is bytes)."""
     try:

@@ -2,6 +2,14 @@
 
     bootseer sim SCENARIO [--nodes N] [--seed S] [--strategy NAME] --out DIR [--json]
                  [--engine compiled|python]
+    bootseer sim sweep SWEEP --out DIR [--scheduler ADDRESS] [--workers N] [--json]
+    bootseer sim report DIR
+
+`sim sweep` runs every run of a sweep file (simulations.sweep.plan; a path or
+a bundled sweep's name) as a task on Dask: a local cluster of `--workers`
+processes (default one per core), or the cluster at `--scheduler`. Runs
+already in DIR are skipped, so the same command resumes a stopped sweep.
+`sim report DIR` redraws a sweep's plots from its Parquet dataset.
 
 SCENARIO is a TOML file or the name of a bundled scenario (simulations/
 scenarios/). The run writes nodes.parquet, summary.json and three PNG plots
@@ -34,19 +42,40 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p = sub.add_parser("sim", help="simulate a launch on virtual time with the real policies",
                        description=__doc__.splitlines()[0])
     p.add_argument("scenario", metavar="SCENARIO",
-                   help=f"a TOML file, or a bundled scenario ({', '.join(bundled())})")
+                   help=f"a TOML file, or a bundled scenario ({', '.join(bundled())}); "
+                        "or `sweep` or `report`")
+    p.add_argument("target", nargs="?", metavar="SWEEP|DIR",
+                   help="with `sweep`, the sweep file (or a bundled sweep); with `report`, "
+                        "a sweep's output directory")
     p.add_argument("--nodes", type=int, help="override [run] nodes")
     p.add_argument("--seed", type=int, help="override [run] seed")
     p.add_argument("--strategy", choices=sorted(STRATEGIES), help="override [run] strategy")
-    p.add_argument("--out", type=Path, required=True, help="directory for the results")
+    p.add_argument("--out", type=Path, help="directory for the results")
     p.add_argument("--json", action="store_true", help="print one JSON summary line")
     p.add_argument("--engine", choices=ENGINES, default="compiled",
                    help="compiled (mypyc, built once per source version; the default) or "
                         "python")
+    p.add_argument("--scheduler", metavar="ADDRESS",
+                   help="sweep: a Dask scheduler's address (default: a local cluster)")
+    p.add_argument("--workers", type=int, metavar="N",
+                   help="sweep: local worker processes (default: one per core); with "
+                        "--scheduler, wait for N workers")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.scenario in ("sweep", "report"):
+        from simulations.sweep import cli as sweep_cli
+
+        for flag in ("nodes", "seed", "strategy"):
+            if getattr(args, flag) is not None:
+                raise UserError(f"--{flag} is not a `sim {args.scenario}` option; a sweep "
+                                "file sets it for every run ([set])")
+        return sweep_cli.run(args)
+    if args.target is not None or args.scheduler is not None or args.workers is not None:
+        raise UserError("SWEEP|DIR, --scheduler and --workers go with `sim sweep`/`sim report`")
+    if args.out is None:
+        raise UserError("--out DIR is required")
     try:
         scenario = override(load(args.scenario), nodes=args.nodes, seed=args.seed,
                             strategy=args.strategy)

@@ -75,8 +75,6 @@ class Scenario:
     cpu: CpuSpec = field(default_factory=CpuSpec)
 
 
-# ---- units --------------------------------------------------------------------
-
 # ---- checked tables -------------------------------------------------------------
 
 
@@ -344,6 +342,14 @@ def bundled() -> list[str]:
 
 def load(name_or_path: str) -> Scenario:
     """A scenario file by path, or a bundled one by name ("small", "scale")."""
+    return parse(*read(name_or_path))
+
+
+def read(name_or_path: str) -> tuple[dict[str, Any], str, str]:
+    """The TOML tables of a scenario file by path or bundled name, unchecked, with the
+    source its messages name and the scenario's name: what `parse` takes. A sweep
+    (simulations.sweep) changes keys in these tables and parses the result, so every
+    run of it is checked by this module's rules and no other."""
     path = Path(name_or_path)
     if path.is_file():
         text, source, name = path.read_text(), str(path), path.stem
@@ -357,7 +363,7 @@ def load(name_or_path: str) -> Scenario:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ScenarioError(f"{source}: not valid TOML: {exc}") from None
-    return parse(data, source, name)
+    return data, source, name
 
 
 def override(scenario: Scenario, **changes: Any) -> Scenario:

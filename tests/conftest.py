@@ -16,7 +16,8 @@ import pytest
 # runs everything.
 FAST_MODULES = frozenset({
     "test_core_imports.py", "test_layering.py",
-    "test_content.py", "test_links.py", "test_node.py", "test_oci_core.py", "test_origin.py",
+    "test_configfile.py", "test_content.py", "test_links.py", "test_node.py",
+    "test_oci_core.py", "test_origin.py",
     "test_peer.py", "test_swarm.py", "test_swarm_lazy.py", "test_units.py",
     "test_upload_gate.py", "test_wire.py",
     "test_tracker_batched.py",
@@ -24,7 +25,7 @@ FAST_MODULES = frozenset({
     "test_depsnap_core.py", "test_depsnap_source.py",
     "test_stripe_plan.py",
     "test_sim_floor.py", "test_sim_imports.py", "test_sim_network.py", "test_sim_scenario.py",
-    "test_sim_uploads.py",
+    "test_sim_uploads.py", "test_sweep_plan.py",
 })
 
 

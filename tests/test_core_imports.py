@@ -25,7 +25,7 @@ CORE_FILES = [ROOT / f for f in ("tracker/handout.py", "tracker/registry.py", "t
                                   "p2p/ratelimit.py",
                                   "p2p/guard.py", "fusefs/tree.py", "fusefs/image/toc.py",
                                   "fusefs/image/layerindex.py", "fusefs/image/record.py",
-                                  "fusefs/record.py",
+                                  "fusefs/record.py", "fusefs/protocol.py",
                                   "hdfs_stripe/stripe.py", "hdfs_stripe/naming.py",
                                   "depsnap/key.py", "depsnap/snapshot.py",
                                   "p2p/testing/testbed/plan.py",

@@ -191,10 +191,10 @@ async def _replicas(app: web.Application) -> AsyncIterator[None]:
         return
     from tracker.replicas import Replicas  # only replicas load the Redis client
 
-    replicas = Replicas(t.config, t.secret, t.machine, t.expired, (t.manifests, t.names),
-                        t.metrics)
+    replicas = Replicas(t.config, t.secret, t.machine, t.expired,
+                        (t.manifests, t.names, t.origins), t.metrics)
     await replicas.start()
-    t.core = t.manifests.shared = t.names.shared = replicas
+    t.core = t.manifests.shared = t.names.shared = t.origins.shared = replicas
     try:
         yield
     finally:
@@ -206,6 +206,7 @@ def make_app(config: TrackerConfig, secret: bytes) -> web.Application:
     tracker = Tracker(config, secret)
     tracker.manifests.load()
     tracker.names.load()
+    tracker.origins.load()
     app = web.Application(middlewares=[_errors], client_max_size=MANIFEST_BODY_LIMIT)
     app[TRACKER] = tracker
     app[status.STATUS] = status.StatusPage()

@@ -24,8 +24,9 @@ import uvloop
 from aiohttp import web
 
 from p2p.auth import SecretError, load_secret
+from p2p.configfile import ConfigError
 from p2p.errors import UserError
-from tracker.config import ConfigError, TrackerConfig, config_keys, load_config
+from tracker.config import TrackerConfig, config_keys, load_config
 from tracker.handout import HANDOUT_POLICIES
 
 log = logging.getLogger("bootseer.tracker")

@@ -10,19 +10,14 @@ from `BOOTSEER_SECRET`, `BOOTSEER_SECRET_FILE` or `secret_file`.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from p2p.configfile import ConfigError, apply, read_toml
 from tracker.handout import HANDOUT_POLICIES
 from tracker.registry import ORIGIN_FETCHERS
-
-
-class ConfigError(ValueError):
-    """The configuration file or a flag has a bad key or value."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,56 +117,14 @@ _POSITIVE = ("fetcher_stall_seconds", "max_connections", "header_timeout_seconds
              "report_rate_per_second", "report_burst", "host_rate_per_second", "host_burst",
              "replay_cache_entries")
 
-_TYPES: dict[str, tuple[type, ...]] = {
-    "host": (str,), "port": (int,), "announce_interval_seconds": (int, float),
-    "peer_ttl_seconds": (int, float), "handout_limit": (int,), "handout_policy": (str,),
-    "ban_seconds": (int, float), "origin_fetchers": (int,), "state_dir": (str,),
-    "secret_file": (str,), "seed": (int,),
-    "log_level": (str,), "fetcher_stall_seconds": (int, float), "max_connections": (int,),
-    "fetcher_start_seconds": (int, float),
-    "header_timeout_seconds": (int, float), "body_timeout_seconds": (int, float),
-    "announce_rate_per_second": (int, float), "announce_burst": (int,),
-    "report_rate_per_second": (int, float), "report_burst": (int,),
-    "host_rate_per_second": (int, float), "host_burst": (int,),
-    "replay_cache_entries": (int,), "redis_url": (str,), "redis_prefix": (str,),
-    "redis_password_file": (str,), "redis_username": (str,), "redis_ca_file": (str,),
-}
-assert set(_TYPES) == {f.name for f in fields(TrackerConfig)}
-
-
 def config_keys() -> list[str]:
     return [f.name for f in fields(TrackerConfig)]
 
 
-def read_toml(path: str) -> dict[str, Any]:
-    """The checked keys of a TOML config file; ConfigError naming the key and file."""
-    try:
-        with open(path, "rb") as f:
-            raw = tomllib.load(f)
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
-    for key, value in raw.items():
-        if key not in _TYPES:
-            raise ConfigError(
-                f"unknown key {key!r} in config file {path} (known: {', '.join(config_keys())})"
-            )
-        types = _TYPES[key]
-        if isinstance(value, bool) or not isinstance(value, types):
-            want = " or ".join(t.__name__ for t in types)
-            raise ConfigError(
-                f"key {key!r} in config file {path} must be {want}, not {type(value).__name__}"
-            )
-    return raw
-
-
 def load_config(path: str | None, overrides: Mapping[str, Any]) -> TrackerConfig:
-    """Defaults, then the TOML file at `path` (if any), then `overrides` (the flags passed)."""
-    values: dict[str, Any] = read_toml(path) if path else {}
-    where = f" (from {path})" if path else ""
-    try:
-        config = TrackerConfig(**values)
-    except ConfigError as exc:
-        raise ConfigError(f"{exc}{where}") from None
-    return dataclasses.replace(config, **dict(overrides)) if overrides else config
+    """Defaults, then the TOML file at `path` (if any), then `overrides` (the flags passed):
+    p2p.configfile checks every key of each."""
+    config = TrackerConfig()
+    if path:
+        config = apply(config, read_toml(path), f"config file {path}")
+    return apply(config, dict(overrides), "the command line", text=True)

@@ -121,7 +121,7 @@ class Replicas:
         self._redis: Any = aioredis.from_url(url, socket_connect_timeout=2.0,
                                              **redis_options(config))
         self._keys = {k: f"{config.redis_prefix}:{k}" for k in (
-            "log", "seed", "snapshot", "turn", "manifests", "names")}
+            "log", "seed", "snapshot", "turn", "manifests", "names", "origins")}
         self._mac_key = mac_key(secret)
         self._machine = machine_
         self._on_expired = on_expired

@@ -31,7 +31,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from p2p.content import Manifest, check_content_id
-from tracker import names
+from tracker import names, origins
 from tracker.config import TrackerConfig
 from tracker.guard import Guard
 from tracker.handout import get_policy
@@ -145,6 +145,8 @@ class Tracker:
                                    _check_manifest_file)
         self.names = Documents(config.state_dir, "names", names.check_file_key,
                                names.check_document)
+        self.origins = Documents(config.state_dir, "origins", origins.check_key,
+                                 origins.check_document)
         self.machine = Machine(self.registry, get_policy(config.handout_policy),
                                config.peer_ttl_seconds)
         seed = config.seed if config.seed is not None else int.from_bytes(os.urandom(8), "big")

@@ -17,14 +17,19 @@ fresh agent, an empty store, a new scratch directory):
   registry (no record exists yet); the launch is recorded;
 - `prefetch_seconds`: `bootseer image run` on a fresh agent B while A is up:
   B prefetches the recorded hot set, from A;
-- `fuse_read_gbps` / `direct_read_gbps`: a second image with a large file
-  (`--big-file-mb`, default 1 GiB of incompressible bytes in a plain tar layer
-  of its own, as incompressible contents should be shipped) is fetched whole
-  on a third agent, mounted, and the file read once with `dd bs=4M` through
-  the mount, and the same layer's bytes straight from the store's chunk files
-  (both from the page cache: the chunks were just written); three rounds, each
-  on a fresh mount (so each is a first read through FUSE), medians reported,
-  with the serving process's CPU seconds per GiB.
+- `fuse_read_gbps` / `handler_fuse_read_gbps` / `direct_read_gbps`: a second
+  image with a large file (`--big-file-mb`, default 1 GiB of incompressible
+  bytes in a plain tar layer of its own, as incompressible contents should be
+  shipped) is fetched whole on a third agent and mounted once, so that the
+  file's backing file is built (`backing_ready_seconds`: from the mount to
+  the backing file, while the handler serves that first read); then three
+  rounds, each on fresh mounts (so each is a first read through FUSE): the
+  same layer's bytes straight from the store's chunk files (from the page
+  cache: the chunks were just written), the file read once with `dd bs=4M`
+  through a `--no-passthrough` mount (pyfuse3: every read through the handler,
+  the baseline) and through a passthrough mount; medians, with the serving
+  process's CPU seconds per GiB and which path served (`*read_path`, by the
+  server's own account).
 
 The JSON line also gives `image_bytes` (compressed layers), `hot_bytes` (the
 record's chunks), `startup_fetched_bytes` (layer bytes B received during its
@@ -190,6 +195,7 @@ async def _launch(cluster: Any, agent: Any, ref: str, argv: list[str], runtime: 
 
 async def _fuse_read(args: argparse.Namespace, cluster: Any, ref: str, big: Any, work: Path,
                      log: Any) -> dict[str, Any]:
+    from fusefs.bench.readpath import read_path
     from fusefs.image.mount import MountOptions
     from fusefs.mount import Mount
     from fusefs.testing.sample import BIG_FILE_PATH
@@ -202,28 +208,50 @@ async def _fuse_read(args: argparse.Namespace, cluster: Any, ref: str, big: Any,
         await client.ensure(big_layer)
     mountpoint = work / "mnt-big"
     mountpoint.mkdir()
-    opts = MountOptions(ref, mountpoint, cluster.tracker_url, agent.api_socket,
-                        agent.store_dir, prefetch=False)
+    target = mountpoint / BIG_FILE_PATH.lstrip("/")
     files = sorted((agent.store_dir / big_layer).glob("*.chunk"),
                    key=lambda p: int(p.name.split(".")[0]))
     file_bytes, size = args.big_file_mb * MiB, big.layers[-1].size
-    fuse, direct, cpu = [], [], []
+
+    def options(passthrough: bool) -> MountOptions:
+        return MountOptions(ref, mountpoint, cluster.tracker_url, agent.api_socket,
+                            agent.store_dir, prefetch=False, passthrough=passthrough)
+
+    # The member's backing file (passthrough's layout) is built by the first passthrough
+    # mount that opens it, from the verified chunks, while the handler serves that read.
+    began = time.monotonic()
+    async with await Mount.spawn(options(True).argv(), mountpoint, work / "mnt-big-build.log",
+                                 env=cluster.env):
+        await dd_seconds(target)
+        while not list((agent.store_dir / big_layer).glob("extent-*.whole")):
+            if time.monotonic() - began > 600:
+                raise RuntimeError("the big file's backing file was not built in 600 s")
+            await asyncio.sleep(0.05)
+    backing_s = time.monotonic() - began
+    runs: dict[bool, dict[str, list[Any]]] = {m: {"gbps": [], "cpu": [], "path": []}
+                                              for m in (False, True)}
+    direct = []
     await asyncio.to_thread(os.sync)  # the layer was just written: its writeback is not a read
     for _ in range(FUSE_ROUNDS):  # a fresh mount each: every round is a first read
         direct.append(size / await asyncio.to_thread(read_all_seconds, files) / 1e9)
-        mount = await Mount.spawn(opts.argv(), mountpoint, work / "mnt-big.log",
-                                  env=cluster.env)
-        try:
-            before = cpu_seconds(mount.proc.pid)
-            fuse.append(file_bytes / await dd_seconds(mountpoint / BIG_FILE_PATH.lstrip("/")) / 1e9)
-            cpu.append((cpu_seconds(mount.proc.pid) - before) * (1 << 30) / file_bytes)
-        finally:
-            await mount.stop()
-    return {"big_file_bytes": file_bytes, "big_layer_bytes": size,
-            "fuse_read_gbps": round(statistics.median(fuse), 3),
-            "fuse_read_runs_gbps": [round(v, 3) for v in fuse],
-            "fuse_server_cpu_s_per_gib": round(statistics.median(cpu), 2),
-            "direct_read_gbps": round(statistics.median(direct), 3)}
+        for passthrough, r in runs.items():
+            mount_log = work / f"mnt-big-{passthrough}.log"
+            async with await Mount.spawn(options(passthrough).argv(), mountpoint, mount_log,
+                                         env=cluster.env) as mount:
+                before = cpu_seconds(mount.proc.pid)
+                r["gbps"].append(file_bytes / await dd_seconds(target) / 1e9)
+                r["cpu"].append((cpu_seconds(mount.proc.pid) - before) * (1 << 30) / file_bytes)
+            r["path"].append(read_path(mount_log))
+    out: dict[str, Any] = {"big_file_bytes": file_bytes, "big_layer_bytes": size,
+                           "backing_ready_seconds": round(backing_s, 3),
+                           "direct_read_gbps": round(statistics.median(direct), 3)}
+    for passthrough, r in runs.items():
+        key = "" if passthrough else "handler_"
+        out |= {f"{key}fuse_read_gbps": round(statistics.median(r["gbps"]), 3),
+                f"{key}fuse_read_runs_gbps": [round(v, 3) for v in r["gbps"]],
+                f"{key}fuse_server_cpu_s_per_gib": round(statistics.median(r["cpu"]), 3),
+                f"{key}read_path": sorted(set(r["path"]))}
+    return out
 
 
 def cpu_seconds(pid: int) -> float:
@@ -279,8 +307,8 @@ async def _config_of(ref: str) -> dict[str, Any]:
 
 
 async def _layer_contents(cluster: Any, ref: str) -> list[str]:
-    from fusefs.image.catalog import layer_name
     from p2p.origin.oci import RegistryClient
+    from p2p.origin.oci_origin import layer_name
     from p2p.origin.oci_ref import parse_reference
     from p2p.tracker_client import TrackerClient
 
@@ -310,4 +338,5 @@ def _ratios(r: dict[str, Any]) -> dict[str, Any]:
     r["prefetch_over_lazy"] = ratio("prefetch_seconds", "lazy_seconds")
     r["startup_fetched_over_hot"] = ratio("startup_fetched_bytes", "hot_bytes")
     r["fuse_over_direct"] = ratio("fuse_read_gbps", "direct_read_gbps")
+    r["passthrough_over_handler"] = ratio("fuse_read_gbps", "handler_fuse_read_gbps")
     return r

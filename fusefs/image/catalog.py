@@ -12,13 +12,16 @@ An image stays exactly what was pushed. For each layer (gzip or plain tar),
    (`artifact.index_tag`), so the index's own origin is the registry too;
 3. publishes both manifests to the tracker and names them there:
    `layer/v1/<layer digest>` -> the layer's content id and
-   `layer-index/v1/<layer digest>` -> the index's. Names are write-once and the
-   build is deterministic, so a second indexer of the same layer agrees with
-   the first; a layer indexed for another image is not indexed again.
+   `layer-index/v1/<layer digest>` -> the index's. Names are write-once and
+   first-come, so they are never trusted as the layer's: every layer is
+   indexed from its bytes (unless this image's bindings already list it);
+4. pushes the image's *bindings* (`binding`): each layer digest with its
+   content id and its index's, as an artifact tagged by the image digest.
 
 `open_image` (every node, at mount time) resolves the reference to its image
-manifest and config, looks the two names up for each layer (the tracker's
-signed answers), and reads each index through the local agent: from peers,
+manifest and config, reads the image's bindings from the registry (the
+tracker's names only for an image indexed before bindings existed, or opened
+from its card), and reads each index through the local agent: from peers,
 and from the registry only if no peer has it. The layer contents are left to
 the mount, which reads them lazily.
 
@@ -48,6 +51,13 @@ from fusefs.image.artifact import (
     push_artifact,
     record_tag,
 )
+from fusefs.image.binding import (
+    Binding,
+    BindingError,
+    Bindings,
+    pull_bindings,
+    push_bindings,
+)
 from fusefs.image.card import CardError, hold_card, load_card, publish_card
 from fusefs.image.gzindex import build_index
 from fusefs.image.layerindex import LayerIndex
@@ -59,28 +69,28 @@ from p2p.content import DEFAULT_DIGEST, ContentId, Manifest, ManifestBuilder
 from p2p.errors import UserError
 from p2p.origin.oci import PulledManifest, RegistryClient, RegistryError
 from p2p.origin.oci_manifest import Descriptor
-from p2p.origin.oci_origin import blob_url
+from p2p.origin.oci_origin import LAYER_CHUNK_BYTES, blob_url, layer_name
 from p2p.origin.oci_ref import ImageRef
 from p2p.tracker_client import TrackerClient, TrackerError
 from p2p.units import MiB
 
 log = logging.getLogger(__name__)
 
-LAYER_CHUNK_BYTES = 1 * MiB  # measured: the python3 startup set needs 23 MB at 1 MiB, 46 at 4
 GZIP_LAYER_TYPES = ("application/vnd.oci.image.layer.v1.tar+gzip",
                     "application/vnd.docker.image.rootfs.diff.tar.gzip")
 TAR_LAYER_TYPES = ("application/vnd.oci.image.layer.v1.tar",
                    "application/vnd.docker.image.rootfs.diff.tar")
 MAX_CONFIG_BYTES = 4 * MiB
 MAX_INDEX_BYTES = 256 * MiB
+# Layers in one image. Runtimes stack far fewer (overlayfs on Linux 6.x: 500 lower
+# layers), and past this an image is a mistake or an attack, to be said as such, not
+# a mount that fails on whatever breaks first (a tracker flooded with lookups).
+MAX_LAYERS = 500
+OPENING_LAYERS = 32  # layers opened at once: each is an index read through the agent
 
 
 class ImageError(UserError):
     """The image cannot be indexed or opened; the message names the image and the fix."""
-
-
-def layer_name(digest: str) -> str:
-    return f"layer/v1/{digest}"
 
 
 def index_name(digest: str) -> str:
@@ -113,9 +123,18 @@ async def _resolve_raw(client: RegistryClient, ref: ImageRef) -> tuple[PulledMan
     pulled = await client.get_manifest(ref)
     raw = await client.get_blob(pulled.ref, pulled.manifest.config.digest,
                                 max_bytes=MAX_CONFIG_BYTES)
+    check_layers(pulled)
+    return pulled, raw
+
+
+def check_layers(pulled: PulledManifest) -> None:
+    """ImageError unless the image has at most MAX_LAYERS layers, each of a type we serve."""
+    count = len(pulled.manifest.layers)
+    if count > MAX_LAYERS:
+        raise ImageError(f"image {pulled.ref} has {count} layers, more than the "
+                         f"{MAX_LAYERS} Bootseer serves; squash it (runtimes stack fewer)")
     for layer in pulled.manifest.layers:
         _check_layer_type(pulled.ref, layer)
-    return pulled, raw
 
 
 def _config(pulled: PulledManifest, raw: bytes) -> dict[str, Any]:
@@ -149,28 +168,42 @@ async def index_image(client: RegistryClient, tracker: TrackerClient, ref: Image
     summary dict per layer."""
     pulled, raw_config = await _resolve_raw(client, ref)
     _config(pulled, raw_config)
+    known = await _known_bindings(client, pulled)
     done = []
+    bound: dict[str, Binding] = {}
     with tempfile.TemporaryDirectory(prefix="bootseer-index-", dir=workdir) as scratch:
         for layer in pulled.manifest.layers:
             summary = await _index_layer(client, tracker, pulled.ref, layer, Path(scratch),
-                                         plain_http, digest)
+                                         plain_http, digest, known)
             if progress is not None:
                 progress(summary)
             done.append(summary)
+            bound[layer.digest] = Binding(summary["content"], summary["index"])
+    if known is None or known.layers != bound:
+        await push_bindings(client, pulled.ref, Bindings(pulled.digest, bound))
     await publish_card(client, tracker, pulled, raw_config, plain_http, digest)
     return done
 
 
+async def _known_bindings(client: RegistryClient, pulled: PulledManifest) -> Bindings | None:
+    """The bindings an earlier `image index` of this image pushed (None: none, or unusable:
+    this run replaces them)."""
+    try:
+        return await pull_bindings(client, pulled.ref, pulled.digest)
+    except BindingError as exc:
+        log.warning("%s; indexing again", exc)
+        return None
+
+
 async def _index_layer(client: RegistryClient, tracker: TrackerClient, ref: ImageRef,
                        layer: Descriptor, scratch: Path, plain_http: bool,
-                       digest: str) -> dict[str, Any]:
-    try:
-        layer_id = await tracker.get_name(layer_name(layer.digest))
-        index_id = await tracker.get_name(index_name(layer.digest))
-        return {"layer": layer.digest, "content": layer_id, "index": index_id, "new": False}
-    except TrackerError as exc:
-        if exc.status != 404:
-            raise
+                       digest: str, known: Bindings | None) -> dict[str, Any]:
+    """Index `layer` from its bytes: the names in the tracker are first-come, so they are
+    never taken as the layer's (`binding`); only this image's bindings, in the registry,
+    spare the work."""
+    if known is not None and layer.digest in known.layers:
+        was = known.layers[layer.digest]
+        return {"layer": layer.digest, "content": was.layer, "index": was.index, "new": False}
     path = scratch / layer.digest.removeprefix("sha256:")
     manifest = await _download(client, ref, layer, path, plain_http, digest)
     index = await asyncio.to_thread(_checked_index, ref, layer, path)
@@ -180,11 +213,27 @@ async def _index_layer(client: RegistryClient, tracker: TrackerClient, ref: Imag
                                             data, "layer-index", plain_http, digest)
     for m in (manifest, index_manifest):
         await tracker.put_manifest(m)
-    await tracker.put_name(layer_name(layer.digest), manifest.content_id)
-    await tracker.put_name(index_name(layer.digest), index_manifest.content_id)
+    named = [await _name(tracker, name(layer.digest), content)
+             for name, content in ((layer_name, manifest.content_id),
+                                   (index_name, index_manifest.content_id))]
     return {"layer": layer.digest, "content": manifest.content_id,
-            "index": index_manifest.content_id, "new": True, "layer_bytes": layer.size,
+            "index": index_manifest.content_id, "new": all(n is True for n in named),
+            "squatted": any(n is None for n in named), "layer_bytes": layer.size,
             "index_bytes": len(data), "members": len(index.members)}
+
+
+async def _name(tracker: TrackerClient, name: str, content: ContentId) -> bool | None:
+    """Name `content`: True if new, False if it was named so already, None if the name is
+    held by other bytes (first-come, by someone else: the registry's bindings override)."""
+    try:
+        return await tracker.put_name(name, content)
+    except TrackerError as exc:
+        if exc.status != 409:
+            raise
+        log.warning("the tracker's name %s is held by another content, not %s (the bytes "
+                    "of the layer); nodes use the image's bindings in the registry", name,
+                    content)
+        return None
 
 
 def _checked_index(ref: ImageRef, layer: Descriptor, path: Path) -> LayerIndex:
@@ -219,27 +268,64 @@ async def open_image(client: RegistryClient, tracker: TrackerClient, agent: Agen
                      ref: ImageRef) -> Image:
     """The image `ref` names, with the index of each layer, read through the local agent.
     With the registry unreachable, a reference pinned by digest is opened from its card."""
+    from_registry = True
     try:
         pulled, config = await resolve(client, ref)
     except RegistryError as exc:
         if exc.status is not None:  # it answered: its answer stands
             raise
-        log.warning("%s; opening %s from its card in the swarm", exc, ref)
+        from_registry = False
+        log.warning("%s; opening %s from its card in the swarm, its layers by the "
+                    "tracker's names (first-come)", exc, ref)
         try:
             pulled, config = await load_card(tracker, agent, ref)
         except CardError as card_exc:
             raise ImageError(f"{exc}; and {card_exc}") from None
+    if not from_registry:
+        check_layers(pulled)  # a card is checked against its digest, not for its size
+    bindings = await _bindings(client, pulled) if from_registry else None
     holding = asyncio.ensure_future(hold_card(tracker, agent, pulled.digest))
+    slots = asyncio.Semaphore(OPENING_LAYERS)
+
+    async def open_one(layer: Descriptor) -> ImageLayer:
+        async with slots:
+            return await _open_layer(tracker, agent, pulled.ref, layer, bindings)
+
     try:
-        layers = await asyncio.gather(*(_open_layer(tracker, agent, pulled.ref, layer)
-                                        for layer in pulled.manifest.layers))
+        layers = await asyncio.gather(*(open_one(layer) for layer in pulled.manifest.layers))
     finally:
         await holding
     return Image(pulled.ref, pulled.digest, config, tuple(layers))
 
 
+async def _bindings(client: RegistryClient, pulled: PulledManifest) -> Bindings | None:
+    """The image's layer bindings from the registry (`binding`); None, with a warning, for
+    an image indexed before they existed or a registry gone since it answered."""
+    try:
+        found = await pull_bindings(client, pulled.ref, pulled.digest)
+    except BindingError as exc:
+        raise ImageError(f"image {pulled.ref}: {exc}; run `bootseer image index` again") \
+            from None
+    except RegistryError as exc:
+        if exc.status is not None:
+            raise
+        log.warning("%s; using the tracker's names for the layers of %s", exc, pulled.ref)
+        return None
+    if found is None:
+        log.warning("image %s has no layer bindings in the registry (indexed by an older "
+                    "Bootseer): its layers are taken by the tracker's first-come names; run "
+                    "`bootseer image index` again to pin them", pulled.ref)
+    return found
+
+
 async def _open_layer(tracker: TrackerClient, agent: AgentClient, ref: ImageRef,
-                      layer: Descriptor) -> ImageLayer:
+                      layer: Descriptor, bindings: Bindings | None) -> ImageLayer:
+    if bindings is not None:
+        bound = bindings.layers.get(layer.digest)
+        if bound is None:
+            raise ImageError(f"image {ref}: layer {layer.digest} is not in the image's "
+                             f"bindings; run `bootseer image index {ref}` again")
+        return await _read_index(agent, ref, layer, bound.layer, bound.index)
     try:
         layer_id = await tracker.get_name(layer_name(layer.digest))
         index_id = await tracker.get_name(index_name(layer.digest))
@@ -249,6 +335,11 @@ async def _open_layer(tracker: TrackerClient, agent: AgentClient, ref: ImageRef,
                              f"`bootseer image index {ref}` once (it needs push rights)") \
                 from None
         raise
+    return await _read_index(agent, ref, layer, layer_id, index_id)
+
+
+async def _read_index(agent: AgentClient, ref: ImageRef, layer: Descriptor,
+                      layer_id: ContentId, index_id: ContentId) -> ImageLayer:
     info = await agent.ensure(index_id)  # small, and needed whole: fetch it all
     if info["size"] > MAX_INDEX_BYTES:
         raise ImageError(f"image {ref}: the index of layer {layer.digest} has "

@@ -23,12 +23,11 @@ import json
 import logging
 import os
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fusefs.cli import add_serving_flags, add_umount
+from fusefs.cli import add_passthrough_flag, add_serving_flags, add_umount
 from p2p.cli import cluster_secret
 from p2p.errors import UserError
 
@@ -101,6 +100,7 @@ def _mount_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-prefetch", dest="prefetch", action="store_false",
                    help="ignore the image's hot-block record")
     add_serving_flags(p)
+    add_passthrough_flag(p)
 
 
 def _setup(args: argparse.Namespace) -> None:
@@ -125,7 +125,8 @@ def _options(args: argparse.Namespace, mountpoint: Path | None = None) -> Any:
     return MountOptions(args.ref, (mountpoint or args.mountpoint).absolute(), args.tracker,
                         args.api_socket, args.store_dir.absolute(), args.plain_http,
                         args.record, args.window_s, args.prefetch, args.read_timeout_s,
-                        args.read_ahead_kb, args.allow_other, args.record_missing)
+                        args.read_ahead_kb, args.allow_other, args.record_missing,
+                        args.passthrough)
 
 
 def _expected(run: Any) -> Any:
@@ -178,7 +179,7 @@ def _run_serve(args: argparse.Namespace) -> int:
 
 
 def _run_mount(args: argparse.Namespace) -> int:
-    from fusefs.mount import check_fuse, start_detached
+    from fusefs.mount import check_fuse, mount_log, start_detached
 
     if not args.mountpoint.is_dir():
         raise UserError(f"the mount point {args.mountpoint} is not a directory")
@@ -186,8 +187,7 @@ def _run_mount(args: argparse.Namespace) -> int:
     cluster_secret()  # fail here, not inside the serving process
     _expected_sync(check_fuse)
     opts = _options(args)
-    log_path = Path(os.environ.get("BOOTSEER_LOG_DIR", tempfile.gettempdir())) / \
-        f"bootseer-image-{os.getpid()}.log"
+    log_path = mount_log("image")
     ready = _expected(lambda: start_detached(opts.argv(), log_path,
                                              opts.read_timeout_s + 60.0))
     ready.pop("config", None)

@@ -30,7 +30,8 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from fusefs.mount import MountError, force_unmount, is_mounted
+from fusefs.mount import MountError, force_unmount
+from fusefs.mountinfo import is_mounted
 
 log = logging.getLogger(__name__)
 

@@ -28,12 +28,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from fusefs.backing import WholeFiles
 from fusefs.image.catalog import Image, load_record, open_image, save_record
 from fusefs.image.forked import ForkedMount
 from fusefs.image.record import WINDOW_S, Record, Recorder
 from fusefs.image.source import ImageSource
 from fusefs.image.toc import LayerError
-from fusefs.mount import READ_AHEAD_KB, is_mounted, serve
+from fusefs.mount import READ_AHEAD_KB, serve
+from fusefs.mountinfo import is_mounted
 from fusefs.source import READ_TIMEOUT_S, AgentSource, SourceError
 from fusefs.tree import Layer, Tree, build_tree
 from p2p.agentclient import AgentClient
@@ -59,6 +61,7 @@ class MountOptions:
     read_ahead_kb: int = READ_AHEAD_KB
     allow_other: bool = False
     record_missing: bool = False  # record this launch if the image has no record yet
+    passthrough: bool = True  # plain layers' files read by the kernel once local (kernelfs)
 
     def argv(self) -> list[str]:
         """The `bootseer image serve` command line for these options."""
@@ -69,8 +72,21 @@ class MountOptions:
                 "--log-level", "INFO"]  # its stderr is the mount's log file
         flags = {"--plain-http": self.plain_http, "--record": self.record,
                  "--no-prefetch": not self.prefetch, "--allow-other": self.allow_other,
-                 "--record-missing": self.record_missing}
+                 "--record-missing": self.record_missing,
+                 "--no-passthrough": not self.passthrough}
         return args + [flag for flag, on in flags.items() if on]
+
+
+def _passthrough(opts: MountOptions, image: Image, recorder: Recorder | None
+                 ) -> WholeFiles | None:
+    """Backing files for the files of plain (uncompressed) layers: their tar bytes are
+    the blob's bytes. Not while recording: the kernel's reads would not be seen. Files
+    of gzip layers are decoded by the handler (a decoded copy per hot file is not built
+    yet)."""
+    if not opts.passthrough or recorder is not None:
+        return None
+    plain = frozenset(la.content_id for la in image.layers if not la.index.compressed)
+    return WholeFiles(opts.store_dir, only=plain) if plain else None
 
 
 def image_tree(image: Image) -> Tree:
@@ -117,7 +133,7 @@ async def serve_image(opts: MountOptions, secret: bytes, ref: ImageRef,
 
         try:
             await serve(tree, source, opts.mountpoint, opts.read_ahead_kb, opts.allow_other,
-                        ready)
+                        ready, whole=_passthrough(opts, image, recorder))
         finally:
             warming.cancel()
         summary: dict[str, Any] = {"image": image.digest, "prefetch_chunks": queued,

@@ -44,7 +44,7 @@ from fusefs.image.forked import ForkedMount, Serve
 from fusefs.image.process import Bind
 from fusefs.launch.part import BringUp, Context, LaunchPart
 from fusefs.launch.plan import LaunchPlan
-from fusefs.mount import is_mounted
+from fusefs.mountinfo import is_mounted
 from p2p import process as cpu
 from p2p.errors import UserError
 from p2p.places import NodePlaces

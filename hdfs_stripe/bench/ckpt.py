@@ -19,11 +19,14 @@ After a warm-up pass (a just-started JVM serves 2-3x slower), in order:
 - `swarm_max_seconds`: `--nodes` fresh agents load it at once; the slowest
   one's time; `hdfs_bytes_ratio` is what HDFS served them / the file size;
 - `fuse_read_gbps`: the file read with `dd bs=4M` through `bootseer ckpt serve`
-  on an agent that holds every stripe, as the image benchmark reads a layer:
-  after a sync, on three fresh mounts (each a first read through FUSE), median
-  (`fuse_read_runs_gbps`: all three; `fuse_server_cpu_s_per_gib`: the serving
-  process's CPU; `direct_read_gbps`: the stripe files read directly, what the
-  disk and page cache give without FUSE).
+  on an agent that holds every stripe, by FUSE passthrough (the kernel reads a
+  whole-file copy written from the verified stripes; `whole_build_*`: building
+  it), and `handler_fuse_read_gbps` through the handler (`--no-passthrough`,
+  pyfuse3: the baseline), side by side on fresh mounts (each a first read
+  through FUSE), medians of three (`*_runs_gbps`: all; `*_server_cpu_s_per_gib`:
+  the serving process's CPU; `*read_path`: what served, by the server's own
+  account; `direct_read_gbps`: the stripe files read directly, what the disk
+  and page cache give without FUSE).
 
 Every load is checked against the file's SHA-256. Ratios, not absolute times,
 are what carry from this 2-core machine to a cluster.
@@ -156,8 +159,7 @@ async def _rounds(dfs: Any, work: Path, args: argparse.Namespace, say: Any) -> d
         swarm, holder = await _load(cluster, "swarm", args.nodes, caps, manifest.content_id,
                                     keep_first=True)
         say("reading through the mount")
-        fuse, fuse_cpu, direct, fuse_ok = await _fuse_read(cluster, holder, uri, work,
-                                                           len(data), digest)
+        fuse = await _fuse_read(cluster, holder, uri, work, manifest, digest)
     finally:
         await cluster.stop()
     swarm_max = max(r["seconds"] for r in swarm)
@@ -175,11 +177,8 @@ async def _rounds(dfs: Any, work: Path, args: argparse.Namespace, say: Any) -> d
         "single_node_seconds": round(solo["seconds"], 3),
         "swarm_over_single_node": round(swarm_max / solo["seconds"], 3),
         "hdfs_bytes_ratio": round(from_hdfs / args.size, 4),
-        "fuse_read_gbps": round(statistics.median(fuse), 3),
-        "fuse_read_runs_gbps": [round(v, 3) for v in fuse],
-        "fuse_server_cpu_s_per_gib": round(statistics.median(fuse_cpu), 2),
-        "direct_read_gbps": round(statistics.median(direct), 3),
-        "verified": single_ok and fuse_ok and solo["verified"]
+        **{k: v for k, v in fuse.items() if k != "fuse_ok"},
+        "verified": single_ok and fuse["fuse_ok"] and solo["verified"]
         and all(r["verified"] for r in swarm),
     }
 
@@ -215,34 +214,62 @@ async def _load(cluster: Any, prefix: str, nodes: int, config: dict[str, Any], c
         await asyncio.gather(*(a.child.stop() for a in agents[1 if keep_first else 0:]))
 
 
-async def _fuse_read(cluster: Any, agent: Any, uri: Any, work: Path, size: int,
-                     digest: str) -> tuple[list[float], list[float], list[float], bool]:
-    """GB/s and serving-process CPU s/GiB of `dd bs=4M` through FUSE_ROUNDS fresh mounts
-    (each a first read through FUSE), after a sync (the stripes were just written: their
-    writeback is not a read), with GB/s of reading the stripe files directly before each
-    (what the disk and page cache give); then one untimed read that checks every byte."""
+async def _fuse_read(cluster: Any, agent: Any, uri: Any, work: Path, manifest: Any,
+                     digest: str) -> dict[str, Any]:
+    """Reads of the file through `bootseer ckpt serve` by both paths, side by side: the
+    whole file the passthrough path needs is built first (timed: the one-time cost of
+    that layout over chunk files), then, after a sync (the stripes were just written:
+    their writeback is not a read), FUSE_ROUNDS rounds of: the stripe files read directly
+    (what the disk and page cache give), `dd bs=4M` through a fresh `--no-passthrough`
+    mount (pyfuse3, every read through the handler) and through a fresh passthrough
+    mount (each a first read; a new serving process hashes the whole file once at its
+    first open). GB/s, serving-process CPU s/GiB and the path that served, medians;
+    then one untimed read through passthrough that checks every byte."""
+    from fusefs.backing import WholeFiles
     from fusefs.bench.image import cpu_seconds, dd_seconds, read_all_seconds
+    from fusefs.bench.readpath import read_path
     from fusefs.mount import Mount
     from hdfs_stripe.mount import MountOptions
 
+    size = manifest.size
     where = work / "mnt"
     where.mkdir(exist_ok=True)
-    opts = MountOptions(str(uri), where, cluster.tracker_url, agent.api_socket,
-                        agent.store_dir)
+    began, cpu_began = time.monotonic(), time.process_time()
+    built = await asyncio.to_thread(WholeFiles(agent.store_dir).build, manifest)
+    build_s, build_cpu = time.monotonic() - began, time.process_time() - cpu_began
     await asyncio.to_thread(os.sync)
     stripes = sorted(agent.store_dir.glob(f"*/*{CHUNK_SUFFIX}"),
                      key=lambda p: int(p.name.split(".")[0]))
-    gbps, cpu, direct, same = [], [], [], False
+    runs: dict[str, dict[str, list[Any]]] = {m: {"gbps": [], "cpu": [], "path": []}
+                                             for m in ("handler", "passthrough")}
+    direct, same = [], False
     for last in [False] * (FUSE_ROUNDS - 1) + [True]:
         direct.append(size / await asyncio.to_thread(read_all_seconds, stripes) / 1e9)
-        async with await Mount.spawn(opts.argv(), where, work / "mount.log",
-                                     env=cluster.env) as mount:
-            before = cpu_seconds(mount.proc.pid)
-            gbps.append(size / await dd_seconds(where / "ckpt") / 1e9)
-            cpu.append((cpu_seconds(mount.proc.pid) - before) * GiB / size)
-            if last:
-                same = await asyncio.to_thread(_sha256_of, where / "ckpt") == digest
-    return gbps, cpu, direct, same
+        for mode in runs:
+            opts = MountOptions(str(uri), where, cluster.tracker_url, agent.api_socket,
+                                agent.store_dir, passthrough=mode == "passthrough")
+            log = work / f"mount-{mode}.log"
+            argv = [*opts.argv(), "--log-level", "INFO"]  # INFO: the server's account
+            async with await Mount.spawn(argv, where, log, env=cluster.env) as mount:
+                before = cpu_seconds(mount.proc.pid)
+                runs[mode]["gbps"].append(size / await dd_seconds(where / "ckpt") / 1e9)
+                runs[mode]["cpu"].append((cpu_seconds(mount.proc.pid) - before) * GiB / size)
+                if last and mode == "passthrough":
+                    same = await asyncio.to_thread(_sha256_of, where / "ckpt") == digest
+            runs[mode]["path"].append(read_path(log))
+    out: dict[str, Any] = {"fuse_ok": same and built,
+                           "whole_build_seconds": round(build_s, 3),
+                           "whole_build_cpu_s_per_gib": round(build_cpu * GiB / size, 3),
+                           "direct_read_gbps": round(statistics.median(direct), 3)}
+    for mode, r in runs.items():
+        key = "" if mode == "passthrough" else "handler_"
+        out |= {f"{key}fuse_read_gbps": round(statistics.median(r["gbps"]), 3),
+                f"{key}fuse_read_runs_gbps": [round(v, 3) for v in r["gbps"]],
+                f"{key}fuse_server_cpu_s_per_gib": round(statistics.median(r["cpu"]), 3),
+                f"{key}read_path": sorted(set(r["path"]))}
+    out["passthrough_over_handler"] = round(out["fuse_read_gbps"] /
+                                            out["handler_fuse_read_gbps"], 2)
+    return out
 
 
 def _sha256_of(path: Path) -> str:

@@ -11,6 +11,13 @@ the swarm's time, the baseline's, the lower bound
 whole swarm's upload capacity must carry N * S), the origin egress ratio and
 the agents' peak RSS. Caps are in MB/s (10^6 bytes); `node_cap` applies to
 each node's upload and download alike.
+
+What a byte costs: `agent_cpu_s_per_gib` is the agents' CPU (user + system, all
+threads) over the GiB delivered into their stores. With `--nodes 1` the round is
+one pair: a seed that fetched the content from the origin beforehand, and one
+receiver that fetches it from the seed; the seed's CPU counts too, so the figure
+is what one stream costs at both ends (compare it with a bare sendfile ->
+recv_into + hash + pwrite transfer over loopback, about 0.85 CPU-s per GiB here).
 """
 
 from __future__ import annotations
@@ -19,6 +26,8 @@ import argparse
 import asyncio
 import json
 import os
+import resource
+import shutil
 import sys
 import tempfile
 from importlib.metadata import entry_points
@@ -27,11 +36,12 @@ from typing import TYPE_CHECKING, Any
 
 import uvloop
 
-from p2p.content import CHUNK_SIZE, DEFAULT_DIGEST, DIGESTS
+from p2p.content import CHUNK_SIZE, DEFAULT_DIGEST, DIGESTS, ContentId
 from p2p.errors import UserError
-from p2p.testing.demo import distribute
-from p2p.testing.localcluster import AgentHandle, LocalCluster, write_random_file
-from p2p.units import MiB, positive_int, size_arg
+from p2p.store import write_mapped
+from p2p.testing.demo import ROUND_TIMEOUT_S, distribute
+from p2p.testing.localcluster import AgentHandle, LocalCluster, wait_all_complete, write_random_file
+from p2p.units import GiB, MiB, positive_int, size_arg
 
 if TYPE_CHECKING:  # a testbed is optional: load its shell only when one is used
     from p2p.testing.testbed.netns import Testbed
@@ -41,7 +51,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p = sub.add_parser("bench", help="benchmarks that print one JSON line")
     kinds = p.add_subparsers(dest="bench", required=True, metavar="BENCH")
     s = kinds.add_parser("swarm", help="N agents fetch one content: swarm vs origin-only")
-    s.add_argument("--nodes", type=positive_int, default=8, help="agents in the swarm")
+    s.add_argument("--nodes", type=positive_int, default=8,
+                   help="agents that fetch the content; 1: one receiver from one seed")
     s.add_argument("--size", type=size_arg, default=256 * MiB,
                    help="content size, e.g. 256MiB, 1GiB (default: 256MiB)")
     s.add_argument("--racks", type=positive_int, default=2, help="racks the agents are spread over")
@@ -104,15 +115,25 @@ async def _rounds(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, 
     manifest = await cluster.publish(source, args.chunk_size_mb * MiB, digest=args.digest)
     caps = {} if on_testbed else {"upload_mbps": args.node_cap, "download_mbps": args.node_cap}
 
-    swarm_agents = await _agents(cluster, args, "swarm",
-                                 _agent_options(args.agent_option, caps))
+    write_floor = await asyncio.to_thread(write_cost, cluster.workdir / "write-floor",
+                                          min(max(args.size, 64 * MiB), GiB))
+    options = _agent_options(args.agent_option, caps)
+    seeds = await _seed(cluster, args, options, manifest.content_id) if args.nodes == 1 else []
+    swarm_agents = await _agents(cluster, args, "swarm", options)
+    seed_cpu = [a.child.cpu_split() for a in seeds]
     swarm = await distribute(cluster, swarm_agents, source, manifest.content_id, args.size,
                              progress=not args.json and sys.stderr.isatty())
-    rss = max(a.child.peak_rss_mb() for a in swarm_agents)
+    # The seed's CPU until now: the receiver's read-back checks that follow the round
+    # ask nothing of it.
+    for seed, (user, system) in zip(seeds, seed_cpu, strict=True):
+        now_user, now_system = seed.child.cpu_split()
+        swarm.agent_user_cpu_seconds += now_user - user
+        swarm.agent_cpu_seconds += now_user - user + now_system - system
+    rss = max(a.child.peak_rss_mb() for a in [*seeds, *swarm_agents])
     wasted, cancelled, relays, timeouts = await _counters(
         swarm_agents, "bootseer_wasted_bytes_total", "bootseer_requests_cancelled_total",
         "bootseer_relays_total", "bootseer_request_timeouts_total")
-    await asyncio.gather(*(a.child.stop() for a in swarm_agents))
+    await asyncio.gather(*(a.child.stop() for a in [*seeds, *swarm_agents]))
 
     baseline_seconds = None
     if not args.no_baseline:
@@ -124,6 +145,7 @@ async def _rounds(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, 
         await asyncio.gather(*(a.child.stop() for a in base_agents))
 
     bound = bound_seconds(args.nodes, args.size, args.node_cap, args.origin_cap)
+    delivered_gib = args.nodes * args.size / GiB
     return {
         "bench": "swarm", "nodes": args.nodes, "bytes": args.size, "testbed": args.testbed,
         "chunk_bytes": args.chunk_size_mb * MiB, "digest": args.digest,
@@ -139,7 +161,15 @@ async def _rounds(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, 
         # host's count, the round measured the host's CPU rather than the swarm.
         "agent_cpu_seconds": round(swarm.agent_cpu_seconds, 2),
         "agent_cores": round(swarm.agent_cpu_seconds / swarm.seconds, 2),
+        "agent_cpu_s_per_gib": round(swarm.agent_cpu_seconds / delivered_gib, 3),
+        # ... of which user CPU: the interpreter and hashing (the rest is the kernel's:
+        # socket copies, the page cache that chunk files are written into)
+        "agent_user_cpu_s_per_gib": round(swarm.agent_user_cpu_seconds / delivered_gib, 3),
         "host_cpus": os.cpu_count(),
+        # What writing one node's share as new chunk files costs this host, measured
+        # just before the round: every delivered byte is written into the page cache
+        # once. A low figure may still rise during the round (see `write_cost`).
+        "write_floor_cpu_s_per_gib": round(write_floor, 3),
         # When each agent first asked for a chunk, from the round's start: hearing the
         # tracker, joining peers and settling take that long (the simulator's nodes start
         # at once; benchmarks/calibrate.py gives it this spread as start jitter).
@@ -153,6 +183,44 @@ async def _rounds(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, 
         "verified": swarm.verified,
         "failures": swarm.failures,
     }
+
+
+def write_cost(directory: Path, nbytes: int) -> float:
+    """CPU seconds per GiB that writing `nbytes` of new chunk files, the store's way
+    (`p2p.store.write_mapped`), costs this thread.
+
+    On a VM whose free memory the host takes back (free page reporting), the first
+    touch of a page is a fault on the host, charged to the guest: write(2) into fresh
+    page cache measured 3.3-3.9 CPU-s per GiB here, and 0.16-0.19 once the pages
+    were backed again (pages freed a moment ago, e.g. by the last round's stores,
+    are handed out first, so the probe may see backed pages where the agents,
+    writing more, do not). Every delivered byte is written once, so this is part of
+    the agents' CPU that no change to them can remove.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    block = memoryview(os.urandom(CHUNK_SIZE))
+    before = resource.getrusage(resource.RUSAGE_THREAD)
+    for i in range(nbytes // CHUNK_SIZE):
+        fd = os.open(directory / f"{i}.chunk", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            write_mapped(fd, block)
+        finally:
+            os.close(fd)
+    after = resource.getrusage(resource.RUSAGE_THREAD)
+    shutil.rmtree(directory)
+    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    return cpu / (nbytes // CHUNK_SIZE * CHUNK_SIZE / GiB)
+
+
+async def _seed(cluster: LocalCluster, args: argparse.Namespace, options: dict[str, Any],
+                content: ContentId) -> list[AgentHandle]:
+    """The one-pair case's seed: an agent that holds the whole content, fetched from the
+    origin before the round (`--nodes 1`)."""
+    seed = await cluster.start_agent(1, "rack1", options, name="seed")
+    result = (await wait_all_complete([seed], content, ROUND_TIMEOUT_S))[seed.index]
+    if "error" in result:
+        raise UserError(f"the seed could not fetch the content: {result['error']}")
+    return [seed]
 
 
 def _testbed(args: argparse.Namespace) -> Testbed:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
 from urllib.parse import urlsplit
 
@@ -67,11 +67,49 @@ class LimitedOrigin:
 
 
 class OriginPool:
-    """One limited adapter per origin endpoint (scheme + host), made on first use."""
+    """One limited adapter per origin endpoint (scheme + host), made on first use.
+
+    `read_into` takes every origin of a content and tries them in turn, those that
+    failed least recently first, so a dead origin beside a good one costs one failed
+    read, not the content.
+    """
 
     def __init__(self, concurrency: int) -> None:
         self._concurrency = concurrency
         self._origins: dict[str, LimitedOrigin] = {}
+        self._failed: dict[str, int] = {}  # url -> when it last failed, as a sequence number
+        self._failures = 0
+
+    async def read_into(self, urls: Sequence[str], offset: int, view: memoryview,
+                        progress: Progress | None = None) -> None:
+        """Fill `view` from the first of `urls` that can, or raise OriginError saying what
+        each answered; it is `definite` only if every answer was. An origin that failed
+        after relaying part of the view ends the attempt: the relays' bytes would restart."""
+        errors: list[OriginError] = []
+        for url in sorted(urls, key=lambda u: self._failed.get(u, -1)):
+            started = False
+
+            def seen(done: int) -> None:
+                nonlocal started
+                started = True
+                if progress is not None:
+                    progress(done)
+
+            try:
+                await self.for_url(url).read_into(url, offset, view, seen)
+            except OriginError as exc:
+                self._failures += 1
+                self._failed[url] = self._failures
+                errors.append(exc)
+                if started:
+                    break
+            else:
+                self._failed.pop(url, None)
+                return
+        if len(errors) == 1:
+            raise errors[0]
+        raise OriginError("; ".join(map(str, errors)),
+                          definite=all(e.definite for e in errors))
 
     def for_url(self, url: str) -> LimitedOrigin:
         parts = urlsplit(url)
@@ -79,7 +117,8 @@ class OriginPool:
         if key not in self._origins:
             factory = _factory(parts.scheme)
             if factory is None:
-                raise OriginError(f"no origin adapter for {parts.scheme!r} URLs ({url})")
+                raise OriginError(f"no origin adapter for {parts.scheme!r} URLs ({url})",
+                                  definite=True)
             self._origins[key] = LimitedOrigin(factory(key), self._concurrency)
         return self._origins[key]
 

@@ -14,7 +14,16 @@ BLOCK_BYTES = 1 << 20  # what one read of a response body takes at most
 
 
 class OriginError(RemoteError):
-    """The origin could not deliver a range; the message says why and where."""
+    """The origin could not deliver a range; the message says why and where.
+
+    `definite` marks an answer that retrying soon will not change: the origin
+    refused the connection, does not have the file (HTTP 4xx), or holds one of
+    another length. A time-out, a reset or a 5xx is transient (`definite` False).
+    """
+
+    def __init__(self, message: str, *, definite: bool = False) -> None:
+        super().__init__(message)
+        self.definite = definite
 
 
 Progress = Callable[[int], None]  # told how many bytes of the view are in so far

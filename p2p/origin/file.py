@@ -27,13 +27,15 @@ def _pread_exactly(path: str, offset: int, view: memoryview) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError as exc:
-        raise OriginError(f"cannot open origin file {path}: {exc.strerror}") from exc
+        raise OriginError(f"cannot open origin file {path}: {exc.strerror}",
+                          definite=isinstance(exc, FileNotFoundError | PermissionError)) from exc
     try:
         done = 0
         while done < len(view):
             n = os.preadv(fd, [view[done:]], offset + done)
             if n == 0:
-                raise OriginError(f"origin file {path} ends before byte {offset + len(view)}")
+                raise OriginError(f"origin file {path} ends before byte {offset + len(view)}",
+                                  definite=True)
             done += n
     except OSError as exc:
         raise OriginError(f"reading origin file {path}: {exc.strerror}") from exc

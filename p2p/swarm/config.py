@@ -44,6 +44,10 @@ class SwarmConfig:
     # No chunk arrived for this long while chunks are wanted: abort, saying what was
     # tried. Generous: a slow origin or a swarm at a cold start is not a dead one.
     no_source_deadline_s: float = 180.0
+    # The origin answered only "no" (404, refused, wrong length) for this long, and no
+    # connected peer holds or is fetching a missing chunk: abort now, with the origin's
+    # answer, instead of after the deadline above. A few backed-off retries fit in it.
+    origin_refused_s: float = 5.0
     # Request leftover slots' worth of chunks that peers are fetching from the origin:
     # such a peer relays the bytes as they come, so the last chunks out of the origin
     # spread while they arrive instead of after (p2p.relay).
@@ -79,5 +83,5 @@ class SwarmConfig:
             raise ValueError("peer and in-flight limits must be at least 1")
         if not 0.0 <= self.cross_rack_share <= 1.0:
             raise ValueError("cross_rack_share must be between 0 and 1")
-        if self.no_source_deadline_s <= 0:
-            raise ValueError("no_source_deadline_s must be positive")
+        if self.no_source_deadline_s <= 0 or self.origin_refused_s <= 0:
+            raise ValueError("no_source_deadline_s and origin_refused_s must be positive")

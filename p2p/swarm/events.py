@@ -51,6 +51,9 @@ class PeerJoined:
     rack: str
     have: tuple[bool, ...]
     pending: tuple[int, ...] = ()
+    # The address the connection comes from: what a ban for bad bytes is keyed by, since
+    # a peer id is only a claim ("" where there is none, as in simulations: the id then).
+    host: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +106,9 @@ class ChunkFailed:
     chunk: int
     source: PeerId | None
     reason: str
+    # The origin's answer will not change if asked again soon (404, refused, wrong length):
+    # a content that only ever gets such answers fails within `origin_refused_s`.
+    definite: bool = False
 
 
 @dataclass(frozen=True, slots=True)

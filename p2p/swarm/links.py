@@ -97,6 +97,7 @@ class JoinHeard:
     rack: str
     have: tuple[bool, ...]
     pending: tuple[int, ...] = ()
+    host: str = ""  # the address the link comes from ("" where there is none: simulations)
 
 
 LinkEvent = LinkOpened | LinkClosed | DialFailed | JoinHeard

@@ -316,7 +316,8 @@ class Node:
         actions: list[NodeAction] = list(answer)
         if joins:
             actions += self.swarm_event(
-                content, PeerJoined(peer, event.rack, event.have, event.pending), now)
+                content, PeerJoined(peer, event.rack, event.have, event.pending, event.host),
+                now)
             if peer not in self._handed_out:
                 self._announce_at(max(now, self._last_sent + EARLY_ANNOUNCE_GAP_S))
         return actions

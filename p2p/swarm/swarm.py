@@ -68,7 +68,10 @@ requests time out, tests/simulations/test_sim.py's late-piece scenario). A peer 
 bytes failing verification is banned, disconnected and reported. An origin that fails is
 retried with backoff; one that keeps serving bad bytes aborts the content.
 When no chunk arrives for `no_source_deadline_s` while chunks are missing, the
-content aborts with what was tried (see `stall.py`). A held chunk that the
+content aborts with what was tried (see `stall.py`); when the origin's only
+answers for `origin_refused_s` were definite ones (404, refused) and no
+connected peer holds or is fetching a missing chunk, it aborts then, with the
+origin's answer. A held chunk that the
 store later finds damaged (`ChunkLost`) is fetched again if it is wanted, even
 after Complete.
 
@@ -166,7 +169,11 @@ class Swarm:
         self._known: dict[PeerId, str] = {}  # tracker hints: peer -> rack
         self._connecting: set[PeerId] = set()
         self._retry_at: dict[PeerId, float] = {}
-        self._banned: set[PeerId] = set()
+        # Per-content bans for bad bytes, keyed by the address the peer's connection came
+        # from (`_ban_key`): a peer id is only what a connection claims, and banning a
+        # claimed id would let any node with the secret cut us off from the real one.
+        self._banned: set[str] = set()
+        self._ban_keys: dict[PeerId, str] = {}  # joined peers -> their ban key
         self._demand: list[int] = []
         self._prefetch: list[int] = []
         # Chunks requested of peers that we announced as pending, each with the peer its
@@ -175,7 +182,7 @@ class Swarm:
         self._asked = 0  # chunks requested of peers when we last looked (_announce_fetching)
         self._marks_failed = 0  # chunks whose mark went: marked again only if asked of a holder
         self._last_progress = now
-        self._stall = Stall(config.no_source_deadline_s, now)
+        self._stall = Stall(config.no_source_deadline_s, now, config.origin_refused_s)
         self._now = now
         self._finished = False
         self._aborted = False
@@ -311,6 +318,9 @@ class Swarm:
                 self._want(self._all, now)
         if self._finished:
             return actions
+        if self._stall.refusals >= 2 and (abort := self._given_up(now)):
+            self._finished = self._aborted = True  # the origin said "no" and no peer is left
+            return [*actions, abort]
         return actions + self._schedule(now)
 
     def _want(self, chunks: int, now: float) -> None:
@@ -365,12 +375,14 @@ class Swarm:
         peer = event.peer
         self._connecting.discard(peer)
         self._unheard.discard(peer)
-        if peer in self._banned:
+        key = _ban_key(peer, event.host)
+        if key in self._banned:
             return [Disconnect(peer, "banned for sending corrupt data", hostile=True)]
         if len(event.have) != self.chunks or any(not 0 <= c < self.chunks for c in event.pending):
             return self._misbehaved(peer, "bad join message", now)
         if peer in self._peers:
             self._drop_peer(peer, now)
+        self._ban_keys[peer] = key
         self._table.add(peer, PeerState(event.rack, bits.from_bools(event.have)),
                         [c for c in event.pending if not self.held(c)],
                         now + self.config.pending_ttl_s)
@@ -476,7 +488,7 @@ class Swarm:
                               "match the manifest")]
             return gave_up
         self._table.clear_request(chunk, source)
-        self._banned.add(source)
+        self._banned.add(self._ban_keys.get(source, _ban_key(source, "")))
         self._drop_peer(source, now)
         return [Disconnect(source, f"sent corrupt chunk {chunk}", hostile=True),
                 Report(source, f"corrupt chunk {chunk}")]
@@ -485,7 +497,7 @@ class Swarm:
         if event.source is None:
             if event.chunk not in self._origin:
                 return []
-            return self._origin_failed(event.chunk, event.reason, now)
+            return self._origin_failed(event.chunk, event.reason, now, event.definite)
         if self._table.clear_request(event.chunk, event.source) is None:
             return []
         state = self._peers.get(event.source)
@@ -516,7 +528,7 @@ class Swarm:
             times = chain(bookkeeping, (s.backoff_until for s in peers),
                           (self._origin_backoff_until, self._last_progress + self._patience(),
                            settle, self._vacant_from if self._vacant else 0.0,
-                           self._stall.due))
+                           self._stall.due, self._stall.refused_due or 0.0))
         else:  # an idle lazy swarm: nothing to fetch, so nothing to be patient about
             times = bookkeeping
         return min((t for t in times if t > self._now), default=None)
@@ -525,10 +537,9 @@ class Swarm:
         self._now = now
         if self._finished:
             return []
-        if now >= self._stall.due and self._missing():
+        if abort := self._given_up(now):
             self._finished = self._aborted = True
-            missing = bits.count(self._missing())
-            return [Abort(self._stall.reason(missing, self.chunks))]
+            return [abort]
         actions: list[Action] = []
         for peer, state in list(self._peers.items()):
             late = [c for c, (_, deadline) in state.inflight.items() if deadline <= now]
@@ -544,9 +555,23 @@ class Swarm:
         self._table.expire_pending(now)
         return actions + self._schedule(now)
 
+    def _given_up(self, now: float) -> Abort | None:
+        """An Abort if no source is left: the deadline passed, or the origin said "no" for
+        long enough while no connected peer offers a missing chunk."""
+        missing = self._missing()
+        if not missing:
+            return None
+        if now >= self._stall.due:
+            return Abort(self._stall.reason(bits.count(missing), self.chunks))
+        offered = self._table.avail_mask | self._table.pending_mask
+        if self._stall.refused(now) and not missing & offered:
+            return Abort(self._stall.refused_reason(bits.count(missing), self.chunks))
+        return None
+
     # ---- bookkeeping ----------------------------------------------------------
 
     def _drop_peer(self, peer: PeerId, now: float) -> None:
+        self._ban_keys.pop(peer, None)
         self._connecting.discard(peer)
         self._unheard.discard(peer)
         self._retry_at.setdefault(peer, now + self.config.backoff_base_s)
@@ -560,11 +585,12 @@ class Swarm:
         state.backoff_until = now + self._backoff(state.failures)
         return []
 
-    def _origin_failed(self, chunk: int, why: str, now: float) -> list[Action]:
+    def _origin_failed(self, chunk: int, why: str, now: float,
+                       definite: bool = False) -> list[Action]:
         """Our origin fetch of `chunk` failed: back off, and take back its pending mark so
         that peers waiting on us for it look elsewhere at once."""
         self._origin.pop(chunk, None)
-        self._stall.origin_failed(why)
+        self._stall.origin_failed(why, now, definite)
         self._origin_backoff(now)
         return [Withdraw(chunk)] if self.config.use_peers else []
 
@@ -629,7 +655,9 @@ class Swarm:
         room = self.config.max_peers - len(self._peers) - len(self._connecting)
         if room <= 0:
             return []
-        busy = self._peers.keys() | self._connecting | self._banned
+        busy = self._peers.keys() | self._connecting
+        if self._banned:  # peers banned by id (no address known: simulations)
+            busy |= {p for p in self._known if _ban_key(p, "") in self._banned}
         candidates = [p for p in sorted(self._known)
                       if p not in busy and self._retry_at.get(p, 0.0) <= now]
         candidates.sort(key=lambda p: (self._known[p] != self.rack, self._rng.random()))
@@ -789,3 +817,8 @@ class Swarm:
         """The tail of a download: duplicate requests may go out. A lazy swarm's few
         missing chunks are what its readers asked for just now, not a tail."""
         return self._eager and bits.count(self._missing()) <= self.config.endgame_tail
+
+
+def _ban_key(peer: PeerId, host: str) -> str:
+    """What a ban of `peer` seen at `host` holds: the address, or the id if there is none."""
+    return f"host {host}" if host else f"peer {peer}"

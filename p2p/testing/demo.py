@@ -56,6 +56,7 @@ class Round:
     verified: bool
     failures: list[str]
     agent_cpu_seconds: float  # the agents' user + system CPU until the last completed
+    agent_user_cpu_seconds: float  # ... of which user CPU (the interpreter, hashing)
     started_wall: float  # when the round began (Unix time)
     # When each agent first asked for a chunk, from the round's start (agents that say)
     start_offsets: list[float]
@@ -66,14 +67,17 @@ async def distribute(cluster: LocalCluster, agents: list[AgentHandle], source: P
                      verify: bool = True) -> Round:
     """Have every agent fetch `content`; measure, then check every copy."""
     origin_before = await cluster.origin_bytes()
-    cpu_before = sum(a.child.cpu_seconds() for a in agents)
+    cpu_before = [a.child.cpu_split() for a in agents]
     started, started_wall = time.monotonic(), time.time()
     watcher = asyncio.ensure_future(_watch(agents, content, size, started)) if progress else None
     from p2p.testing.localcluster import wait_all_complete
 
     results = await wait_all_complete(agents, content, ROUND_TIMEOUT_S)
     seconds = time.monotonic() - started
-    agent_cpu = sum(a.child.cpu_seconds() for a in agents) - cpu_before  # before the checks
+    cpu_after = [a.child.cpu_split() for a in agents]  # before the checks
+    agent_user_cpu = sum(a[0] - b[0] for a, b in zip(cpu_after, cpu_before, strict=True))
+    agent_cpu = agent_user_cpu + sum(a[1] - b[1] for a, b in zip(cpu_after, cpu_before,
+                                                                 strict=True))
     if watcher:
         watcher.cancel()
         print(file=sys.stderr)
@@ -84,7 +88,8 @@ async def distribute(cluster: LocalCluster, agents: list[AgentHandle], source: P
     return Round(len(agents), size, seconds, origin_bytes,
                  sum(int(r.get("peer_bytes", 0)) for r in results.values()), results,
                  verified=verify and not failures, failures=failures,
-                 agent_cpu_seconds=agent_cpu, started_wall=started_wall,
+                 agent_cpu_seconds=agent_cpu, agent_user_cpu_seconds=agent_user_cpu,
+                 started_wall=started_wall,
                  start_offsets=[r["started_at"] + r["first_fetch_s"] - started_wall
                                 for r in results.values()
                                 if r.get("started_at") is not None

@@ -64,6 +64,10 @@ class Child:
         """User plus system CPU the live process has used so far, all its threads."""
         return process.cpu_seconds(self.pid)
 
+    def cpu_split(self) -> tuple[float, float]:
+        """(user, system) CPU seconds the live process has used so far, all its threads."""
+        return process.cpu_split(self.pid)
+
     async def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int:
         return await process.stop(self.proc, sig, timeout)
 

@@ -22,6 +22,7 @@ proved:
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import os
 import stat
@@ -33,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
 from helpers.waiting import until
 
 from depsnap.mount import MountOptions
@@ -456,3 +458,40 @@ async def mount_and_umount(node: Node, key: str, mountpoint: Path) -> None:
 
         await until(gone, "the mount's serving process exits after umount")
     assert status == 0, err
+
+
+async def test_a_mount_refuses_a_file_whose_bytes_do_not_match_the_trees_digest(
+        tmp_path: Path, wheels: Path) -> None:
+    """A tree that names other bytes for a file than its pack holds (a hostile publisher's)
+    is refused by restore; a mount must refuse that file too (EIO), and serve the rest."""
+    origin = tmp_path / "snapshots"
+    async with swarm(tmp_path, 1) as (cluster, (a,)):
+        status, created, err = await depsnap(
+            a, *install_args(tmp_path / "venv", wheels, "six"), cwd=tmp_path)
+        assert status == 0, err
+        tree = json.loads((origin / "trees" / created["tree"]).read_text())
+        row = next(r for r in tree["entries"] if r[0].endswith("site-packages/six.py"))
+        real, forged = row[5], "f" * 64
+        for r in tree["entries"]:
+            if r[1] == "file" and r[5] == real:
+                r[5] = forged
+        for pack in tree["packs"]:
+            for member in pack["members"]:
+                if member[0] == real:
+                    member[0] = forged
+        tree["key"] = "3" * 64
+        await republish(cluster, origin, tree, tree["key"])
+        mountpoint = tmp_path / "m"
+        mountpoint.mkdir()
+        status, ready, err = await depsnap(a, "mount", tree["key"], str(mountpoint),
+                                           cwd=tmp_path)
+        assert status == 0 and ready["event"] == "mounted", err
+        try:
+            with pytest.raises(OSError) as refused:
+                (mountpoint / row[0]).read_bytes()
+            assert refused.value.errno == errno.EIO
+            assert (mountpoint / "pyvenv.cfg").read_bytes() == \
+                (tmp_path / "venv" / "pyvenv.cfg").read_bytes()
+        finally:
+            status, _, err = await depsnap(a, "umount", str(mountpoint), cwd=tmp_path)
+        assert status == 0, err

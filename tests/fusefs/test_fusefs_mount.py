@@ -26,9 +26,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import json
 import os
+import signal
 import stat
 import sys
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +40,8 @@ from typing import Any
 import pytest
 from helpers.promtext import metric
 
-from fusefs.mount import Mount, is_mounted
+from fusefs.mount import Mount
+from fusefs.mountinfo import is_mounted
 from fusefs.tree import Entry, Extent, Kind, Layer, Tree, build_tree
 from p2p.content import Manifest
 from p2p.process import free_port
@@ -260,6 +264,35 @@ async def test_read_of_an_unreachable_chunk_is_eio_after_the_bound(
         assert "did not arrive within 2 s" in log, log[-2000:]
         got = await asyncio.to_thread(read_file, w.root / "etc/small")  # still serving
         assert got == w.expected("etc/small")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+async def test_a_read_across_an_agent_restart_pauses_and_returns_the_right_bytes(
+        fuse_ready: None, tmp_path: Path, sig: int) -> None:
+    async with asyncio.timeout(TEST_BOUND_S), world(tmp_path, READ_BOUND_S) as w:
+        small = await asyncio.to_thread(read_file, w.root / "etc/small")  # chunk 0 is local
+        assert small == w.expected("etc/small")
+        agent = w.agent.child
+        w.cluster.children.remove(agent)
+        await agent.stop(sig)
+        started = time.monotonic()
+        reader = asyncio.ensure_future(asyncio.to_thread(read_file, w.root / "usr/bin/big"))
+        await asyncio.sleep(1.0)  # the reader is now waiting for chunks 1..4
+        assert not reader.done(), "the read ended with no agent to serve its chunks"
+        await w.cluster.start_agent(0, "rack0", name="agent0")  # its store and socket again
+        got = await reader
+        stall = time.monotonic() - started
+        assert got == w.expected("usr/bin/big")
+        assert "waits for the agent" in w.mount.log_path.read_text()
+        if sig == signal.SIGTERM:  # a content first touched while the agent is away
+            agent = w.cluster.children.pop()
+            await agent.stop(sig)
+            reader = asyncio.ensure_future(asyncio.to_thread(read_file, w.root / "opt/new"))
+            await asyncio.sleep(1.0)
+            assert not reader.done(), "the read ended with no agent to attach its content"
+            await w.cluster.start_agent(0, "rack0", name="agent0")
+            assert await reader == w.expected("opt/new")
+        print(json.dumps({"restart_signal": sig.name, "reader_stall_s": round(stall, 2)}))
 
 
 async def test_a_corrupted_chunk_file_is_never_returned(fuse_ready: None,

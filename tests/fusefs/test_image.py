@@ -51,7 +51,8 @@ import pytest
 from helpers.registry import RunningRegistry
 
 from fusefs.image.mount import MountOptions
-from fusefs.mount import Mount, is_mounted
+from fusefs.mount import Mount
+from fusefs.mountinfo import is_mounted
 from fusefs.testing.sample import BUSYBOX, BuiltImage, assemble, push_sample
 from fusefs.testing.sample import Layer as SampleLayer
 from p2p.origin.oci import RegistryClient, sha256_digest
@@ -412,7 +413,9 @@ async def test_pull_then_mount_and_umount_from_the_command_line(
 
         where = tmp_path / "mnt"
         where.mkdir()
-        monkeypatch.setenv("BOOTSEER_LOG_DIR", str(tmp_path))
+        monkeypatch.delenv("BOOTSEER_LOG_DIR", raising=False)
+        (tmp_path / "tmp").mkdir()
+        monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))  # the mount's log goes under it
         _, out, _ = await bootseer(cluster, "image", "mount", *agent_flags(cluster, agents[1]),
                                    ref, str(where))
         ready = json.loads(out)
@@ -428,6 +431,8 @@ async def test_pull_then_mount_and_umount_from_the_command_line(
                 break
             await asyncio.sleep(0.1)
         assert not Path(f"/proc/{ready['pid']}").exists(), "the serving process outlived umount"
+        assert Path(ready["log"]).parent.parent == tmp_path / "tmp"
+        assert not list((tmp_path / "tmp").iterdir()), "the mount's private log was left"
         status, _, err = await bootseer(cluster, "image", "umount", str(where), check=False)
         assert status == 2 and "no FUSE mount" in err
 
@@ -446,3 +451,63 @@ async def test_a_read_whose_chunks_cannot_be_had_fails_with_eio_in_bounded_time(
             text = await asyncio.to_thread((mount.mountpoint / "srv/a.txt").read_bytes)
             assert text == b"alpha\n" * 1000, "the mount stopped serving after a failed read"
         assert "EIO" in (tmp_path / "mnt.log").read_text(), "the failed read was not logged"
+
+
+async def test_an_insiders_first_come_layer_names_do_not_change_what_a_pinned_image_runs(
+        fuse_ready: None, registry: RunningRegistry, tmp_path: Path) -> None:
+    """Names are first-come; bindings are not. An insider (the cluster secret, no push
+    rights) registers `layer/v1/<digest>` and `layer-index/v1/<digest>` of a layer first,
+    with another layer's bytes and an index whose `layer` field is rewritten. The
+    legitimate `image index` still indexes the layer from its bytes and pins it in the
+    registry, and `image run REPO@sha256:...` prints the image's own /etc/motd."""
+    from fusefs.image.gzindex import build_index
+    from p2p.testing.localcluster import manifest_of_file
+    from p2p.tracker_client import TrackerClient
+
+    legit = make_image([base_layer(), _tar([_dir("etc"), _file("etc/motd", b"legit\n")])])
+    tag_ref = await push(registry, "test/pinned", legit)
+    pinned = f"{tag_ref.rsplit(':', 1)[0]}@{legit.digest}"
+    target = legit.layers[1].digest
+    evil = SampleLayer.of_tar(_tar([_dir("etc"), _file("etc/motd", b"insider\n")]))
+    insider = tmp_path / "insider"
+    insider.mkdir()
+    (insider / "layer").write_bytes(evil.read())
+    with open(insider / "layer", "rb") as blob:
+        forged = replace(build_index(blob, evil.digest), layer_digest=target)
+    (insider / "index").write_bytes(forged.to_bytes())
+    async with asyncio.timeout(TEST_BOUND_S), cluster_of(tmp_path, 1) as (cluster, agents):
+        layer_m = manifest_of_file(insider / "layer", MiB, f"file://{insider}/layer")
+        index_m = manifest_of_file(insider / "index", MiB, f"file://{insider}/index")
+        async with TrackerClient(cluster.tracker_url, cluster.secret) as tracker:
+            for m in (layer_m, index_m):
+                await tracker.put_manifest(m)
+            await tracker.put_name(f"layer/v1/{target}", layer_m.content_id)
+            await tracker.put_name(f"layer-index/v1/{target}", index_m.content_id)
+
+        summaries = await index(cluster, tag_ref, agents[0])
+        status, out, err = await bootseer(
+            cluster, "image", "run", *agent_flags(cluster, agents[0]), "--runtime", "bwrap",
+            pinned, "--", "cat", "/etc/motd", check=False)
+        assert status == 0, err[-2000:]
+        assert out.splitlines()[0] == "legit", out
+        squatted = next(s for s in summaries if s["layer"] == target)
+        assert squatted["squatted"] is True and squatted["content"] != layer_m.content_id
+
+
+async def test_an_image_of_too_many_layers_is_refused_as_such(
+        fuse_ready: None, registry: RunningRegistry, tmp_path: Path) -> None:
+    """The issue's 3,000-layer image failed to mount with "tracker unreachable"; past the
+    cap an image is refused, at index and at mount, with what is wrong."""
+    from fusefs.image.catalog import MAX_LAYERS
+
+    many = MAX_LAYERS + 1
+    ref = await push(registry, "test/many",
+                     make_image([_tar([_file(f"f{i}", b"x")]) for i in range(many)]))
+    async with asyncio.timeout(TEST_BOUND_S), cluster_of(tmp_path, 1) as (cluster, agents):
+        for args in (["index", ref, "--tracker", cluster.tracker_url],
+                     ["run", *agent_flags(cluster, agents[0]), "--runtime", "bwrap", ref,
+                      "--", "true"]):
+            status, _, err = await bootseer(cluster, "image", *args, check=False)
+            assert status != 0
+            assert f"has {many} layers, more than the {MAX_LAYERS}" in err, err[-2000:]
+            assert "Traceback" not in err and "unreachable" not in err

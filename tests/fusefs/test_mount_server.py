@@ -34,7 +34,8 @@ from typing import Any
 
 import pytest
 
-from fusefs.mount import MountError, is_mounted, start_detached
+from fusefs.mount import MountError, start_detached
+from fusefs.mountinfo import is_mounted
 from fusefs.server import SERVER_ENV, ServerRefused, fork_serving
 from fusefs.tree import Entry, Extent, Kind, Layer, build_tree
 from p2p.testing.localcluster import LocalCluster, write_random_file

@@ -26,7 +26,8 @@ from helpers.promtext import metric
 from helpers.waiting import until
 
 import hdfs_stripe
-from fusefs.mount import Mount, is_mounted
+from fusefs.mount import Mount
+from fusefs.mountinfo import is_mounted
 from hdfs_stripe.index import resolve
 from hdfs_stripe.mount import MountOptions
 from hdfs_stripe.naming import parse_uri

@@ -11,7 +11,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from p2p.config import ConfigError, load_agent_config
+from p2p.config import load_agent_config
+from p2p.configfile import ConfigError
 from p2p.testing.localcluster import LocalCluster, bootseer_command
 
 SECRET = "s" * 32

@@ -29,10 +29,28 @@ def test_bench_swarm_reports_the_round_and_the_agents_cpu() -> None:
     assert result["agent_cores"] == pytest.approx(
         result["agent_cpu_seconds"] / result["seconds"], abs=0.02)  # (both were rounded)
     assert result["host_cpus"] == os.cpu_count()
+    assert result["agent_cpu_s_per_gib"] == pytest.approx(
+        result["agent_cpu_seconds"] / (3 * 12 / 1024), rel=0.02)
+    assert 0 < result["agent_user_cpu_s_per_gib"] <= result["agent_cpu_s_per_gib"]
+    assert result["write_floor_cpu_s_per_gib"] > 0
     assert result["baseline_seconds"] is not None and result["speedup"] is not None
     # Each agent said when it first asked for a chunk: after the round began, before its end.
     offsets = result["start_offsets_s"]
     assert len(offsets) == 3 and all(0 <= x <= result["seconds"] for x in offsets)
+
+
+def test_bench_swarm_one_pair_is_a_receiver_fed_by_a_seed() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "p2p", "bench", "swarm", "--nodes", "1", "--size", "12MiB",
+         "--chunk-size-mb", "1", "--no-baseline", "--json"],
+        capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["verified"] and not result["failures"] and result["nodes"] == 1
+    # The seed fetched the content before the round: the receiver took every byte from it.
+    assert result["origin_egress_ratio"] == 0
+    assert len(result["node_seconds"]) == 1
+    assert result["agent_cpu_s_per_gib"] > 0
 
 
 def test_trace_round_times_every_origin_chunk_from_the_agents_logs() -> None:

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from p2p.config import AgentConfig, ConfigError, load_agent_config
+from p2p.config import AgentConfig, load_agent_config
+from p2p.configfile import ConfigError
 from p2p.link import UploadGate
 
 

@@ -24,9 +24,10 @@ from helpers.promtext import metric
 from test_tracker_replicas import CONTENTS, Replica, announce, config, registry_view
 from test_tracker_service import SECRET, manifest, start_tracker
 
+from p2p.configfile import ConfigError
 from p2p.tracker_client import ContentState, TrackerClient, TrackerError
 from tracker import replicas, snapshot
-from tracker.config import ConfigError, TrackerConfig
+from tracker.config import TrackerConfig
 from tracker.registry import Registry
 from tracker.state import canonical
 from tracker.testing.redisproc import RedisServer

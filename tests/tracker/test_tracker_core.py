@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from p2p.configfile import ConfigError
 from p2p.content import ContentId, PeerId
 from p2p.ratelimit import LogLimiter
-from tracker.config import ConfigError, TrackerConfig, load_config
+from tracker.config import TrackerConfig, load_config
 from tracker.handout import HANDOUT_POLICIES, get_policy, rack_aware, uniform
 from tracker.index import Candidates, SwarmIndex
 from tracker.limits import KeyedRateLimit, ReplayCache

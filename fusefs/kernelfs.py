@@ -1,0 +1,485 @@
+"""A read-only filesystem spoken straight to /dev/fuse, for reads by passthrough.
+
+Used instead of the pyfuse3 shell (`fusefs.fs`) where a measured target needs
+what pyfuse3 cannot give: a file whose content is whole and verified on this node
+(or whose one range of a content is) is opened in passthrough mode, and the
+kernel then reads its backing file (`fusefs.backing`) itself; no READ for it
+reaches this process. Every other file, and every file while its content is
+incomplete, is served by the same handler
+path as `fusefs.fs`: `Tree.map_range`, then the `Source` (verified chunk files,
+the agent for missing chunks, EIO after the source's bound).
+
+Rules of the kernel this follows (Linux 6.9+): an inode is in passthrough mode or
+in cached mode while any file of it is open, never both (an open asking for the
+other mode fails with EIO), and all its passthrough opens share one backing file.
+So the first open of an inode picks the mode, the ones while it is open follow
+it, and its backing id is closed at its last RELEASE. A content that becomes
+whole while a file of it is open in cached mode is built into its whole file in
+the background; the next first open uses it.
+
+The codec is `fusefs.protocol`; this module reads requests (one `readv` each into
+one reused buffer, on the event loop, non-blocking), answers metadata inline from
+the tree, and runs OPEN and READ as tasks (they wait on disk threads or the
+agent). Mounting is mount(2) as root with `fd=N,rootmode=...`: no fusermount3.
+`PassthroughUnavailable` says why the mount cannot be served this way (no
+privilege, a kernel that does not offer passthrough); `fusefs.mount.serve` then
+serves with pyfuse3 instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import errno
+import fcntl
+import logging
+import os
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from fusefs import protocol as P
+from fusefs.backing import WholeFiles
+from fusefs.source import Source, SourceError
+from fusefs.tree import Extent, Kind, Node, Tree
+from p2p.content import ContentId, Manifest
+
+log = logging.getLogger(__name__)
+
+TIMEOUT_S = 24 * 3600.0  # the tree never changes
+BLOCK_SIZE = 1 << 20
+NAME_MAX = 255
+REQUEST_BUFFER = 1 << 17  # > max_write (4 KiB) + headers; xattr names fit with room
+MS_RDONLY, MS_NOSUID, MS_NODEV = 1, 2, 4
+MNT_DETACH = 2
+MIN_KERNEL = (6, 9)
+
+
+class PassthroughUnavailable(Exception):
+    """This mount cannot be served by the kernel protocol here; the message says why."""
+
+
+class FuseReply(Exception):
+    """Answer the request with this errno."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+def kernel_supports_passthrough(release: str | None = None) -> str | None:
+    """Why passthrough cannot work on this node (None: it may; INIT decides)."""
+    release = release or os.uname().release
+    try:
+        version = tuple(int(x) for x in release.split("-")[0].split(".")[:2])
+    except ValueError:
+        return f"cannot read the kernel version {release!r}"
+    if version < MIN_KERNEL:
+        return f"kernel {release} has no FUSE passthrough (Linux 6.9 or later)"
+    if os.geteuid() != 0:
+        return "FUSE passthrough needs root (CAP_SYS_ADMIN)"
+    return None
+
+
+def _libc() -> Any:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def mount_device(path: str, allow_other: bool) -> int:
+    """Open /dev/fuse and mount it read-only at `path`; the device fd."""
+    fd = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC | os.O_NONBLOCK)
+    options = (f"fd={fd},rootmode=40000,user_id={os.getuid()},group_id={os.getgid()},"
+               "default_permissions" + (",allow_other" if allow_other else ""))
+    if _libc().mount(b"bootseer", os.fsencode(path), b"fuse.bootseer",
+                     MS_RDONLY | MS_NOSUID | MS_NODEV, options.encode()) != 0:
+        code = ctypes.get_errno()
+        os.close(fd)
+        if code in (errno.EPERM, errno.EACCES):
+            raise PassthroughUnavailable(f"mount(2) of {path}: {os.strerror(code)}")
+        raise OSError(code, f"mount(2) of {path}: {os.strerror(code)}")
+    return fd
+
+
+def unmount(path: str) -> None:
+    """umount2, lazily if files are still open; quiet if nothing is mounted there."""
+    libc = _libc()
+    for flags in (0, MNT_DETACH):
+        if libc.umount2(os.fsencode(path), flags) == 0:
+            return
+        code = ctypes.get_errno()
+        if code in (errno.EINVAL, errno.ENOENT):
+            return
+    log.warning("cannot unmount %s: %s", path, os.strerror(code))
+
+
+@dataclass
+class _Opened:
+    """The mode an inode's open files share (see the module docstring)."""
+
+    count: int
+    backing_id: int | None  # None: cached mode, the handler serves its reads
+
+
+class KernelFS:
+    """Serves `tree` on the FUSE device `fd` (already mounted at `path`)."""
+
+    def __init__(self, tree: Tree, source: Source, whole: WholeFiles | None, fd: int,
+                 path: str, want_passthrough: bool = True) -> None:
+        self.tree = tree
+        self.source = source
+        self.whole = whole
+        self.fd = fd
+        self.path = path
+        self.want_passthrough = want_passthrough and whole is not None
+        self.passthrough = False  # negotiated at INIT
+        self.reads = self.read_bytes = self.failed_reads = 0
+        self.passthrough_opens = self.handler_opens = 0
+        self._buffer = bytearray(REQUEST_BUFFER)
+        self._opened: dict[int, _Opened] = {}
+        self._open_locks: dict[int, asyncio.Lock] = {}
+        self._manifests: dict[str, Manifest | None] = {}
+        self._building: dict[tuple[str, int, int], asyncio.Task[bool]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._done: asyncio.Future[None] | None = None
+        self._initialised: Callable[[], None] = lambda: None
+        self._ops: dict[int, Callable[[P.Header, memoryview], bytes]] = {
+            P.Op.LOOKUP: self._lookup, P.Op.GETATTR: self._getattr,
+            P.Op.READLINK: self._readlink, P.Op.OPENDIR: self._opendir,
+            P.Op.READDIR: self._readdir, P.Op.RELEASEDIR: lambda h, b: b"",
+            P.Op.STATFS: self._statfs, P.Op.ACCESS: self._access,
+            P.Op.GETXATTR: self._getxattr, P.Op.LISTXATTR: self._listxattr,
+            P.Op.RELEASE: self._release, P.Op.FLUSH: lambda h, b: b"",
+            P.Op.DESTROY: lambda h, b: b""}
+
+    # ---- the device ---------------------------------------------------------------------
+
+    async def serve(self, initialised: Callable[[], None]) -> None:
+        """Answer requests until the mount goes away or `stop`. INIT comes first;
+        `initialised` is called once its reply is written."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        self._done = done
+        self._initialised = initialised
+        loop.add_reader(self.fd, self._drain, done)
+        try:
+            await done
+        finally:
+            loop.remove_reader(self.fd)
+            for task in list(self._tasks) + list(self._building.values()):
+                task.cancel()
+            await asyncio.gather(*self._tasks, *self._building.values(),
+                                 return_exceptions=True)
+            self._close_backing()
+
+    def stop(self) -> None:
+        """Unmount (lazily if files are open) and stop serving: SIGTERM's handler. Requests
+        still in the kernel fail with ENOTCONN once the device is closed."""
+        unmount(self.path)
+        if self._done is not None and not self._done.done():
+            self._done.set_result(None)
+
+    def _drain(self, done: asyncio.Future[None]) -> None:
+        view = memoryview(self._buffer)
+        while not done.done():
+            try:
+                n = os.readv(self.fd, [self._buffer])
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                if exc.errno == errno.ENOENT:  # the request was interrupted: next one
+                    continue
+                if exc.errno != errno.ENODEV:
+                    log.warning("reading /dev/fuse: %s", exc)
+                done.set_result(None)  # ENODEV: unmounted
+                return
+            if n == 0:
+                done.set_result(None)
+                return
+            header, body = P.parse(view[:n])
+            self._handle(header, body)
+
+    def _handle(self, header: P.Header, body: memoryview) -> None:
+        op = header.opcode
+        if op in P.NO_REPLY:
+            return  # forgets: the tree is immutable, nothing to free; interrupts: reads end
+        if op == P.Op.INIT:
+            self._reply(header.unique, self._init(body))
+            self._initialised()
+            return
+        if op in (P.Op.OPEN, P.Op.READ):
+            body = memoryview(bytes(body))  # the buffer is reused by the next request
+            job = self._open(header, body) if op == P.Op.OPEN else self._read(header, body)
+            task = asyncio.get_running_loop().create_task(job)
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            return
+        handler = self._ops.get(op)
+        if handler is None:
+            self._error(header.unique, errno.EROFS if op in P.WRITE_OPS else errno.ENOSYS)
+            return
+        try:
+            self._reply(header.unique, handler(header, body))
+        except FuseReply as exc:
+            self._error(header.unique, exc.code)
+
+    def _reply(self, unique: int, payload: bytes | memoryview) -> None:
+        self._write([P.reply_header(unique, len(payload)), payload])
+
+    def _error(self, unique: int, code: int) -> None:
+        self._write([P.reply_header(unique, 0, code)])
+
+    def _write(self, parts: list[Any]) -> None:
+        try:
+            os.writev(self.fd, parts)
+        except OSError as exc:  # ENOENT: interrupted meanwhile; ENODEV: unmounted
+            if exc.errno not in (errno.ENOENT, errno.ENODEV):
+                log.warning("replying on /dev/fuse: %s", exc)
+
+    # ---- metadata ----------------------------------------------------------------------
+
+    def _init(self, body: memoryview) -> bytes:
+        offer = P.init_in(body)
+        answer = P.negotiate(offer, self.want_passthrough)
+        self.passthrough = answer.passthrough
+        log.info("FUSE %d.%d, passthrough %s", offer.major, answer.minor,
+                 "on" if self.passthrough else "off")
+        return P.init_out(answer)
+
+    def _node(self, inode: int) -> Node:
+        try:
+            return self.tree.node(inode)
+        except KeyError:
+            raise FuseReply(errno.ENOENT) from None
+
+    def _lookup(self, header: P.Header, body: memoryview) -> bytes:
+        node = self.tree.lookup(header.nodeid, os.fsdecode(P.name_arg(body)))
+        return P.entry_out(None if node is None else _attr(node), TIMEOUT_S)
+
+    def _getattr(self, header: P.Header, body: memoryview) -> bytes:
+        return P.attr_out(_attr(self._node(header.nodeid)), TIMEOUT_S)
+
+    def _readlink(self, header: P.Header, body: memoryview) -> bytes:
+        node = self._node(header.nodeid)
+        if node.kind is not Kind.SYMLINK:
+            raise FuseReply(errno.EINVAL)
+        return os.fsencode(node.target)
+
+    def _opendir(self, header: P.Header, body: memoryview) -> bytes:
+        if self._node(header.nodeid).kind is not Kind.DIR:
+            raise FuseReply(errno.ENOTDIR)
+        return P.open_out(header.nodeid, P.FOPEN_KEEP_CACHE | P.FOPEN_CACHE_DIR)
+
+    def _readdir(self, header: P.Header, body: memoryview) -> bytes:
+        args = P.read_in(body)
+        entries = ((os.fsencode(name), node.inode, node.mode, next_off)
+                   for name, node, next_off in self.tree.readdir(header.nodeid, args.offset))
+        return P.dirents(entries, args.size)
+
+    def _statfs(self, header: P.Header, body: memoryview) -> bytes:
+        return P.statfs_out((self.tree.total_bytes + 4095) // 4096, len(self.tree), NAME_MAX)
+
+    def _access(self, header: P.Header, body: memoryview) -> bytes:
+        self._node(header.nodeid)
+        if P.access_mask(body) & os.W_OK:
+            raise FuseReply(errno.EROFS)
+        return b""
+
+    def _getxattr(self, header: P.Header, body: memoryview) -> bytes:
+        size, name = P.xattr_in(body)
+        wanted = os.fsdecode(name)
+        for key, value in self._node(header.nodeid).xattrs:
+            if key == wanted:
+                return _sized(value, size)
+        raise FuseReply(errno.ENODATA)
+
+    def _listxattr(self, header: P.Header, body: memoryview) -> bytes:
+        size, _ = P.xattr_in(body)
+        names = b"".join(os.fsencode(k) + b"\0" for k, _ in self._node(header.nodeid).xattrs)
+        return _sized(names, size)
+
+    # ---- data --------------------------------------------------------------------------
+
+    async def _open(self, header: P.Header, body: memoryview) -> None:
+        try:
+            node = self._node(header.nodeid)
+            flags = P.open_in(body)
+            if flags & os.O_ACCMODE != os.O_RDONLY or flags & os.O_TRUNC:
+                raise FuseReply(errno.EROFS)
+            if node.kind is not Kind.FILE:
+                raise FuseReply(errno.EISDIR if node.kind is Kind.DIR else errno.EINVAL)
+            lock = self._open_locks.setdefault(node.inode, asyncio.Lock())
+            async with lock:
+                opened = self._opened.get(node.inode)
+                if opened is None:
+                    opened = _Opened(0, await self._backing_for(node))
+                    self._opened[node.inode] = opened
+                opened.count += 1
+        except FuseReply as exc:
+            self._error(header.unique, exc.code)
+            return
+        if opened.backing_id is None:
+            self.handler_opens += 1
+            self._reply(header.unique, P.open_out(node.inode, P.FOPEN_KEEP_CACHE))
+        else:
+            self.passthrough_opens += 1
+            self._reply(header.unique, P.open_out(node.inode, P.FOPEN_PASSTHROUGH,
+                                                  opened.backing_id))
+
+    async def _backing_for(self, node: Node) -> int | None:
+        """A backing id for the file's verified bytes; None: the handler serves."""
+        extent = _one_extent(node)
+        whole = self.whole
+        if not self.passthrough or whole is None or extent is None or \
+                not whole.eligible(extent.content):
+            return None
+        manifest = await self._manifest(extent.content)
+        if manifest is None or extent.offset + extent.length > manifest.size:
+            return None
+        fd = await asyncio.to_thread(whole.open_verified, manifest, extent.offset,
+                                     extent.length)
+        if fd is None:
+            self._build_later(manifest, extent)
+            return None
+        try:
+            backing_id = fcntl.ioctl(self.fd, P.DEV_IOC_BACKING_OPEN,
+                                     bytearray(P.backing_map(fd)), True)
+            return backing_id if backing_id > 0 else None
+        except OSError as exc:
+            log.warning("the kernel refused a backing file for inode %d (%s); serving it "
+                        "by the handler", node.inode, exc)
+            return None
+        finally:
+            os.close(fd)
+
+    async def _manifest(self, content: str) -> Manifest | None:
+        if content not in self._manifests:
+            assert self.whole is not None
+            self._manifests[content] = await asyncio.to_thread(self.whole.manifest,
+                                                               ContentId(content))
+        return self._manifests[content]
+
+    def _build_later(self, manifest: Manifest, extent: Extent) -> None:
+        """Build the backing file in the background if every chunk under it is here."""
+        assert self.whole is not None
+        whole = self.whole
+        key = (extent.content, extent.offset, extent.length)
+        if key in self._building or not whole.complete(manifest, extent.offset, extent.length):
+            return
+
+        async def build() -> bool:
+            return await asyncio.to_thread(whole.build, manifest, extent.offset, extent.length)
+
+        task = asyncio.get_running_loop().create_task(build())
+        self._building[key] = task
+        task.add_done_callback(lambda t: self._building.pop(key, None))
+
+    async def whole_files_built(self) -> None:
+        """Until the whole files being built are done (for tests and benches)."""
+        await asyncio.gather(*self._building.values(), return_exceptions=True)
+
+    def _release(self, header: P.Header, body: memoryview) -> bytes:
+        inode = P.release_fh(body)
+        opened = self._opened.get(inode)
+        if opened is not None:
+            opened.count -= 1
+            if opened.count <= 0:
+                del self._opened[inode]
+                self._close_id(opened.backing_id)
+        return b""
+
+    def _close_id(self, backing_id: int | None) -> None:
+        if backing_id is None:
+            return
+        try:
+            fcntl.ioctl(self.fd, P.DEV_IOC_BACKING_CLOSE,
+                        bytearray(backing_id.to_bytes(4, "little")), True)
+        except OSError as exc:
+            log.warning("closing backing id %d: %s", backing_id, exc)
+
+    def _close_backing(self) -> None:
+        for opened in self._opened.values():
+            self._close_id(opened.backing_id)
+        self._opened.clear()
+
+    async def _read(self, header: P.Header, body: memoryview) -> None:
+        args = P.read_in(body)
+        self.reads += 1
+        self.read_bytes += args.size
+        try:
+            extents = self.tree.map_range(args.fh, args.offset, args.size)
+            parts = [await self.source.read(e.content, e.offset, e.length) for e in extents]
+        except KeyError:
+            self._error(header.unique, errno.ENOENT)
+            return
+        except SourceError as exc:
+            self.failed_reads += 1
+            log.warning("read of inode %d, %d bytes at %d: EIO: %s", args.fh, args.size,
+                        args.offset, exc)
+            self._error(header.unique, errno.EIO)
+            return
+        size = sum(len(p) for p in parts)
+        self._write([P.reply_header(header.unique, size), *parts])
+
+
+def _one_extent(node: Node) -> Extent | None:
+    """The one content range a file's bytes are, if they are one (passthrough maps a file
+    onto one backing file)."""
+    if node.kind is not Kind.FILE or len(node.extents) != 1 or node.size == 0:
+        return None
+    extent = node.extents[0]
+    return extent if extent.length == node.size else None
+
+
+def _attr(node: Node) -> P.Attr:
+    return P.Attr(node.inode, node.size, node.mode, node.nlink, node.uid, node.gid,
+                  node.mtime_ns, BLOCK_SIZE)
+
+
+def _sized(value: bytes, size: int) -> bytes:
+    """An xattr answer: its size if the caller asked for it (0), else the value."""
+    if size == 0:
+        return P.xattr_size_out(len(value))
+    if len(value) > size:
+        raise FuseReply(errno.ERANGE)
+    return value
+
+
+async def serve_kernel(tree: Tree, source: Source, whole: WholeFiles, path: str,
+                       read_ahead_kb: int, allow_other: bool,
+                       on_ready: Callable[[dict[str, Any]], None] | None) -> None:
+    """Mount at `path` with passthrough, serve until SIGTERM/SIGINT or unmount, then
+    unmount and close `source`. PassthroughUnavailable, with nothing mounted and
+    `source` still open, if this node cannot (no privilege, or the kernel did not
+    take passthrough at INIT): the caller serves another way."""
+    from fusefs.mountinfo import set_read_ahead
+
+    fd = mount_device(path, allow_other)
+    fs = KernelFS(tree, source, whole, fd, path)
+    loop = asyncio.get_running_loop()
+    refused: list[str] = []
+
+    def initialised() -> None:
+        if not fs.passthrough:
+            refused.append("the kernel did not take FUSE passthrough at INIT")
+            fs.stop()
+        elif on_ready is not None:
+            on_ready({"mountpoint": path, "read_ahead_kb": set_read_ahead(path, read_ahead_kb),
+                      "server": "kernel", "passthrough": True})
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, fs.stop)
+    try:
+        await fs.serve(initialised)
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        unmount(path)
+        os.close(fd)
+        if not refused:
+            await source.close()
+    if refused:
+        raise PassthroughUnavailable(refused[0])
+    log.info("unmounted %s: %d passthrough opens, %d handler opens, %d handler reads of %d "
+             "bytes, %d failed, %d whole files built", path, fs.passthrough_opens,
+             fs.handler_opens, fs.reads, fs.read_bytes, fs.failed_reads, whole.built)
