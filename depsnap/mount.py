@@ -335,10 +335,10 @@ def _run_serve(args: argparse.Namespace) -> int:
 
 def _run_mount(args: argparse.Namespace) -> int:
     from fusefs.mount import MountError, mount_log, start_detached
-    from p2p.cli import cluster_secret
+    from p2p.auth import load_secret
 
     opts = _options(args)
-    cluster_secret()  # fail here, not in the serving process
+    load_secret()  # fail here, not in the serving process
     log_path = mount_log("depsnap")
     try:
         ready = start_detached(opts.argv(), log_path, opts.read_timeout_s + 60.0)

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from p2p.cli import cluster_secret
+from p2p.auth import load_secret
 from p2p.errors import UserError
 from p2p.places import add_node_flags
 
@@ -54,7 +54,7 @@ def places(args: argparse.Namespace, origin_dir: Path | None = None) -> Any:
 
     url = getattr(args, "origin_url", None) or (
         f"file://{origin_dir.absolute()}" if origin_dir else "")
-    return Places(args.tracker, cluster_secret(), args.api_socket,
+    return Places(args.tracker, load_secret(), args.api_socket,
                   origin_dir.absolute() if origin_dir else None, url,
                   None if args.no_cache else args.cache_dir.absolute(),
                   args.store_dir.absolute(), getattr(args, "origin_registry", None))

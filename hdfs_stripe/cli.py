@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from fusefs.cli import add_passthrough_flag, add_serving_flags, add_umount
-from p2p.cli import cluster_secret
+from p2p.auth import load_secret
 from p2p.errors import UserError
 
 log = logging.getLogger("bootseer.ckpt")
@@ -76,7 +76,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 def _setup(args: argparse.Namespace) -> bytes:
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return cluster_secret()
+    return load_secret()
 
 
 def expected(run: Any) -> Any:

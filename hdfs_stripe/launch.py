@@ -85,10 +85,10 @@ class CkptPart:
 
     def fork(self, plan: PartPlan, context: Context, fork: Fork) -> BringUp:
         from hdfs_stripe.mount import MountOptions, serve_ckpt
-        from p2p.cli import cluster_secret
+        from p2p.auth import load_secret
 
         assert isinstance(plan, CkptPlan)
-        args, secret = context.args, cluster_secret()
+        args, secret = context.args, load_secret()
 
         def serve(uri: str) -> Callable[[Path], Serve]:
             return lambda at: lambda ready: serve_ckpt(

@@ -16,16 +16,6 @@ from importlib.metadata import PackageNotFoundError, entry_points, version
 from p2p.errors import UserError
 
 
-def cluster_secret() -> bytes:
-    """The cluster secret (`p2p.auth.load_secret`), or a UserError saying how to give it."""
-    from p2p.auth import SecretError, load_secret
-
-    try:
-        return load_secret()
-    except SecretError as exc:
-        raise UserError(str(exc)) from None
-
-
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The whole parser; with `command` naming a command (e.g. "agent" or "image"), only
     the commands of the package that owns it: the others' modules are then never

@@ -17,7 +17,7 @@ from typing import Any
 import uvloop
 
 from p2p import discovery
-from p2p.cli import cluster_secret
+from p2p.auth import load_secret
 from p2p.content import CHUNK_SIZE, DEFAULT_DIGEST, DIGESTS, Manifest
 from p2p.discovery import find_api_socket
 from p2p.errors import UserError
@@ -337,7 +337,7 @@ def _content_id(text: str, tracker_url: str) -> str:
                         "nor a name") from None
 
     async def look_up() -> str:
-        async with TrackerClient(tracker_url, cluster_secret()) as tracker:
+        async with TrackerClient(tracker_url, load_secret()) as tracker:
             return str(await tracker.get_name(text))
 
     try:

@@ -30,10 +30,15 @@ announce: a squatter that holds a slot and fetches nothing is out after that
 short window, not after the stall time), or when a member reports it
 unreachable (`fetcher_unreachable`). Its node (host) is then not appointed
 again in that content, under any peer id, until a member at that host holds
-more than it did; and a node holds at most one slot per content, however many
-peer ids it announces. So ten squatting addresses cost the honest nodes at
-most two short windows (eight squatters out, then the two that took the freed
-slots first). Everyone learns the new slots at their next announce.
+more than it did; and a node holds at most its share of the slots, `k` over
+the number of distinct nodes with incomplete members (rounded up; complete
+members never fetch), however many peer ids it announces: one slot each once
+there are `k` nodes, all of them for agents that share one host alone (a test
+cluster on loopback); slots a node took beyond its share before others joined
+are freed while their fetchers have shown no progress. So ten squatting
+addresses cost the honest nodes at most two short windows (eight squatters
+out, then the two that took the freed slots first). Everyone learns the new
+slots at their next announce.
 
 Peers report peers that sent them bad chunks. One report proves little (the
 reporter may be the broken one), so a host is banned only when enough
@@ -136,7 +141,8 @@ class OriginSlot:
 class _Swarm:
     """The members of one content (indexed: tracker.index), and its origin fetchers."""
 
-    __slots__ = ("demoted", "fetchers", "index", "origin_bytes", "progress", "unproven")
+    __slots__ = ("demoted", "fetchers", "index", "nodes", "origin_bytes", "progress",
+                 "unproven")
 
     def __init__(self) -> None:
         self.index = SwarmIndex()
@@ -145,6 +151,7 @@ class _Swarm:
         self.progress: dict[PeerId, tuple[int, float]] = {}  # fetcher -> (have, since when)
         self.unproven: dict[PeerId, float] = {}  # fetcher without progress yet -> appointed at
         self.demoted: dict[str, int] = {}  # node that lost its slot -> held count at the time
+        self.nodes: dict[str, int] = {}  # node -> its incomplete members (ids at that host)
 
     @property
     def by_peer(self) -> dict[PeerId, Member]:
@@ -152,11 +159,26 @@ class _Swarm:
 
     def put(self, member: Member) -> bool:
         """Insert or refresh; True if the peer is new to this content."""
+        old = self.index.by_peer.get(member.peer)
+        if old is not None and not old.complete:
+            self._count(old.node, -1)
+        if not member.complete:
+            self._count(member.node, 1)
         return self.index.put(member)
 
+    def _count(self, node: str, delta: int) -> None:
+        left = self.nodes.get(node, 0) + delta
+        if left:
+            self.nodes[node] = left
+        else:
+            del self.nodes[node]
+
     def remove(self, peer: PeerId) -> bool:
-        if self.index.remove(peer) is None:
+        member = self.index.remove(peer)
+        if member is None:
             return False
+        if not member.complete:
+            self._count(member.node, -1)
         self.unappoint(peer)  # a demoted node stays demoted: it may come back as another id
         return True
 
@@ -183,8 +205,9 @@ class _Swarm:
         self.progress[member.peer] = (member.have, now)
         self.unproven[member.peer] = now
 
-    def eligible(self, member: Member) -> bool:
-        """Whether `member` may take a free slot (bans aside): see the module docstring."""
+    def eligible(self, member: Member, slots: int) -> bool:
+        """Whether `member` may take a free slot of `slots` (bans aside): see the module
+        docstring."""
         if member.complete or member.peer in self.progress:
             return False
         node = member.node
@@ -194,7 +217,23 @@ class _Swarm:
                 return False
             del self.demoted[node]  # it made progress after all: eligible again
         by_peer = self.by_peer
-        return all(by_peer[f].node != node for f in self.fetchers)
+        return sum(by_peer[f].node == node for f in self.fetchers) < self.share(slots)
+
+    def share(self, slots: int) -> int:
+        """The most of `slots` one node may hold: all when it is alone, 1 among `slots`."""
+        return -(-slots // max(1, len(self.nodes)))
+
+    def trim(self, slots: int) -> None:
+        """Free the unproven slots a node holds beyond its share (nodes joined since)."""
+        share = self.share(slots)
+        if len(self.fetchers) <= share:
+            return
+        held: dict[str, int] = {}
+        for fetcher in list(self.fetchers):
+            node = self.by_peer[fetcher].node
+            held[node] = held.get(node, 0) + 1
+            if held[node] > share and fetcher in self.unproven:
+                self.unappoint(fetcher)
 
 
 _EMPTY = SwarmIndex()
@@ -376,7 +415,9 @@ class Registry:
             if self._lost_claim(swarm, fetcher, now):
                 swarm.demote(fetcher)
                 self.fetchers_reassigned += 1
-        if (len(swarm.fetchers) < self.origin_fetchers and swarm.eligible(member)
+        swarm.trim(self.origin_fetchers)
+        if (len(swarm.fetchers) < self.origin_fetchers
+                and swarm.eligible(member, self.origin_fetchers)
                 and not self.is_banned(member.node, now)):
             swarm.appoint(member, now)
 

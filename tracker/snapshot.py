@@ -138,7 +138,7 @@ def _load_swarm(reg: Registry, row: object) -> None:
         bound = reg._bound.get(peer)
         if member.host and bound is not None and bound != member.host:
             raise SnapshotError(f"peer {peer!r} at two hosts")
-        index.put(member)
+        swarm.put(member)  # counts its node too
         reg._contents_of[peer] = reg._contents_of.get(peer, 0) + 1
         if member.host:
             reg._bound[peer] = member.host

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from fusefs.cli import add_passthrough_flag, add_serving_flags, add_umount
-from p2p.cli import cluster_secret
+from p2p.auth import load_secret
 from p2p.errors import UserError
 
 log = logging.getLogger("bootseer.image")
@@ -144,7 +144,7 @@ def _run_index(args: argparse.Namespace) -> int:
     from p2p.tracker_client import TrackerClient
 
     _setup(args)
-    ref, secret = _ref(args.ref), cluster_secret()
+    ref, secret = _ref(args.ref), load_secret()
 
     def show(summary: dict[str, Any]) -> None:
         if args.json:
@@ -171,7 +171,7 @@ def _run_serve(args: argparse.Namespace) -> int:
     _setup(args)
     if not args.mountpoint.is_dir():
         raise UserError(f"the mount point {args.mountpoint} is not a directory")
-    ref, secret, opts = _ref(args.ref), cluster_secret(), _options(args)
+    ref, secret, opts = _ref(args.ref), load_secret(), _options(args)
     _expected_sync(check_fuse)
     summary = _expected(serve_image(opts, secret, ref, ready_line))
     log.info("done: %s", json.dumps(summary))
@@ -184,7 +184,7 @@ def _run_mount(args: argparse.Namespace) -> int:
     if not args.mountpoint.is_dir():
         raise UserError(f"the mount point {args.mountpoint} is not a directory")
     _ref(args.ref)
-    cluster_secret()  # fail here, not inside the serving process
+    load_secret()  # fail here, not inside the serving process
     _expected_sync(check_fuse)
     opts = _options(args)
     log_path = mount_log("image")
@@ -208,7 +208,7 @@ def _run_run(args: argparse.Namespace) -> int:
     from fusefs.image.mount import launch
 
     _setup(args)
-    ref, secret = _ref(args.ref), cluster_secret()
+    ref, secret = _ref(args.ref), load_secret()
     opts = _options(args, Path("/"))
     command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     status, timeline = _expected(lambda: launch(opts, secret, ref, command or None,
@@ -245,7 +245,7 @@ def _run_pull(args: argparse.Namespace) -> int:
     from fusefs.image.pull import pull_image
 
     _setup(args)
-    ref, secret = _ref(args.ref), cluster_secret()
+    ref, secret = _ref(args.ref), load_secret()
     result = _expected(pull_image(ref, args, secret, quiet=args.json))
     print(json.dumps(result))
     return 0

@@ -77,7 +77,7 @@ def _run(args: argparse.Namespace) -> int:
     from fusefs.launch.part import load_parts
     from fusefs.launch.plan import PlanError, plan_from
     from fusefs.launch.run import launch
-    from p2p.cli import cluster_secret
+    from p2p.auth import load_secret
     from p2p.places import node_places
 
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
@@ -89,7 +89,7 @@ def _run(args: argparse.Namespace) -> int:
     except PlanError as exc:
         where = f"{args.file}: " if args.file else ""
         raise UserError(f"{where}{exc}") from None
-    node = node_places(args, cluster_secret())
+    node = node_places(args, load_secret())
     try:
         status, timeline = launch(plan, node, parts, args, (UserError,))
     except OSError as exc:

@@ -1,15 +1,21 @@
 """Soak: everything at once, for a bounded time, against real processes on loopback.
 
-Eight agents (127.0.0.1) fetch one content from a capped origin while
+Eight agents (127.0.0.1) fetch one content from a capped origin, through two
+tracker replicas on a real redis-server, while
 - a corrupting peer (127.0.0.2, holding the cluster secret) announces itself
   as a complete seeder and answers every request with garbage;
 - a flooding client (127.0.0.3) keeps opening idle and garbage-sending
   connections to every agent's peer port;
 - agents are killed with SIGKILL at random (seeded) moments and restarted on
-  the same store.
+  the same store;
+- malformed entries are written into the replicas' log in Redis (one of them
+  under a valid MAC, as an insider who can reach Redis could), and a tracker
+  replica is killed with SIGKILL and restarted on its port, reading the same
+  poisoned log.
 At the end every agent holds the content, every copy is byte-identical to the
 original (read back through each agent's API), every agent still serves an
-honest peer, and the agents' logs say what happened to the corrupting peer.
+honest peer, the agents' logs say what happened to the corrupting peer, and
+both replicas are healthy, having skipped every poisoned entry.
 Every wait is bounded and nothing asserts on elapsed time.
 
 Also here: a content published by the CLI with the cryptographic digest and
@@ -20,20 +26,31 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import random
 import signal
 import subprocess
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+import msgpack
 from helpers.hostile import HostilePeer, RawClient, fetch_chunk
 from helpers.promtext import metric
 
 from p2p.content import ContentId, Manifest
 from p2p.testing.demo import distribute
-from p2p.testing.localcluster import AgentHandle, LocalCluster, bootseer_command, write_random_file
+from p2p.testing.localcluster import (
+    AgentHandle,
+    Child,
+    LocalCluster,
+    bootseer_command,
+    write_random_file,
+)
 from p2p.tracker_client import TrackerClient
 from p2p.units import MiB
+from tracker import replicas
+from tracker.testing.redisproc import RedisServer
 
 SIZE = 48 * MiB
 CHUNK = 1 * MiB
@@ -46,12 +63,36 @@ FLOOD_ROUNDS = 40  # each: up to 30 connections to every agent, held for a momen
 SEED = 20261122
 
 
-async def start(cluster: LocalCluster, tmp_path: Path) -> tuple[Path, Manifest]:
+async def start(cluster: LocalCluster, tmp_path: Path,
+                redis: RedisServer) -> tuple[Path, Manifest, list[Child]]:
     source = tmp_path / "origin" / "content.bin"
     await asyncio.to_thread(write_random_file, source, SIZE, 5)
-    await cluster.start_tracker()
+    trackers = await cluster.start_replicas(redis.url, 2, *redis.replica_args[2:])
     await cluster.start_origin(source.parent, rate_mbps=24.0)
-    return source, await cluster.publish(source, CHUNK)
+    return source, await cluster.publish(source, CHUNK), trackers
+
+
+def poison(secret: bytes) -> list[dict[str, bytes]]:
+    """Log entries that are not ops: no MAC, a wrong one, and wrong types under a good one."""
+    bad: bytes = msgpack.packb(["a", "evil", "10.9.9.9", "10.9.9.9:1", "r0", [[1, "x"]]])
+    return [{"x": b"y"}, {"e": msgpack.packb(["t"]), "w": b""},
+            {"e": bad, "w": b"", "m": replicas.mac(replicas.mac_key(secret), b"e", bad, b"")}]
+
+
+async def poison_and_restart_a_replica(cluster: LocalCluster, redis: RedisServer,
+                                       trackers: list[Child], log: list[str]) -> None:
+    """Write the poison into the live log, then SIGKILL replica 0 and restart it on its port."""
+    client = redis.client()
+    for fields in poison(cluster.secret):
+        await client.xadd("bootseer:log", fields)
+    await client.aclose()
+    urls = cluster.tracker_url
+    port = trackers[0].ready["url"].rpartition(":")[2]
+    await trackers[0].stop(signal.SIGKILL)
+    trackers[0] = await cluster.start_tracker(*redis.replica_args, "--port", port,
+                                              name="tracker0")
+    cluster.tracker_url = urls  # start_tracker names only itself; the agents know both
+    log.append("poisoned the log, killed and restarted tracker0")
 
 
 async def flood(agents: list[AgentHandle], stop: asyncio.Event) -> int:
@@ -78,9 +119,12 @@ async def flood(agents: list[AgentHandle], stop: asyncio.Event) -> int:
 
 
 async def chaos(cluster: LocalCluster, agents: list[AgentHandle], rng: random.Random,
-                log: list[str]) -> None:
-    """SIGKILL an agent at a random moment, restart it on its store; KILLS times."""
-    for _ in range(KILLS):
+                log: list[str], tracker_fault: asyncio.Future[None] | None = None) -> None:
+    """SIGKILL an agent at a random moment, restart it on its store; KILLS times (the
+    tracker fault, if any, runs after the first kill)."""
+    for kill in range(KILLS):
+        if kill == 1 and tracker_fault is not None:
+            await tracker_fault
         await asyncio.sleep(rng.uniform(0.5, 2.0))
         slot = rng.randrange(len(agents))
         victim = agents[slot]
@@ -107,10 +151,11 @@ async def fetch_everywhere(agents: list[AgentHandle], content: ContentId,
 async def test_soak_kills_corruption_and_a_flood_end_with_verified_copies(
         tmp_path: Path) -> None:
     cluster = LocalCluster(tmp_path / "cluster")
+    redis = await RedisServer(tmp_path / "redis", persistent=True).start()
     hostile: HostilePeer | None = None
     stop = asyncio.Event()
     try:
-        source, manifest = await start(cluster, tmp_path)
+        source, manifest, trackers = await start(cluster, tmp_path, redis)
         content = manifest.content_id
         hostile = HostilePeer(manifest, cluster.secret, cluster.tracker_url, cluster.secret,
                               peer_id="corrupter", host="127.0.0.2")
@@ -121,8 +166,9 @@ async def test_soak_kills_corruption_and_a_flood_end_with_verified_copies(
         flooding = asyncio.ensure_future(flood(agents, stop))
         fetching = asyncio.ensure_future(fetch_everywhere(agents, content, stop))
         async with asyncio.timeout(ROUND_TIMEOUT_S):
-            await chaos(cluster, agents, random.Random(SEED), events)
-        assert len(events) == KILLS
+            await chaos(cluster, agents, random.Random(SEED), events, asyncio.ensure_future(
+                poison_and_restart_a_replica(cluster, redis, trackers, events)))
+        assert len(events) == KILLS + 1
 
         async with asyncio.timeout(ROUND_TIMEOUT_S):
             result = await distribute(cluster, agents, source, content, SIZE, progress=False,
@@ -150,11 +196,22 @@ async def test_soak_kills_corruption_and_a_flood_end_with_verified_copies(
                 rejected += metric(await client.metrics(), "bootseer_chunks_rejected_total")
         assert rejected <= 2 * NODES, (
             f"{rejected} corrupt chunks were received: the corrupter was not dropped")
+        async with aiohttp.ClientSession() as http:
+            for t in trackers:  # both healthy, each having skipped the whole poison
+                url = t.ready["url"]
+                async with http.get(url + "/healthz") as resp:
+                    assert resp.status == 200, await resp.text()
+                    assert json.loads(await resp.text())["peers"] >= NODES
+                async with http.get(url + "/metrics") as resp:
+                    skipped = metric(await resp.text(),
+                                     "bootseer_tracker_log_entries_skipped_total")
+                assert skipped == len(poison(cluster.secret)), (url, skipped)
     finally:
         stop.set()
         if hostile is not None:
             await hostile.stop()
         await cluster.stop()
+        await redis.stop()
 
 
 async def test_a_blake3_content_published_by_the_cli_under_a_name_reaches_every_agent(

@@ -233,3 +233,28 @@ async def test_a_replica_with_the_password_file_serves(tmp_path: Path,
         assert await healthz(t.url) == 200
     finally:
         await t.stop()
+
+
+async def test_replicas_reach_redis_over_tls_checked_against_the_ca_file(
+        tmp_path: Path) -> None:
+    server = await RedisServer(tmp_path / "redis-tls", persistent=False, tls=True).start()
+    try:
+        assert server.url.startswith("rediss://")
+        pair = [await Replica(config(server, redis_ca_file=str(server.ca_file))).start()
+                for _ in range(2)]
+        try:
+            await serve_announces(pair[0], "n1", 1)
+            await serve_announces(pair[1], "n2", 1)
+            assert registry_view(pair[0].t.registry) == registry_view(pair[1].t.registry)
+        finally:
+            for r in pair:
+                await r.stop()
+        other = await RedisServer(tmp_path / "other-ca", tls=True).start()  # another CA
+        await other.stop()
+        t = await start_tracker(tmp_path, *server.replica_args[:-1], str(other.ca_file))
+        assert not t.url and t.proc.returncode == 2
+        err = t.log.read_text().strip()
+        assert "Traceback" not in err and len(err.splitlines()) == 1, err
+        assert "certificate verify failed" in err and server.url in err, err
+    finally:
+        await server.stop()

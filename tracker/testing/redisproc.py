@@ -10,7 +10,8 @@ starts it again on the same port and directory.
 It requires AUTH, as the tracker insists (docs/trust.md): a random password
 (`requirepass`) written to `password_file` (mode 0600), which a tracker
 replica is given with `--redis-password-file`; `client()` is a redis-py
-client that uses it.
+client that uses it. With `tls`, it serves TLS only, under a certificate for
+127.0.0.1 signed by a CA made for it (`ca_file`), at a `rediss://` URL.
 """
 
 from __future__ import annotations
@@ -35,22 +36,37 @@ class RedisMissing(RuntimeError):
 
 
 class RedisServer:
-    def __init__(self, workdir: Path, persistent: bool = True) -> None:
+    def __init__(self, workdir: Path, persistent: bool = True, tls: bool = False) -> None:
         self.workdir = workdir
         self.persistent = persistent
+        self.tls = tls
         self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.url = f"{'rediss' if tls else 'redis'}://127.0.0.1:{self.port}/0"
         self.password = secrets.token_hex(16)
         self.password_file = workdir / "redis.password"
+        self.ca_file = workdir / "ca.pem"
         self._proc: asyncio.subprocess.Process | None = None
 
     @property
     def replica_args(self) -> list[str]:
         """The `bootseer tracker` flags that join a replica to this Redis."""
-        return ["--redis", self.url, "--redis-password-file", str(self.password_file)]
+        tls = ["--redis-ca-file", str(self.ca_file)] if self.tls else []
+        return ["--redis", self.url, "--redis-password-file", str(self.password_file), *tls]
 
     def client(self) -> aioredis.Redis:
-        return aioredis.from_url(self.url, password=self.password, socket_connect_timeout=1.0)
+        tls = {"ssl_ca_certs": str(self.ca_file)} if self.tls else {}
+        return aioredis.from_url(self.url, password=self.password, socket_connect_timeout=1.0,
+                                 **tls)
+
+    def _listen_args(self) -> list[str]:
+        if not self.tls:
+            return ["--port", str(self.port)]
+        if not (self.workdir / "server.pem").exists():
+            _make_certificates(self.workdir)
+        return ["--port", "0", "--tls-port", str(self.port),
+                "--tls-cert-file", str(self.workdir / "server.pem"),
+                "--tls-key-file", str(self.workdir / "server.key"),
+                "--tls-ca-cert-file", str(self.ca_file), "--tls-auth-clients", "no"]
 
     @property
     def pid(self) -> int:
@@ -68,7 +84,7 @@ class RedisServer:
             f.write(self.password + "\n")
         log = self.workdir / "redis.log"
         self._proc = await asyncio.create_subprocess_exec(
-            exe, "--bind", "127.0.0.1", "--port", str(self.port), "--dir", str(self.workdir),
+            exe, "--bind", "127.0.0.1", *self._listen_args(), "--dir", str(self.workdir),
             "--save", "", "--appendonly", "yes" if self.persistent else "no",
             "--logfile", str(log), "--daemonize", "no", "--requirepass", self.password,
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
@@ -105,3 +121,39 @@ class RedisServer:
     async def restart(self, sig: int = signal.SIGTERM) -> None:
         await self.stop(sig)
         await self.start()
+
+
+def _make_certificates(workdir: Path) -> None:
+    """A CA (`ca.pem`) and a certificate for 127.0.0.1 it signs (`server.pem`, `.key`)."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509  # a test dependency: only TLS test servers need it
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+
+    def cert(subject: str, key: ec.EllipticCurvePrivateKey, issuer: str,
+             signer: ec.EllipticCurvePrivateKey, ca: bool) -> x509.Certificate:
+        builder = (x509.CertificateBuilder()
+                   .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+                   .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)]))
+                   .public_key(key.public_key()).serial_number(x509.random_serial_number())
+                   .not_valid_before(now - datetime.timedelta(minutes=5))
+                   .not_valid_after(now + datetime.timedelta(days=1))
+                   .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+        if not ca:
+            builder = builder.add_extension(x509.SubjectAlternativeName(
+                [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+        return builder.sign(signer, hashes.SHA256())
+
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    pem = serialization.Encoding.PEM
+    (workdir / "ca.pem").write_bytes(
+        cert("bootseer test CA", ca_key, "bootseer test CA", ca_key, True).public_bytes(pem))
+    (workdir / "server.pem").write_bytes(
+        cert("127.0.0.1", key, "bootseer test CA", ca_key, False).public_bytes(pem))
+    (workdir / "server.key").write_bytes(key.private_bytes(
+        pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
