@@ -111,8 +111,11 @@ def uv_install_args(prefix: Path, wheels: Path, *packages: str) -> list[str]:
             "install", "-q", "--no-index", "--find-links", str(wheels), *packages]
 
 
-def tree_of(root: Path) -> dict[str, tuple[Any, ...]]:
-    """Every path under root: kind, permission bits, mtime, and bytes or link target."""
+def tree_of(root: Path, made_at: Path | None = None) -> dict[str, tuple[Any, ...]]:
+    """Every path under root: kind, permission bits, mtime, and bytes or link target. A tree
+    restored at another prefix than the one it was `made_at` names its own prefix in script
+    #! lines and activate files (depsnap.relocate): read back, they name `made_at` again,
+    so the two trees compare byte for byte everywhere else."""
     out: dict[str, tuple[Any, ...]] = {}
     for path in sorted(root.rglob("*")):
         st = path.lstat()
@@ -122,7 +125,10 @@ def tree_of(root: Path) -> dict[str, tuple[Any, ...]]:
         elif stat.S_ISDIR(st.st_mode):
             out[rel] = ("dir", stat.S_IMODE(st.st_mode), st.st_mtime_ns)
         else:
-            out[rel] = ("file", stat.S_IMODE(st.st_mode), st.st_mtime_ns, path.read_bytes())
+            data = path.read_bytes()
+            if made_at is not None:
+                data = data.replace(str(root).encode(), str(made_at).encode())
+            out[rel] = ("file", stat.S_IMODE(st.st_mode), st.st_mtime_ns, data)
     return out
 
 
@@ -357,7 +363,7 @@ async def test_restore_refuses_bad_snapshots_and_leaves_nothing_behind(
                                        str(tmp_path / "r10"), "--store-dir", str(tmp_path),
                                        cwd=tmp_path)
         assert status == 0 and "through the agent instead" in err, err
-        assert tree_of(tmp_path / "r10") == tree_of(tmp_path / "venv")
+        assert tree_of(tmp_path / "r10", tmp_path / "venv") == tree_of(tmp_path / "venv")
 
         small = tmp_path / "small"  # a full disk: no partial tree, and it says so
         small.mkdir()
@@ -402,7 +408,7 @@ async def test_a_killed_restore_leaves_no_tree_at_the_prefix_and_the_next_one_cl
         assert status == 0, err
         assert "left by a restore that did not finish" in err, err
         assert not [p for p in tmp_path.iterdir() if ".depsnap-" in p.name]
-        assert tree_of(prefix) == tree_of(tmp_path / "venv")
+        assert tree_of(prefix, tmp_path / "venv") == tree_of(tmp_path / "venv")
 
 
 async def test_a_snapshot_pushed_to_a_registry_restores_from_its_blobs(
@@ -430,7 +436,7 @@ async def test_a_snapshot_pushed_to_a_registry_restores_from_its_blobs(
             status, _, err = await depsnap(b, "restore", "--json", created["key"],
                                            "--prefix", str(tmp_path / "r"), cwd=tmp_path)
             assert status == 0, err
-            assert tree_of(tmp_path / "r") == tree_of(tmp_path / "venv")
+            assert tree_of(tmp_path / "r", tmp_path / "venv") == tree_of(tmp_path / "venv")
             async with b.agent.client(30) as client:
                 contents = (await client.status())["contents"]
             assert sum(c["origin_bytes"] for c in contents.values()) >= created["pack_bytes"]
@@ -451,7 +457,7 @@ async def test_a_snapshot_its_tracker_does_not_know_is_found_in_the_origins_key_
                                                   cwd=tmp_path)
             assert status == 0, err
             assert restored["tree"] == created["tree"]
-            assert tree_of(tmp_path / "r") == tree_of(tmp_path / "venv")
+            assert tree_of(tmp_path / "r", tmp_path / "venv") == tree_of(tmp_path / "venv")
             await mount_and_umount(b, created["key"], tmp_path / "m")
 
 
