@@ -200,10 +200,13 @@ async def _index_layer(client: RegistryClient, tracker: TrackerClient, ref: Imag
                        digest: str, known: Bindings | None) -> dict[str, Any]:
     """Index `layer` from its bytes: the names in the tracker are first-come, so they are
     never taken as the layer's (`binding`); only this image's bindings, in the registry,
-    spare the work."""
+    spare the work, and only while this tracker still holds the manifests they name (a
+    registry outlives a tracker that keeps no state)."""
     if known is not None and layer.digest in known.layers:
         was = known.layers[layer.digest]
-        return {"layer": layer.digest, "content": was.layer, "index": was.index, "new": False}
+        if await _tracker_holds(tracker, was.layer, was.index):
+            return {"layer": layer.digest, "content": was.layer, "index": was.index,
+                    "new": False}
     path = scratch / layer.digest.removeprefix("sha256:")
     manifest = await _download(client, ref, layer, path, plain_http, digest)
     index = await asyncio.to_thread(_checked_index, ref, layer, path)
@@ -220,6 +223,18 @@ async def _index_layer(client: RegistryClient, tracker: TrackerClient, ref: Imag
             "index": index_manifest.content_id, "new": all(n is True for n in named),
             "squatted": any(n is None for n in named), "layer_bytes": layer.size,
             "index_bytes": len(data), "members": len(index.members)}
+
+
+async def _tracker_holds(tracker: TrackerClient, *contents: ContentId) -> bool:
+    """Whether the tracker has a manifest for every one of `contents`."""
+    for content in contents:
+        try:
+            await tracker.get_manifest(content)
+        except TrackerError as exc:
+            if exc.status == 404:
+                return False
+            raise
+    return True
 
 
 async def _name(tracker: TrackerClient, name: str, content: ContentId) -> bool | None:

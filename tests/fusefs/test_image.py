@@ -511,3 +511,20 @@ async def test_an_image_of_too_many_layers_is_refused_as_such(
             assert status != 0
             assert f"has {many} layers, more than the {MAX_LAYERS}" in err, err[-2000:]
             assert "Traceback" not in err and "unreachable" not in err
+
+
+async def test_an_image_indexed_for_a_tracker_that_forgot_it_is_indexed_again(
+        fuse_ready: None, registry: RunningRegistry, image: BuiltImage, tmp_path: Path) -> None:
+    """The registry keeps the image's bindings; a tracker without a state dir does not keep
+    the manifests they name. Indexing again for a new tracker publishes them again (it
+    once said "already indexed" and left every launch with a 404)."""
+    ref = await push(registry, "test/forgotten", image)
+    async with asyncio.timeout(TEST_BOUND_S), cluster_of(tmp_path / "first", 1) as (c, a):
+        assert all(line["new"] for line in await index(c, ref, a[0]))
+    async with asyncio.timeout(TEST_BOUND_S), \
+            cluster_of(tmp_path / "second", 1) as (cluster, agents):
+        assert all(line["new"] for line in await index(cluster, ref, agents[0]))
+        status, _, err = await bootseer(cluster, "image", "run",
+                                        *agent_flags(cluster, agents[0]), ref, "--", "sh",
+                                        "-c", "exit 0", check=False)
+        assert status == 0, err
