@@ -69,13 +69,13 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from depsnap.testing.wheelhouse import ML_LOCK, ML_WHEELS, PYTHON, wheelhouse
 from fusefs.server import SERVER_ENV
+from p2p.bench import workdir
 from p2p.process import cpu_seconds
 from p2p.testing.localcluster import AgentHandle, LocalCluster, bootseer_command
 
@@ -103,8 +103,7 @@ def _run(args: argparse.Namespace) -> int:
 async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     packages = args.packages or list(ML_WHEELS)
     wheels = await asyncio.to_thread(wheelhouse, ML_LOCK, args.packages or ())
-    with tempfile.TemporaryDirectory(prefix="bootseer-bench-depsnap-") as tmp:
-        work = args.workdir or Path(tmp)
+    with workdir(args.workdir, "depsnap") as work:
         cluster = LocalCluster(work / "cluster")
         try:
             return await _cases(cluster, work, wheels, packages, args)

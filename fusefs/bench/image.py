@@ -45,11 +45,11 @@ import json
 import os
 import shlex
 import statistics
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from p2p.bench import workdir
 from p2p.units import MiB
 
 FUSE_ROUNDS = 3  # fresh mounts, median reported
@@ -92,11 +92,8 @@ def _run(args: argparse.Namespace) -> int:
 
 
 async def _bench(args: argparse.Namespace) -> dict[str, Any]:
-    if args.workdir is not None:
-        args.workdir.mkdir(parents=True, exist_ok=True)
-        return await _bench_in(args, args.workdir)
-    with tempfile.TemporaryDirectory(prefix="bootseer-bench-image-") as scratch:
-        return await _bench_in(args, Path(scratch))
+    with workdir(args.workdir, "image") as work:
+        return await _bench_in(args, work)
 
 
 async def _bench_in(args: argparse.Namespace, work: Path) -> dict[str, Any]:

@@ -37,7 +37,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -45,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from p2p import process as cpu
+from p2p.bench import workdir
 from p2p.errors import UserError
 from p2p.units import MiB
 
@@ -125,8 +125,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     wheels = await asyncio.to_thread(wheelhouse, TEST_LOCK, args.packages or ())
     spec = Spec(args.nodes, args.racks, args.node_cap, args.origin_cap, args.oversubscription,
                 name=args.name, subnet=args.subnet)
-    with tempfile.TemporaryDirectory(prefix="bootseer-bench-launch-") as tmp:
-        work = args.workdir or Path(tmp)
+    with workdir(args.workdir, "launch") as work:
         try:
             with testbed(spec) as bed:
                 async with _origins(args, bed, work, wheels) as origins:

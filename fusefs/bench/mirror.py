@@ -23,11 +23,11 @@ import io
 import json
 import random
 import tarfile
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from p2p.bench import workdir
 from p2p.units import MiB
 
 
@@ -58,11 +58,8 @@ def _run(args: argparse.Namespace) -> int:
 
 
 async def _bench(args: argparse.Namespace) -> dict[str, Any]:
-    if args.workdir is not None:
-        args.workdir.mkdir(parents=True, exist_ok=True)
-        return await _bench_in(args, args.workdir)
-    with tempfile.TemporaryDirectory(prefix="bootseer-bench-mirror-") as scratch:
-        return await _bench_in(args, Path(scratch))
+    with workdir(args.workdir, "mirror") as work:
+        return await _bench_in(args, work)
 
 
 def _image(layer_bytes: int) -> Any:

@@ -41,11 +41,11 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from p2p.bench import workdir
 from p2p.chunkfile import CHUNK_SUFFIX
 from p2p.errors import UserError
 from p2p.units import GiB, MiB, positive_int, size_arg
@@ -92,8 +92,7 @@ def _run(args: argparse.Namespace) -> int:
 async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     from hdfs_stripe.testing.minicluster import MiniHdfs
 
-    with tempfile.TemporaryDirectory(prefix="bootseer-bench-ckpt-") as tmp:
-        work = args.workdir or Path(tmp)
+    with workdir(args.workdir, "ckpt") as work:
         say = _progress(not args.json and sys.stderr.isatty())
         say("starting the HDFS mini cluster")
         async with await MiniHdfs.start(work / "hdfs", 3, int(args.dn_cap * 1e6),

@@ -29,13 +29,13 @@ import os
 import resource
 import shutil
 import sys
-import tempfile
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import uvloop
 
+from p2p.bench import workdir
 from p2p.content import CHUNK_SIZE, DEFAULT_DIGEST, DIGESTS, ContentId
 from p2p.errors import UserError
 from p2p.store import write_all
@@ -96,8 +96,8 @@ def _run(args: argparse.Namespace) -> int:
 
 async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     bed = _testbed(args) if args.testbed else None
-    with tempfile.TemporaryDirectory(prefix="bootseer-bench-") as tmp:
-        cluster = LocalCluster(args.workdir or Path(tmp), testbed=bed)
+    with workdir(args.workdir, "swarm") as work:
+        cluster = LocalCluster(work, testbed=bed)
         try:
             return await _rounds(cluster, args)
         finally:

@@ -44,7 +44,6 @@ import asyncio
 import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -52,6 +51,7 @@ from typing import Any
 import aiohttp
 import uvloop
 
+from p2p.bench import workdir as bench_workdir
 from p2p.errors import UserError
 from p2p.process import cpu_seconds
 from p2p.testing.localcluster import Child, LocalCluster, to_toml
@@ -110,8 +110,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _bench(args: argparse.Namespace) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory(prefix="bootseer-bench-tracker-") as tmp:
-        workdir = args.workdir or Path(tmp)
+    with bench_workdir(args.workdir, "tracker") as workdir:
         small = None
         if args.compare_nodes:  # the small swarm first, on a tracker of its own
             small = await _run_once(workdir / "compare", args, args.compare_nodes)
