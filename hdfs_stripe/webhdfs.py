@@ -278,15 +278,21 @@ def _host(url: str) -> str:
     return urlsplit(url).netloc
 
 
-def _remote_message(text: str) -> str:
+def _remote_message(text: str) -> str | None:
+    """The first line of a WebHDFS error's message; None if `text` is not one (another
+    server's page, which is no use in a one-line error)."""
     try:
         return str(json.loads(text)["RemoteException"]["message"]).splitlines()[0]
     except (ValueError, KeyError, TypeError, IndexError):
-        return text[:200]
+        return None
 
 
 def _status_error(status: int, text: str, path: str, user: str) -> HdfsError:
     message = _remote_message(text)
+    if message is None:
+        return HdfsError(f"HTTP {status} for {path} from a server that does not answer as "
+                         "WebHDFS: is the URI's port the NameNode's HTTP port (9870 by "
+                         "default), not its RPC port or another service's?")
     if status == 404:
         return HdfsNotFound(f"{path} does not exist in HDFS ({message})")
     if status == 403 or "AccessControlException" in text:
