@@ -27,6 +27,7 @@ p2p); `PeerInfo` mirrors the few fields of the tracker's announce reply.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import time
@@ -91,6 +92,9 @@ class ContentState:
     event: str | None = None  # "started", "completed", "stopped" (leave the swarm)
     want: int | None = None  # peers wanted; 0 = none; None = the tracker's handout limit
     origin_bytes: int = 0  # fetched from the origin so far (the tracker's status page)
+
+
+FAILOVER_PAUSE_S = 0.5  # replicas: before the second round of a request none answered
 
 
 class TrackerUnavailable(RemoteError):
@@ -257,16 +261,27 @@ class TrackerClient:
 
     async def _request(self, method: str, path: str,
                        body: bytes) -> tuple[int, bytes, Mapping[str, str]]:
-        """The reply of the first replica, from the current one on, that is up (not 503)."""
-        for _ in range(len(self.urls) - 1):
+        """The reply of the first replica, from the current one on, that is up (not 503).
+        With replicas, a round in which none answered is tried once more after a short
+        pause: while one replica dies, another can refuse a connection for a moment."""
+        rounds = 2 if len(self.urls) > 1 else 1
+        for round_ in range(rounds):
+            for _ in range(len(self.urls) - 1):
+                try:
+                    reply = await self._request_one(self.base_url, method, path, body)
+                    if reply[0] != 503:
+                        return reply
+                except TrackerUnavailable:
+                    pass
+                self._current = (self._current + 1) % len(self.urls)
             try:
-                reply = await self._request_one(self.base_url, method, path, body)
-                if reply[0] != 503:
-                    return reply
+                return await self._request_one(self.base_url, method, path, body)
             except TrackerUnavailable:
-                pass
-            self._current = (self._current + 1) % len(self.urls)
-        return await self._request_one(self.base_url, method, path, body)
+                if round_ == rounds - 1:
+                    raise
+                self._current = (self._current + 1) % len(self.urls)
+                await asyncio.sleep(FAILOVER_PAUSE_S)
+        raise AssertionError("unreachable")
 
     async def _request_one(self, base_url: str, method: str, path: str,
                            body: bytes) -> tuple[int, bytes, Mapping[str, str]]:
