@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -13,6 +12,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from p2p.process import free_port
 
 BOOTSEER = [sys.executable, "-m", "p2p"]
 MANIFEST_TYPES = "application/vnd.oci.image.manifest.v1+json"
@@ -35,10 +36,6 @@ def server(*args: str) -> Iterator[dict[str, Any]]:
     assert proc.returncode == 0, err
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def manifest_digest(registry: str, repository: str, tag: str) -> str:
