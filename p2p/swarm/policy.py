@@ -43,15 +43,14 @@ class RarestFirst:
         # Both give the same chunks and draws (one key per candidate, in order; none for
         # a limit of 0). A heap is faster only when few of many are wanted: measured here,
         # 64 of 1,024 candidates 278 against 374 us, 16 of 64 49 against 16 us.
+        # The keys are drawn up front, one per candidate in order (as a key function
+        # is called), with the position as the last tie-break (as a stable sort keeps
+        # it): the same order and draws, without a Python call per candidate.
         if limit <= 0:
             return []
-
-        def key(c: int) -> tuple[int, float]:
-            return availability[c], rng.random()
-
-        if len(candidates) > 8 * limit:
-            return heapq.nsmallest(limit, candidates, key=key)
-        return sorted(candidates, key=key)[:limit]
+        keyed = [(availability[c], rng.random(), i, c) for i, c in enumerate(candidates)]
+        best = heapq.nsmallest(limit, keyed) if len(keyed) > 8 * limit else sorted(keyed)[:limit]
+        return [entry[3] for entry in best]
 
 
 class InOrder:
