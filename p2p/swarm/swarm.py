@@ -152,6 +152,7 @@ class Swarm:
         self._have = bits.from_bools(have)
         self._eager = not lazy
         self._wanted = 0 if lazy else self._all
+        self._miss = self._wanted & ~self._have  # `_missing()`, kept as the two change
         self._table = PeerTable(chunks)
         self._peers = self._table.peers
         self._origin: dict[int, float] = {}  # chunk -> deadline
@@ -283,10 +284,16 @@ class Swarm:
             return self._on_chunk_lost(event.chunk, now)
         if self._finished and not isinstance(event, _REOPENING):
             return []  # what is wanted is still recorded: a lost chunk may reopen the swarm
-        if isinstance(event, PeerHas) and not self._may_request(event.peer, event.chunk, now):
-            # The common case in a big swarm: only availability changes. Nothing new
-            # can be asked of this peer, so skip the scheduling pass.
-            return self._on_peer_has(event.peer, event.chunk)
+        if type(event) is PeerHas:
+            assert isinstance(event, PeerHas)
+            state = self._peers.get(event.peer)
+            chunk = event.chunk
+            if state is not None and 0 <= chunk < self.chunks \
+                    and not self._could_ask(state, chunk, now):
+                # The common case in a big swarm: only availability changes. Nothing new
+                # can be asked of this peer, so skip the scheduling pass.
+                self._table.has(state, chunk)
+                return []
         if isinstance(event, PeerPending) and not self._may_relay(event.peer, event.chunk, now):
             # Someone else fetching a chunk can only take work off our hands.
             return self._on_peer_pending(event.peer, event.chunk, now)
@@ -339,6 +346,7 @@ class Swarm:
         if chunks & self._vacant & ~self._have and not self._missing() & self._vacant:
             self._start_grace(now)
         self._wanted |= chunks
+        self._miss = self._wanted & ~self._have
 
     def _start_grace(self, now: float) -> None:
         """Fetcher 0 leaves the vacant slots' chunks alone until `vacant_grace_s` from now:
@@ -352,6 +360,7 @@ class Swarm:
         if self._aborted or not 0 <= chunk < self.chunks or not self.held(chunk):
             return []
         self._have &= ~(1 << chunk)
+        self._miss = self._wanted & ~self._have
         self._finished = False
         self._stall.progressed(now)  # the deadline counts from when we want it again
         return self._schedule(now)
@@ -401,12 +410,10 @@ class Swarm:
             self._vacant_from = min(now + self.config.vacant_grace_s, self._vacant_latest)
         return []
 
-    def _may_request(self, peer: PeerId, chunk: int, now: float) -> bool:
-        """Could a have of `chunk` from `peer` lead to a request right now?"""
-        state = self._peers.get(peer)
-        if state is None or not 0 <= chunk < self.chunks:
-            return True  # the full path handles (or rejects) it
-        return (bool(self._missing() >> chunk & 1) and self._has_room(state, now)
+    def _could_ask(self, state: PeerState, chunk: int, now: float) -> bool:
+        """Could a have of `chunk` (in range) from the peer of `state` lead to a request
+        right now? (If not, the have changes only availability.)"""
+        return (bool(self._miss >> chunk & 1) and self._has_room(state, now)
                 and (not self._table.requested >> chunk & 1 or self._end_game()))
 
     def _may_relay(self, peer: PeerId, chunk: int, now: float) -> bool:
@@ -473,6 +480,7 @@ class Swarm:
         if self.held(chunk):
             return actions
         self._have |= 1 << chunk
+        self._miss &= ~(1 << chunk)
         self._table.forget_pending(chunk)
         self._last_progress = now
         self._stall.progressed(now)
@@ -640,15 +648,19 @@ class Swarm:
         gone = [c for c, peer in self._feeders.items() if peer not in requesters.get(c, ())]
         for chunk in gone:
             del self._feeders[chunk]
-        self._marks_failed = (self._marks_failed | bits.from_indices(gone)) & ~self._have
+        gone_mask = bits.from_indices(gone) if gone else 0
+        self._marks_failed = (self._marks_failed | gone_mask) & ~self._have
+        fresh = requested & ~self._asked
+        self._asked = requested
+        if not fresh and not gone_mask:
+            return []  # (most passes: nothing asked, nothing failed since the last)
         avail, rare = self._table.avail, self.config.relay_fetching_holders
-        new = [c for c in bits.indices(requested & ~self._asked)
+        new = [c for c in bits.indices(fresh)
                if avail[c] <= rare
                and (not self._marks_failed >> c & 1 or self._holds(requesters[c][0], c))]
         for chunk in new:
             self._feeders[chunk] = requesters[chunk][0]
-        self._asked = requested
-        taken_back = bits.from_indices(gone) & ~self._have & ~self._origin_mask()
+        taken_back = gone_mask & ~self._have & ~self._origin_mask()
         return [*(Advertise(c, pending=True) for c in new),
                 *(Withdraw(c) for c in bits.indices(taken_back))]
 
@@ -831,7 +843,7 @@ class Swarm:
 
     def _missing(self) -> int:
         """Wanted chunks not held: what the swarm works on."""
-        return self._wanted & ~self._have
+        return self._miss
 
     def _end_game(self) -> bool:
         """The tail of a download: duplicate requests may go out. A lazy swarm's few
