@@ -18,7 +18,6 @@ from __future__ import annotations
 import heapq
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
 from p2p.content import PeerId
@@ -76,15 +75,28 @@ CHUNK_PICKERS: dict[str, type[ChunkPicker]] = {
 }
 
 
-@dataclass(frozen=True, slots=True)
 class PeerLoad:
-    """What a peer chooser may know about one holder of a chunk."""
+    """What a peer chooser may know about one holder of a chunk (read-only).
 
-    peer: PeerId
-    same_rack: bool
-    inflight: int
-    failures: int
-    rate: float  # smoothed bytes per second seen from this peer, 0 if unknown
+    A plain slotted class, not a frozen dataclass like the other values: the swarm
+    builds one per free holder for every request, and a frozen dataclass's
+    `__init__` runs in Python (one `object.__setattr__` per field) even where the
+    core is compiled, while this one compiles to a few stores.
+    """
+
+    __slots__ = ("failures", "inflight", "peer", "rate", "same_rack")
+
+    def __init__(self, peer: PeerId, same_rack: bool, inflight: int, failures: int,
+                 rate: float) -> None:
+        self.peer = peer
+        self.same_rack = same_rack
+        self.inflight = inflight
+        self.failures = failures
+        self.rate = rate  # smoothed bytes per second seen from this peer, 0 if unknown
+
+    def __repr__(self) -> str:
+        return (f"PeerLoad({self.peer!r}, same_rack={self.same_rack}, inflight={self.inflight}, "
+                f"failures={self.failures}, rate={self.rate})")
 
 
 class PeerChooser(Protocol):
