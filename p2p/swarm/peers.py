@@ -54,8 +54,10 @@ class PeerTable:
 
     def add(self, peer: PeerId, state: PeerState, pending: Iterable[int], until: float) -> None:
         self.peers[peer] = state
+        avail = self.avail
         for chunk in bits.indices(state.have):
-            self._add_avail(chunk)
+            avail[chunk] += 1
+        self.avail_mask |= state.have
         for chunk in pending:
             self.pending(state, chunk, until)
 
