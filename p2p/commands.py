@@ -64,6 +64,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(run=_run_get)
 
     p = sub.add_parser("status", help="what the local agent holds and fetches")
+    p.add_argument("content", nargs="?", metavar="CONTENT",
+                   help="only this content: its id, or a name the tracker holds for it")
+    p.add_argument("--tracker", default=os.environ.get("BOOTSEER_TRACKER",
+                                                       "http://127.0.0.1:7070"),
+                   help="where a name is looked up (env BOOTSEER_TRACKER)")
     _api_socket_flag(p)
     p.set_defaults(run=_run_status)
 
@@ -399,12 +404,22 @@ async def _ensure_showing_progress(client: Any, content: str) -> dict[str, Any]:
 def _run_status(args: argparse.Namespace) -> int:
     from p2p.agentclient import AgentClient, AgentError
 
+    content = None if args.content is None else _content_id(args.content, args.tracker)
+
     async def status() -> dict[str, Any]:
         async with AgentClient(find_api_socket(args.api_socket), timeout_s=10) as client:
             return await client.status()
 
     try:
-        print(json.dumps(asyncio.run(status()), indent=2))
+        answer = asyncio.run(status())
     except AgentError as exc:
         raise UserError(str(exc)) from exc
+    if content is not None:
+        info = answer["contents"].get(content)
+        if info is None:
+            raise UserError(f"the agent at {answer.get('peer')} holds nothing of {content} "
+                            "(`bootseer get` fetches it)")
+        answer = {"content": content, **({"name": args.content} if args.content != content
+                                         else {}), **info}
+    print(json.dumps(answer, indent=2))
     return 0
