@@ -199,8 +199,8 @@ def launch(opts: MountOptions, secret: bytes, ref: ImageRef, argv: list[str] | N
 async def _run(mount: ForkedMount, argv: list[str] | None, runtime: str, started: float,
                opts: MountOptions) -> tuple[int, dict[str, Any]]:
     from fusefs.image.process import image_process
-    from fusefs.image.pull import totals
     from fusefs.image.runtime import run_in_rootfs
+    from p2p.progress import totals
 
     try:
         ready = await mount.wait_ready(opts.read_timeout_s + 60.0)
