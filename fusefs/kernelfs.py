@@ -41,7 +41,7 @@ from fusefs import protocol as P
 from fusefs.backing import WholeFiles
 from fusefs.kernelmount import PassthroughUnavailable, mount_device, unmount
 from fusefs.source import Source, SourceError
-from fusefs.tree import Extent, Kind, Node, Tree
+from fusefs.tree import Extent, Kind, Node, TreeError, TreeView
 from p2p.content import ContentId, Manifest
 
 log = logging.getLogger(__name__)
@@ -71,7 +71,7 @@ class _Opened:
 class KernelFS:
     """Serves `tree` on the FUSE device `fd` (already mounted at `path`)."""
 
-    def __init__(self, tree: Tree, source: Source, whole: WholeFiles | None, fd: int,
+    def __init__(self, tree: TreeView, source: Source, whole: WholeFiles | None, fd: int,
                  path: str, want_passthrough: bool = True) -> None:
         self.tree = tree
         self.source = source
@@ -169,6 +169,9 @@ class KernelFS:
             self._reply(header.unique, handler(header, body))
         except FuseReply as exc:
             self._error(header.unique, exc.code)
+        except TreeError as exc:  # a packed tree's fault, found at its first use
+            log.warning("%s: EIO", exc)
+            self._error(header.unique, errno.EIO)
 
     def _reply(self, unique: int, payload: bytes | memoryview) -> None:
         self._write([P.reply_header(unique, len(payload)), payload])
@@ -198,6 +201,9 @@ class KernelFS:
             return self.tree.node(inode)
         except KeyError:
             raise FuseReply(errno.ENOENT) from None
+        except TreeError as exc:
+            log.warning("%s: EIO", exc)
+            raise FuseReply(errno.EIO) from None
 
     def _lookup(self, header: P.Header, body: memoryview) -> bytes:
         node = self.tree.lookup(header.nodeid, os.fsdecode(P.name_arg(body)))
@@ -359,7 +365,7 @@ class KernelFS:
         except KeyError:
             self._error(header.unique, errno.ENOENT)
             return
-        except SourceError as exc:
+        except (SourceError, TreeError) as exc:
             self.failed_reads += 1
             log.warning("read of inode %d, %d bytes at %d: EIO: %s", args.fh, args.size,
                         args.offset, exc)
@@ -392,7 +398,7 @@ def _sized(value: bytes, size: int) -> bytes:
     return value
 
 
-async def serve_kernel(tree: Tree, source: Source, whole: WholeFiles, path: str,
+async def serve_kernel(tree: TreeView, source: Source, whole: WholeFiles, path: str,
                        read_ahead_kb: int, allow_other: bool,
                        on_ready: Callable[[dict[str, Any]], None] | None) -> None:
     """Mount at `path` with passthrough, serve until SIGTERM/SIGINT or unmount, then
