@@ -1,16 +1,17 @@
 """Decoded copies of a snapshot's files, for FUSE passthrough: written only from verified bytes.
 
-A snapshot file is a member of a pack kept as zstd frames; passthrough maps a
-FUSE file onto one plain file, so a file the kernel reads by itself needs a
-decoded copy: `<store>/<pack>/member-<offset>-<size>.whole`, beside the pack's
-chunks (the agent's store ignores the name and removes it with the pack).
-It is written from what `depsnap.source.SnapshotSource.read` returns: bytes
-decoded from verified chunks that matched the file's BLAKE3 digest in the
-snapshot's tree. The written file is hashed again before it is renamed into
-place, and a copy this process did not write is hashed against the digest at
-its first open here before the kernel gets it; after that it is trusted while
-its stat is what it was (the store's rule, as in `fusefs.backing`). A copy that
-fails is deleted and written again.
+A snapshot file is a member of a pack kept as zstd frames; passthrough maps a FUSE
+file onto one plain file, so a file the kernel reads by itself needs a decoded copy:
+`<store>/<pack>/member-<offset>-<size>.whole`, beside the pack's chunks (the agent's
+store ignores the name and removes it with the pack). It is written from what
+`depsnap.source.SnapshotSource.read` returns: bytes decoded from verified chunks
+that matched the file's BLAKE3 digest in the snapshot's tree, which this process
+holds in memory while it writes them (so, unlike `fusefs.backing`'s copies, made by
+the kernel from chunk files, the written file is not hashed a second time). A copy
+this process did not write is hashed against the digest at its first open here
+before the kernel gets it; after that, as one it wrote, it is trusted while its stat
+is what it was (the store's rule, as in `fusefs.backing`). A copy that fails is
+deleted and written again.
 
 When. A file opened before its copy exists is served by the handler, and its
 copy is written then, in the background: the next open (in this mount, or a
@@ -81,8 +82,9 @@ class MemberFiles:
         for pack, member in self._under(frames):
             if self.path(pack, member).exists():
                 continue
+            task = self._build_later(pack, member)  # one build per file, whoever asks
             try:
-                written += await self._build(pack, member)
+                written += await asyncio.shield(task)
             except (SourceError, TimeoutError) as exc:
                 log.info("no decoded copy of a file of pack %s yet: %s", pack, exc)
         log.info("wrote %d decoded copies ahead of the first reads", written)
@@ -110,13 +112,14 @@ class MemberFiles:
                     out.setdefault((pack.content, member.offset), member)
         return [(pack, member) for (pack, _), member in out.items()]
 
-    def _build_later(self, pack: str, member: Member) -> None:
+    def _build_later(self, pack: str, member: Member) -> asyncio.Task[bool]:
         key = (pack, member.offset)
-        if key in self._building:
-            return
-        task = asyncio.get_running_loop().create_task(self._build(pack, member))
-        self._building[key] = task
-        task.add_done_callback(lambda t: self._done(key, t))
+        task = self._building.get(key)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(self._build(pack, member))
+            self._building[key] = task
+            task.add_done_callback(lambda t: self._done(key, t))
+        return task
 
     def _done(self, key: tuple[str, int], task: asyncio.Task[bool]) -> None:
         self._building.pop(key, None)
@@ -139,8 +142,6 @@ class MemberFiles:
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view):]
-            if not _passes(fd, member):
-                raise OSError(f"the copy {path.name} fails its check")
             os.fchmod(fd, 0o444)
             os.replace(tmp, path)
             self._checked[path] = stat_key(os.fstat(fd))

@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from depsnap.snapshot import Snapshot
-from fusefs.cli import add_passthrough_flag, add_serving_flags, add_umount
+from fusefs.cli import add_serving_flags, add_umount
 from fusefs.record import WINDOW_S, Recorder, RecordError
 from fusefs.tree import Entry, Extent, Kind, Layer, Tree, build_tree
 from p2p.errors import UserError
@@ -98,7 +98,7 @@ class MountOptions:
     record: str = "missing"  # RECORD_MODES
     record_window_s: float = WINDOW_S
     prefetch: bool = True  # prefetch the recorded frames' chunks
-    passthrough: bool = True  # files with a decoded copy read by the kernel (depsnap.backing)
+    passthrough: bool = False  # files with a decoded copy read by the kernel (depsnap.backing)
 
     def argv(self) -> list[str]:
         """The `depsnap serve` command line for these options."""
@@ -111,7 +111,7 @@ class MountOptions:
                 *(["--origin-url", self.origin_url] if self.origin_url else []),
                 *(["--origin-dir", str(self.origin_dir)] if self.origin_dir else []),
                 *(["--no-prefetch"] if not self.prefetch else []),
-                *(["--no-passthrough"] if not self.passthrough else []),
+                *(["--passthrough"] if self.passthrough else []),
                 *(["--allow-other"] if self.allow_other else [])]
 
 
@@ -177,8 +177,8 @@ async def serve_snapshot(opts: MountOptions, secret: bytes,
 
 def _copies(opts: MountOptions, snapshot: Snapshot, source: SnapshotSource,
             recorder: Recorder | None) -> MemberFiles | None:
-    """Decoded copies for passthrough (`depsnap.backing`); none while recording, since
-    the kernel's own reads of a copy would not be seen, or with `--no-passthrough`."""
+    """Decoded copies for passthrough (`depsnap.backing`), with `--passthrough`; none while
+    recording, since the kernel's own reads of a copy would not be seen."""
     if not opts.passthrough or recorder is not None:
         return None
     from depsnap.backing import MemberFiles
@@ -299,7 +299,12 @@ def add_mount_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser],
         m.add_argument("mountpoint", metavar="DIR", type=Path)
         node_flags(m)
         add_serving_flags(m)
-        add_passthrough_flag(m)
+        m.add_argument("--passthrough", action="store_true",
+                       help="have the kernel read the bigger files from decoded, checked "
+                            "copies in the store (FUSE passthrough, Linux 6.9+ as root): "
+                            "written at a file's first open, and ahead of it for the files "
+                            "of a hot-frame record; the copies cost CPU on the node's first "
+                            "mount of a key and pay on later ones (benchmarks/RESULTS.md)")
         m.add_argument("--origin-dir", type=Path, default=env_path("BOOTSEER_DEPSNAP_ORIGIN_DIR"),
                        help="the snapshot origin directory, where a recorded hot-frame "
                             "record is saved (default: $BOOTSEER_DEPSNAP_ORIGIN_DIR)")

@@ -139,8 +139,8 @@ async def test_a_recorded_mount_makes_the_next_mount_prefetch_its_chunks(
         # A fresh agent: the mount hands it the recorded chunks before anything is read.
         mountpoint = tmp_path / "second"
         mountpoint.mkdir()
-        async with await Mount.spawn(_options(c, key, mountpoint).argv(), mountpoint,
-                                     tmp_path / "second.log", env=c.env) as mount:
+        async with await Mount.spawn(_options(c, key, mountpoint, passthrough=True).argv(),
+                                     mountpoint, tmp_path / "second.log", env=c.env) as mount:
             assert not mount.ready["recording"]
             assert mount.ready["prefetch_chunks"] == sum(map(len, plan.values()))
 
@@ -155,10 +155,11 @@ async def test_a_recorded_mount_makes_the_next_mount_prefetch_its_chunks(
 
 async def test_a_recorded_key_mounts_with_its_big_files_read_by_the_kernel(
         tmp_path: Path, wheels: Path) -> None:
-    """After a recorded mount, a mount on a fresh agent writes decoded, checked copies of
-    the files the record holds whole (numpy's shared libraries) and the kernel reads them
-    by passthrough; a copy the disk changed is never handed to the kernel: the reader gets
-    the snapshot's bytes from the handler, and the copy is written again."""
+    """With --passthrough, after a recorded mount, a mount on a fresh agent writes decoded,
+    checked copies of the files the record holds whole (numpy's shared libraries) and the
+    kernel reads them by passthrough; a copy the disk changed is never handed to the
+    kernel: the reader gets the snapshot's bytes from the handler, and the copy is written
+    again."""
     from fusefs.bench.readpath import account
 
     async with swarm(tmp_path, 3) as (_, (a, b, c)):
@@ -181,8 +182,8 @@ async def test_a_recorded_key_mounts_with_its_big_files_read_by_the_kernel(
 
         mountpoint = tmp_path / "second"
         mountpoint.mkdir()
-        async with await Mount.spawn(_options(c, key, mountpoint).argv(), mountpoint,
-                                     tmp_path / "second.log", env=c.env) as mount:
+        async with await Mount.spawn(_options(c, key, mountpoint, passthrough=True).argv(),
+                                     mountpoint, tmp_path / "second.log", env=c.env) as mount:
             assert (mount.ready["server"], mount.ready["passthrough"]) == ("kernel", True)
             await _import(mountpoint)
             await until(copied, "decoded copies of the recorded big files are written")
@@ -201,8 +202,8 @@ async def test_a_recorded_key_mounts_with_its_big_files_read_by_the_kernel(
         log = tmp_path / "third.log"
         mountpoint = tmp_path / "third"
         mountpoint.mkdir()
-        async with await Mount.spawn(_options(c, key, mountpoint).argv(), mountpoint, log,
-                                     env=c.env):
+        async with await Mount.spawn(_options(c, key, mountpoint, passthrough=True).argv(),
+                                     mountpoint, log, env=c.env):
             assert await asyncio.to_thread((mountpoint / rel).read_bytes) == original
             await _import(mountpoint)
 
@@ -246,11 +247,12 @@ async def test_a_bad_record_is_ignored_with_a_warning_and_replaced(
             assert frames_of(record, snapshot) and record.runs == 1, name
 
 
-def _options(node: Node, key: str, mountpoint: Path, window_s: float = 60.0) -> MountOptions:
+def _options(node: Node, key: str, mountpoint: Path, window_s: float = 60.0,
+             passthrough: bool = False) -> MountOptions:
     return MountOptions(key, mountpoint, node.env["BOOTSEER_TRACKER"], node.agent.api_socket,
                         node.agent.store_dir,
                         origin_dir=Path(node.env["BOOTSEER_DEPSNAP_ORIGIN_DIR"]),
-                        record_window_s=window_s)
+                        record_window_s=window_s, passthrough=passthrough)
 
 
 async def mount_and_import(node: Node, key: str, mountpoint: Path, log: Path | None = None,
