@@ -140,7 +140,11 @@ class Flows:
         self._at = loop.at  # schedules a callback on the event loop
         self._at_many = loop.at_many
         self._cap = topology.capacity
-        self._count = np.zeros(len(self._cap), dtype=np.int64)
+        # Flows per link, and the capacities, as Python lists too: starting and ending a
+        # flow reads and writes a few of them, which costs several times more on numpy
+        # scalars (the refresh, vectorised, uses the arrays).
+        self._count = [0] * len(self._cap)
+        self._cap_list: list[float] = self._cap.tolist()
         size = _INITIAL_FLOWS
         self._links = np.full((4, size), topology.padding, dtype=np.int64)
         self._remaining = np.zeros(size)
@@ -167,13 +171,13 @@ class Flows:
               done: Done) -> int:
         """Start moving `nbytes` over `links`; `done(flow)` runs when the last byte lands."""
         if self._tick_at is None and self._credit is not None:
-            self._credit.refresh(now, self._cap)
+            self._refresh_credit(now)
         if not self._free:
             self._grow()
         f = self._free.pop()
         self._links[:, f] = links
         self._flow_links[f] = links
-        count, cap = self._count, self._cap
+        count, cap = self._count, self._cap_list
         rate = _UNLIMITED
         for link in links:
             count[link] += 1
@@ -185,7 +189,7 @@ class Flows:
         self._active[f], self._due[f] = True, False
         self._done[f] = done
         self.active += 1
-        self._schedule_if_soon(f, now)
+        self._schedule_if_soon(f, now, now + nbytes / rate)
         if self._tick_at is None:
             self._tick_at = now + self.top.spec.rate_update_s
             self._at(self._tick_at, self._tick, 0)
@@ -203,13 +207,13 @@ class Flows:
     def size(self, f: int) -> float:
         return float(self._size[f])
 
-    def _schedule_if_soon(self, f: int, now: float) -> None:
+    def _schedule_if_soon(self, f: int, now: float, end: float) -> None:
+        """Schedule the end of new flow `f` at `end` if it comes before the next refresh."""
         horizon = (self._tick_at if self._tick_at is not None
                    else now + self.top.spec.rate_update_s)
-        end = self._since[f] + self._remaining[f] / self._rate[f]
         if end <= horizon:
             self._due[f] = True
-            self._at(float(end), self._arrived, (f, self._generation[f]))
+            self._at(end, self._arrived, (f, self._generation[f]))
 
     def _arrived(self, arg: tuple[int, int]) -> None:
         f, generation = arg
@@ -233,6 +237,12 @@ class Flows:
         self._generation[f] += 1
         self._free.append(f)
         self.active -= 1
+
+    def _refresh_credit(self, now: float) -> None:
+        """Settle the upload links' credit (their capacity until the next refresh)."""
+        assert self._credit is not None
+        self._credit.refresh(now, self._cap)
+        self._cap_list[:self.top.nodes] = self._cap[:self.top.nodes].tolist()
 
     def _grow(self) -> None:
         old = len(self._remaining)
@@ -267,7 +277,7 @@ class Flows:
             if self._credit is not None:
                 self._credit.sent_many(self._links[0, live], moved)
         if self._credit is not None:
-            self._credit.refresh(now, self._cap)
+            self._refresh_credit(now)
         if live.size:
             rates = fair_rates(self._links[:, live], self._cap)
             self._rate[live] = rates

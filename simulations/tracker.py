@@ -52,6 +52,9 @@ class SimTracker:
         self.rng = rng
         self.announces = 0
         self.handouts = 0
+        # A hint is a frozen value, so one per member serves every answer that names it:
+        # a handout names up to `handout_limit` peers, each a dataclass built in Python.
+        self._hints: dict[str, PeerHint] = {}
 
     def announce(self, peer: PeerId, rack: str, items: list[ContentState],
                  now: float) -> list[PeersFound]:
@@ -63,10 +66,16 @@ class SimTracker:
             checked.append(ContentAnnounce(content, have, complete, limit, None))
         self.announces += len(items)
         reply = self.machine.apply(Announce(peer, "", peer, rack, tuple(checked)), now, self.rng)
-        return [PeersFound(tuple(PeerHint(p["peer"], p["rack"]) for p in got["peers"]),
+        return [PeersFound(tuple(self._hint(p["peer"], p["rack"]) for p in got["peers"]),
                            origin_slot=got["origin_slot"], origin_slots=got["origin_slots"],
                            origin_filled=got["origin_filled"])
                 for got in (reply[item.content] for item in checked)]
+
+    def _hint(self, peer: str, rack: str) -> PeerHint:
+        hint = self._hints.get(peer)
+        if hint is None or hint.rack != rack:
+            hint = self._hints[peer] = PeerHint(PeerId(peer), rack)
+        return hint
 
     def leave(self, content: ContentId, peer: PeerId) -> None:
         self.registry.leave(content, peer)

@@ -11,11 +11,11 @@ from collections.abc import Iterable, Iterator, Sequence
 
 
 def from_bools(flags: Sequence[bool]) -> int:
-    mask = 0
-    for i, flag in enumerate(flags):
-        if flag:
-            mask |= 1 << i
-    return mask
+    # One parse of a digit string, not an int built bit by bit: a Join carries a flag
+    # per chunk, and a mask past 62 bits is a new object at every step.
+    if not flags:
+        return 0
+    return int("".join(["1" if flag else "0" for flag in reversed(flags)]), 2)
 
 
 def to_bools(mask: int, n: int) -> tuple[bool, ...]:

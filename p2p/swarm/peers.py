@@ -54,8 +54,10 @@ class PeerTable:
 
     def add(self, peer: PeerId, state: PeerState, pending: Iterable[int], until: float) -> None:
         self.peers[peer] = state
+        avail = self.avail
         for chunk in bits.indices(state.have):
-            self._add_avail(chunk)
+            avail[chunk] += 1
+        self.avail_mask |= state.have
         for chunk in pending:
             self.pending(state, chunk, until)
 
@@ -63,7 +65,8 @@ class PeerTable:
         if not state.have >> chunk & 1:
             state.have |= 1 << chunk
             self._add_avail(chunk)
-        self.withdrawn(state, chunk)
+        if state.pending:
+            self.withdrawn(state, chunk)
 
     def pending(self, state: PeerState, chunk: int, until: float) -> None:
         old = state.pending.get(chunk)
@@ -90,7 +93,8 @@ class PeerTable:
         """Drop every peer's mark of `chunk` (we hold it now)."""
         if self.pending_mask >> chunk & 1:
             for state in self.peers.values():
-                self.withdrawn(state, chunk)
+                if chunk in state.pending:
+                    self.withdrawn(state, chunk)
 
     def asked(self, peer: PeerId, chunk: int, now: float, deadline: float) -> None:
         self.peers[peer].inflight[chunk] = (now, deadline)

@@ -121,6 +121,10 @@ from p2p.swarm.peers import PeerState, PeerTable
 from p2p.swarm.policy import CHUNK_PICKERS, PEER_CHOOSERS, PeerLoad
 from p2p.swarm.stall import Stall
 
+# Events a finished swarm still takes: what is wanted may grow (a tuple, not a union
+# written in `handle`, which would build one per call).
+_REOPENING = (ReaderWants, PrefetchGiven, WantedAll)
+
 
 class Swarm:
     """One content, as seen by one node.
@@ -148,9 +152,11 @@ class Swarm:
         self._have = bits.from_bools(have)
         self._eager = not lazy
         self._wanted = 0 if lazy else self._all
+        self._miss = self._wanted & ~self._have  # `_missing()`, kept as the two change
         self._table = PeerTable(chunks)
         self._peers = self._table.peers
         self._origin: dict[int, float] = {}  # chunk -> deadline
+        self._origin_bits = 0  # the chunks of `_origin`, as a mask (every pass reads it)
         self._origin_failures = 0
         self._origin_corrupt = 0
         self._origin_backoff_until = 0.0
@@ -176,6 +182,7 @@ class Swarm:
         self._ban_keys: dict[PeerId, str] = {}  # joined peers -> their ban key
         self._demand: list[int] = []
         self._prefetch: list[int] = []
+        self._prefetch_mask = 0  # the chunks of `_prefetch`
         # Chunks requested of peers that we announced as pending, each with the peer its
         # mark rests on our request to (`relay_fetching`).
         self._feeders: dict[int, PeerId] = {}
@@ -282,12 +289,18 @@ class Swarm:
         self._now = now
         if isinstance(event, ChunkLost):
             return self._on_chunk_lost(event.chunk, now)
-        if self._finished and not isinstance(event, ReaderWants | PrefetchGiven | WantedAll):
+        if self._finished and not isinstance(event, _REOPENING):
             return []  # what is wanted is still recorded: a lost chunk may reopen the swarm
-        if isinstance(event, PeerHas) and not self._may_request(event.peer, event.chunk, now):
-            # The common case in a big swarm: only availability changes. Nothing new
-            # can be asked of this peer, so skip the scheduling pass.
-            return self._on_peer_has(event.peer, event.chunk)
+        if type(event) is PeerHas:
+            assert isinstance(event, PeerHas)
+            state = self._peers.get(event.peer)
+            chunk = event.chunk
+            if state is not None and 0 <= chunk < self.chunks \
+                    and not self._could_ask(state, chunk, now):
+                # The common case in a big swarm: only availability changes. Nothing new
+                # can be asked of this peer, so skip the scheduling pass.
+                self._table.has(state, chunk)
+                return []
         if isinstance(event, PeerPending) and not self._may_relay(event.peer, event.chunk, now):
             # Someone else fetching a chunk can only take work off our hands.
             return self._on_peer_pending(event.peer, event.chunk, now)
@@ -319,7 +332,8 @@ class Swarm:
                 self._want(bits.from_indices(self._demand), now)
             case PrefetchGiven(chunks):
                 self._prefetch = [c for c in chunks if 0 <= c < self.chunks]
-                self._want(bits.from_indices(self._prefetch), now)
+                self._prefetch_mask = bits.from_indices(self._prefetch)
+                self._want(self._prefetch_mask, now)
             case WantedAll():
                 self._eager = True
                 self._want(self._all, now)
@@ -339,6 +353,7 @@ class Swarm:
         if chunks & self._vacant & ~self._have and not self._missing() & self._vacant:
             self._start_grace(now)
         self._wanted |= chunks
+        self._miss = self._wanted & ~self._have
 
     def _start_grace(self, now: float) -> None:
         """Fetcher 0 leaves the vacant slots' chunks alone until `vacant_grace_s` from now:
@@ -352,6 +367,7 @@ class Swarm:
         if self._aborted or not 0 <= chunk < self.chunks or not self.held(chunk):
             return []
         self._have &= ~(1 << chunk)
+        self._miss = self._wanted & ~self._have
         self._finished = False
         self._stall.progressed(now)  # the deadline counts from when we want it again
         return self._schedule(now)
@@ -401,12 +417,10 @@ class Swarm:
             self._vacant_from = min(now + self.config.vacant_grace_s, self._vacant_latest)
         return []
 
-    def _may_request(self, peer: PeerId, chunk: int, now: float) -> bool:
-        """Could a have of `chunk` from `peer` lead to a request right now?"""
-        state = self._peers.get(peer)
-        if state is None or not 0 <= chunk < self.chunks:
-            return True  # the full path handles (or rejects) it
-        return (bool(self._missing() >> chunk & 1) and self._has_room(state, now)
+    def _could_ask(self, state: PeerState, chunk: int, now: float) -> bool:
+        """Could a have of `chunk` (in range) from the peer of `state` lead to a request
+        right now? (If not, the have changes only availability.)"""
+        return (bool(self._miss >> chunk & 1) and self._has_room(state, now)
                 and (not self._table.requested >> chunk & 1 or self._end_game()))
 
     def _may_relay(self, peer: PeerId, chunk: int, now: float) -> bool:
@@ -462,7 +476,7 @@ class Swarm:
         actions: list[Action] = []
         sent = self._table.clear_request(chunk, source)
         if source is None:
-            self._origin.pop(chunk, None)
+            self._origin_done(chunk)
             self._origin_failures = 0
         elif (state := self._peers.get(source)) is not None:
             state.failures = 0
@@ -473,6 +487,7 @@ class Swarm:
         if self.held(chunk):
             return actions
         self._have |= 1 << chunk
+        self._miss &= ~(1 << chunk)
         self._table.forget_pending(chunk)
         self._last_progress = now
         self._stall.progressed(now)
@@ -596,7 +611,7 @@ class Swarm:
                        definite: bool = False) -> list[Action]:
         """Our origin fetch of `chunk` failed: back off, and take back its pending mark so
         that peers waiting on us for it look elsewhere at once."""
-        self._origin.pop(chunk, None)
+        self._origin_done(chunk)
         self._stall.origin_failed(why, now, definite)
         self._origin_backoff(now)
         return [Withdraw(chunk)] if self.config.use_peers else []
@@ -640,15 +655,19 @@ class Swarm:
         gone = [c for c, peer in self._feeders.items() if peer not in requesters.get(c, ())]
         for chunk in gone:
             del self._feeders[chunk]
-        self._marks_failed = (self._marks_failed | bits.from_indices(gone)) & ~self._have
+        gone_mask = bits.from_indices(gone) if gone else 0
+        self._marks_failed = (self._marks_failed | gone_mask) & ~self._have
+        fresh = requested & ~self._asked
+        self._asked = requested
+        if not fresh and not gone_mask:
+            return []  # (most passes: nothing asked, nothing failed since the last)
         avail, rare = self._table.avail, self.config.relay_fetching_holders
-        new = [c for c in bits.indices(requested & ~self._asked)
+        new = [c for c in bits.indices(fresh)
                if avail[c] <= rare
                and (not self._marks_failed >> c & 1 or self._holds(requesters[c][0], c))]
         for chunk in new:
             self._feeders[chunk] = requesters[chunk][0]
-        self._asked = requested
-        taken_back = bits.from_indices(gone) & ~self._have & ~self._origin_mask()
+        taken_back = gone_mask & ~self._have & ~self._origin_mask()
         return [*(Advertise(c, pending=True) for c in new),
                 *(Withdraw(c) for c in bits.indices(taken_back))]
 
@@ -684,11 +703,12 @@ class Swarm:
     def _ordered(self, mask: int, limit: int) -> list[int]:
         """Chunks of `mask`: demand first, then prefetch order, then the picker."""
         head: list[int] = []
-        for chunk in self._demand + self._prefetch:
-            if mask >> chunk & 1:
-                head.append(chunk)
-                mask &= ~(1 << chunk)
-        self._demand = [c for c in self._demand if not self._have >> c & 1]
+        if self._demand or mask & self._prefetch_mask:  # (else the loop takes nothing)
+            for chunk in self._demand + self._prefetch:
+                if mask >> chunk & 1:
+                    head.append(chunk)
+                    mask &= ~(1 << chunk)
+            self._demand = [c for c in self._demand if not self._have >> c & 1]
         if len(head) >= limit or not mask:
             return head[:limit]
         rest = self._picker.order(list(bits.indices(mask)), self._table.avail, limit - len(head),
@@ -697,13 +717,17 @@ class Swarm:
 
     def _request_from_peers(self, now: float) -> list[Action]:
         budget = self.config.max_inflight - self._table.inflight_total
-        free = {p: s for p, s in self._peers.items()
-                if len(s.inflight) < self.config.per_peer_inflight and s.backoff_until <= now}
-        if budget <= 0 or not free:
+        if budget <= 0:
             return []
+        per_peer = self.config.per_peer_inflight
+        free: dict[PeerId, PeerState] = {}
         offered = 0
-        for state in free.values():
-            offered |= state.have
+        for p, s in self._peers.items():
+            if len(s.inflight) < per_peer and s.backoff_until <= now:
+                free[p] = s
+                offered |= s.have
+        if not free:
+            return []
         wanted = offered & self._missing() & ~self._table.requested & ~self._origin_mask()
         actions: list[Action] = []
         for chunk in self._ordered(wanted, limit=budget * 4):
@@ -728,6 +752,8 @@ class Swarm:
         streaming = (self._table.pending_mask & self._missing() & ~self._table.requested
                      & ~self._origin_mask())
         actions: list[Action] = []
+        if not streaming:
+            return actions  # (`_ordered` would draw nothing and change nothing)
         for chunk in self._ordered(streaming, limit=budget):
             if budget <= 0 or not free:
                 break
@@ -787,6 +813,7 @@ class Swarm:
         for chunk in origin_order(todo, self._demand + self._prefetch, self._origin_start,
                                   room, self._vacant):
             self._origin[chunk] = now + self.config.origin_timeout_s
+            self._origin_bits |= 1 << chunk
             actions.append(FetchFromOrigin(chunk))
             if self.config.use_peers:
                 actions.append(Advertise(chunk, pending=True))
@@ -801,7 +828,7 @@ class Swarm:
         been filled by a node still settling (`settle_s`) before its first fetch."""
         if self._view_at >= self._vacant_from and now >= self._vacant_from:
             return self._owned
-        return self._owned & ~(self._vacant & ~bits.from_indices(self._prefetch))
+        return self._owned & ~(self._vacant & ~self._prefetch_mask)
 
     def _patience(self) -> float:
         """How long to wait without progress before reading from the origin ourselves."""
@@ -814,11 +841,16 @@ class Swarm:
         return until is not None and (not self._unheard or now >= until)
 
     def _origin_mask(self) -> int:
-        return bits.from_indices(self._origin)
+        return self._origin_bits
+
+    def _origin_done(self, chunk: int) -> None:
+        """Our origin fetch of `chunk` ended (or never was)."""
+        self._origin.pop(chunk, None)
+        self._origin_bits &= ~(1 << chunk)
 
     def _missing(self) -> int:
         """Wanted chunks not held: what the swarm works on."""
-        return self._wanted & ~self._have
+        return self._miss
 
     def _end_game(self) -> bool:
         """The tail of a download: duplicate requests may go out. A lazy swarm's few
