@@ -290,10 +290,14 @@ class Node:
         every content added since, finished or not (`now` when it fetches none). Lazy
         contents (mounts, which fetch what is read, for as long as they are mounted)
         count for neither."""
-        eager = [(self._since[c], swarm) for c, swarm in self._swarms.items()
-                 if not swarm.lazy]
-        start = min((since for since, swarm in eager if swarm.fetching), default=now)
-        held = sum(swarm.held_bytes for since, swarm in eager if since >= start)
+        start = now  # (every content was added at `now` or before)
+        for content, swarm in self._swarms.items():  # two plain loops: a request asks this
+            if not swarm.lazy and swarm.fetching and self._since[content] < start:
+                start = self._since[content]
+        held = 0
+        for content, swarm in self._swarms.items():
+            if not swarm.lazy and self._since[content] >= start:
+                held += swarm.held_bytes
         return start + held / self._line_Bps
 
     # ---- events -----------------------------------------------------------------
