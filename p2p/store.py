@@ -262,6 +262,55 @@ class ChunkStore:
                 self._used += len(data)
             self._contents.move_to_end(content_id)
 
+    def temp_file(self, content_id: ContentId, index: int) -> tuple[Manifest, int, str]:
+        """The manifest, and a new temp file (fd, path) beside chunk `index`'s, to write
+        the chunk into as its bytes arrive; `adopt` stores it once verified (p2p.spool).
+        UnknownContent if the content is not attached, IndexError outside it, StoreError
+        if the file cannot be made. The budget is checked at `adopt`: until then, the
+        bytes are not counted (at most the chunks being received)."""
+        manifest = self._verified(content_id).manifest
+        if not 0 <= index < manifest.chunks:
+            raise IndexError(f"no chunk {index} in {content_id}")
+        directory = self._dir(content_id)
+        try:
+            fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{index}{CHUNK_SUFFIX}.",
+                                       suffix=TEMP_SUFFIX)
+        except OSError as exc:
+            raise _store_error(exc, f"making a file for chunk {index} of {content_id}",
+                               directory) from exc
+        return manifest, fd, tmp
+
+    def adopt(self, content_id: ContentId, index: int, tmp: str, length: int) -> None:
+        """Make the closed temp file `tmp`, whose `length` bytes the caller verified as
+        chunk `index`, the chunk's file (a spool's commit); it is removed instead if the
+        chunk is present already, and on any error. UnknownContent if the content was
+        evicted or failed meanwhile; StoreFullError, StoreError as `put`."""
+        renamed = False
+        try:
+            with self._lock:
+                entry = self._verified(content_id)
+                assert entry.present is not None
+                if not entry.present[index]:
+                    self._make_room(content_id, index, length)
+                    path = self._chunk_path(content_id, index)
+                    try:
+                        os.replace(tmp, path)
+                        renamed = True
+                        key = stat_key(os.stat(path))
+                    except OSError as exc:
+                        entry.present = None  # whatever was on disk may be gone: check again
+                        raise _store_error(exc, f"storing chunk {index} of {content_id}",
+                                           self._dir(content_id)) from exc
+                    entry.present[index] = True
+                    entry.checked[index] = key  # the file holds exactly the verified bytes
+                    entry.nbytes += length
+                    self._used += length
+                self._contents.move_to_end(content_id)
+        finally:
+            if not renamed:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)  # not needed, or not storable
+
     # -- chunks out ---------------------------------------------------------------
 
     def open_cached(self, content_id: ContentId, index: int) -> tuple[int, int] | None:
