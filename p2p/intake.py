@@ -174,12 +174,17 @@ class Intake:
         log.debug("origin fetch %s/%d", session.content, chunk)
         filling = session.filling[chunk] = Filling(self._buffers.take(length),
                                                    self._buffers.give)
+        stream = self._origin_stream(session, chunk, filling)
         try:
-            if (await self._read_origin(session, chunk, filling)
-                    and await self._store_chunk(session, chunk, filling.buf, None)):
-                filling.verified()
+            if await self._read_origin(session, chunk, filling, stream):
+                if await self._store_chunk(session, chunk, filling.buf, None, stream):
+                    filling.verified()
+            elif stream is not None:
+                stream.abort()
         except asyncio.CancelledError:
             filling.abandon()  # a worker thread (file read, store) may still use the buffer
+            if stream is not None:
+                stream.abort()
             raise
         finally:
             if session.filling.get(chunk) is filling:
@@ -187,14 +192,25 @@ class Intake:
             filling.failed("the chunk from the origin did not verify or could not be stored")
             filling.release()
 
-    async def _read_origin(self, session: Session, chunk: int, filling: Filling) -> bool:
+    def _origin_stream(self, session: Session, chunk: int, filling: Filling) -> Streamer | None:
+        """A chunk from the origin is written as it arrives too (origins never send a byte
+        twice once a part has gone to relays: p2p.origin.OriginPool.read_into)."""
+        try:
+            return Streamer(Spool(self.store, session.content, chunk), filling.buf)
+        except (StoreError, UnknownContent, IndexError):
+            return None  # `put` at the end says why
+
+    async def _read_origin(self, session: Session, chunk: int, filling: Filling,
+                           stream: Streamer | None) -> bool:
         """Fill `filling` from the origin; False, and the swarm told, if that failed."""
         manifest = session.manifest
+        progress = filling.advance if stream is None else functools.partial(
+            _advance, filling, stream, 0)
         try:
             await self.download.acquire(filling.length)  # paid before asking, as for peers
             log.debug("origin read %s/%d", session.content, chunk)
             await self.origins.read_into(manifest.sources, manifest.chunk_offset(chunk),
-                                         memoryview(filling.buf), filling.advance)
+                                         memoryview(filling.buf), progress)
         except OriginError as exc:
             log.warning("origin read of %s/%d failed: %s", session.content, chunk, exc)
             self.metrics.origin_errors.labels("definite" if exc.definite else "transient").inc()
@@ -226,12 +242,7 @@ class Intake:
                 await asyncio.to_thread(self.store.put, session.content, chunk,
                                         memoryview(data))
             else:
-                try:
-                    await stream.finish()
-                except asyncio.CancelledError:
-                    stream.abort()
-                    raise
-                await asyncio.to_thread(stream.spool.commit, memoryview(data))
+                await stream.commit()
         except UnknownContent:
             return False  # the session failed or was evicted while the chunk was written
         except CorruptChunk:

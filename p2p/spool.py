@@ -99,6 +99,7 @@ class Streamer:
         self._job: asyncio.Future[None] | None = None
         self._written = self._loop.create_future()  # every byte written
         self._aborted = False
+        self._committing = False
 
     def advance(self, filled: int) -> None:
         """The first `filled` bytes of the chunk are in the buffer."""
@@ -106,14 +107,24 @@ class Streamer:
             self._filled = filled
             self._next()
 
-    async def finish(self) -> None:
-        """Wait until the whole chunk (all of the buffer) is written; then `commit`."""
+    async def commit(self) -> None:
+        """The whole buffer is in: write what is left, then `Spool.commit` it (in a worker
+        thread; its errors are raised here). Cancelled before the commit began, the temp
+        file is removed; once it began, the commit runs to its end."""
         self.advance(len(self._view))
-        await asyncio.shield(self._written)
+        try:
+            await asyncio.shield(self._written)
+        except asyncio.CancelledError:
+            self.abort()
+            raise
+        self._committing = True
+        await asyncio.to_thread(self.spool.commit, self._view)
 
     def abort(self) -> None:
         """Stop writing and remove the temp file (once a write under way is done: the
-        thread may still be writing from the buffer)."""
+        thread may still be writing from the buffer); nothing once the commit began."""
+        if self._committing:
+            return
         self._aborted = True
         if self._job is None:
             self.spool.abort()
