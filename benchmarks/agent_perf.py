@@ -27,7 +27,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 PAGE_FILL = ("copy_folio_from_iter_atomic", "clear_page_erms", "clear_page_rep",
