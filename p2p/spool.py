@@ -78,7 +78,7 @@ class Spool:
     def abort(self) -> None:
         """Remove the temp file (idempotent)."""
         self._close()
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(OSError):  # gone with its directory, or the like
             os.unlink(self._tmp)
 
     def _close(self) -> None:

@@ -308,7 +308,7 @@ class ChunkStore:
                 self._contents.move_to_end(content_id)
         finally:
             if not renamed:
-                with contextlib.suppress(FileNotFoundError):
+                with contextlib.suppress(OSError):  # gone with its directory, or the like
                     os.unlink(tmp)  # not needed, or not storable
 
     # -- chunks out ---------------------------------------------------------------
