@@ -3,8 +3,9 @@
 By key, a published snapshot is restored into a private tmpfs of the launch (or,
 with `mode = "mount"`, mounted lazily and read-only) and bound at the prefix it was
 made for. By requirements, the requirements' snapshot is restored if anyone
-published it, else installed here and published, at `path`. Either way the venv
-comes first on PATH in the container and is its VIRTUAL_ENV.
+published it, else installed here for `path` and published; the install too
+lands in the launch's tmpfs, never in the host's `path` (depsnap.private). Either
+way the venv comes first on PATH in the container and is its VIRTUAL_ENV.
 
 Registered as the `env` entry of `bootseer.launch_parts` (see fusefs.launch.part).
 """
@@ -172,20 +173,27 @@ async def _restore(places: Places, key: str, ctx: Context, target: str | None = 
     time there that it costs on a disk's filesystem (measured: 3,000 files, 0.11 s against
     0.73 s of system time on this machine's ext4)."""
     from depsnap.run import restore_key
+
+    venv = _memory(ctx)
+    summary = await restore_key(places, key, venv)
+    return _Env(venv, target or summary["snapshot_prefix"], "restored", key, summary["packs"])
+
+
+def _memory(ctx: Context) -> Path:
+    """Where the environment's files live: a path in a tmpfs of the launch's."""
     from fusefs.image.mounts import mounted_tmpfs
 
     memory = ctx.scratch / "env"
     memory.mkdir()
     ctx.memory.enter_context(mounted_tmpfs(memory))
-    summary = await restore_key(places, key, memory / "venv")
-    return _Env(memory / "venv", target or summary["snapshot_prefix"], "restored", key,
-                summary["packs"])
+    return memory / "venv"
 
 
 async def _requirements(plan: EnvPlan, places: Places, ctx: Context) -> _Env:
     """Restore the requirements' snapshot if published, else install it here and publish."""
     from depsnap.inputs import gather
-    from depsnap.run import run, snapshot_exists
+    from depsnap.private import install
+    from depsnap.run import snapshot_exists
     from fusefs.launch.run import LaunchError
 
     assert plan.path is not None
@@ -195,10 +203,12 @@ async def _requirements(plan: EnvPlan, places: Places, ctx: Context) -> _Env:
     key = inputs.key()
     if await snapshot_exists(places, key):
         return await _restore(places, key, ctx, plan.path)
-    log.info("no snapshot for key %s yet: installing into %s", key, plan.path)
-    status, summary = await asyncio.to_thread(run, places, inputs, argv, Path(plan.path),
-                                              os.environ)
+    log.info("no snapshot for key %s yet: installing it for %s, in the launch's memory",
+             key, plan.path)
+    venv = _memory(ctx)
+    venv.mkdir()
+    status, summary = await install(places, plan.python, argv, plan.path, venv, Path.cwd())
     if status != 0:
         raise LaunchError(f"installing the environment failed ({' '.join(argv)} exited "
                           f"{status}); nothing was published")
-    return _Env(Path(plan.path), plan.path, summary["action"], key, [])
+    return _Env(venv, plan.path, summary["action"], key, [])

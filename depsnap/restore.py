@@ -47,6 +47,7 @@ from depsnap.snapshot import RESTORE_LOCK_NAME, Entry, Snapshot
 from depsnap.unpack import UnpackError, unpack
 from p2p.agentclient import AgentClient
 from p2p.errors import UserError
+from p2p.progress import while_fetching
 
 log = logging.getLogger(__name__)
 ROOT_MODE = 0o755  # the prefix itself is not an entry of the tree: it gets the usual mode
@@ -163,7 +164,9 @@ async def _build(agent: AgentClient, snapshot: Snapshot, root: str, cache_dir: P
             targets.setdefault(e.digest, os.path.join(root, e.path))
     packs = [p for p in snapshot.packs if any(m.digest in targets for m in p.members)]
     started = time.monotonic()
-    await unpack(agent, packs, targets, store_dir)
+    await while_fetching(agent, f"restore {snapshot.key[:12]}", [p.content for p in packs],
+                         unpack(agent, packs, targets, store_dir),
+                         total=sum(p.stored_size for p in packs))
     fetched = time.monotonic()
     linked = _place_files(files, root, targets, cache_dir)
     for e in snapshot.entries:

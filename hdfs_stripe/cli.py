@@ -32,7 +32,6 @@ from p2p.auth import load_secret
 from p2p.errors import UserError
 
 log = logging.getLogger("bootseer.ckpt")
-PROGRESS_EVERY_S = 0.5
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -140,22 +139,9 @@ async def prefetch(uris: Sequence[Any], tracker_url: str, secret: bytes, api_soc
 
 
 async def _ensure(agent: Any, content: str, label: str, show: bool) -> dict[str, Any]:
-    task = asyncio.create_task(agent.ensure(content))
-    started = time.monotonic()
-    while show:
-        done, _ = await asyncio.wait({task}, timeout=PROGRESS_EVERY_S)
-        if done:
-            break
-        st = (await agent.status())["contents"].get(content)
-        if st:
-            mb = st["have"] * st["size"] / max(st["chunks"], 1) / 1e6
-            print(f"\r{label}: {st['have']}/{st['chunks']} stripes, "
-                  f"{mb / max(time.monotonic() - started, 1e-3):.0f} MB/s   ",
-                  end="", file=sys.stderr, flush=True)
-    result: dict[str, Any] = await task
-    if show:
-        print(file=sys.stderr)
-    return result
+    from p2p.progress import while_fetching
+
+    return dict(await while_fetching(agent, label, [content], agent.ensure(content), show=show))
 
 
 # ---- mount ------------------------------------------------------------------------------

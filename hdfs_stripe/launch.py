@@ -101,6 +101,7 @@ class CkptPart:
 
         async def bring_up(ctx: Context) -> Up:
             from p2p.agentclient import AgentClient
+            from p2p.progress import while_fetching
 
             readies = await asyncio.gather(*(m.wait_ready(READY_TIMEOUT_S)
                                              for _, m in mounts))
@@ -108,7 +109,9 @@ class CkptPart:
             contents = [f["content"] for f in files if f["content"]]
             if plan.prefetch:
                 async with AgentClient(args.api_socket) as agent:
-                    await asyncio.gather(*(agent.ensure(c) for c in contents))
+                    await while_fetching(agent, "checkpoint", contents,
+                                         asyncio.gather(*(agent.ensure(c) for c in contents)),
+                                         total=sum(f["size"] for f in files if f["content"]))
             log.info("checkpoint up in %.3f s: %d files", ctx.since(), len(files))
             return Up({"ready_s": ctx.since(), "files": len(files),
                        "bytes": sum(f["size"] for f in files),

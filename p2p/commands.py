@@ -64,6 +64,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(run=_run_get)
 
     p = sub.add_parser("status", help="what the local agent holds and fetches")
+    p.add_argument("content", nargs="?", metavar="CONTENT",
+                   help="only this content: its id, or a name the tracker holds for it")
+    p.add_argument("--tracker", default=os.environ.get("BOOTSEER_TRACKER",
+                                                       "http://127.0.0.1:7070"),
+                   help="where a name is looked up (env BOOTSEER_TRACKER)")
     _api_socket_flag(p)
     p.set_defaults(run=_run_status)
 
@@ -352,12 +357,14 @@ def _content_id(text: str, tracker_url: str) -> str:
 
 def _run_get(args: argparse.Namespace) -> int:
     from p2p.agentclient import AgentClient, AgentError
+    from p2p.progress import while_fetching
 
     args.content = _content_id(args.content, args.tracker)
 
     async def get() -> dict[str, Any]:
         async with AgentClient(find_api_socket(args.api_socket)) as client:
-            info = await _ensure_showing_progress(client, args.content)
+            info = dict(await while_fetching(client, f"get {args.content[:15]}",
+                                             [args.content], client.ensure(args.content)))
             if args.out:
                 with open(args.out, "wb") as out:
                     for offset in range(0, info["size"], 64 * MiB):
@@ -373,38 +380,25 @@ def _run_get(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _ensure_showing_progress(client: Any, content: str) -> dict[str, Any]:
-    """`ensure`, with its progress on stderr (p2p.progress) read from the agent's status."""
-    from p2p.progress import REFRESH_S, Progress
-
-    fetch = asyncio.ensure_future(client.ensure(content))
-    progress = None
-    try:
-        while not fetch.done():
-            await asyncio.wait([fetch], timeout=REFRESH_S)
-            info = (await client.status())["contents"].get(content)
-            if info is None:
-                continue  # the agent has not opened it yet
-            progress = progress or Progress(f"get {content[:15]}", info["size"])
-            chunks = max(info["chunks"], 1)
-            done = info["size"] if info["complete"] else info["size"] * info["have"] // chunks
-            progress.update(done, info["peer_bytes"], info["origin_bytes"])
-        return dict(await fetch)
-    finally:
-        fetch.cancel()
-        if progress is not None:
-            progress.close()
-
-
 def _run_status(args: argparse.Namespace) -> int:
     from p2p.agentclient import AgentClient, AgentError
+
+    content = None if args.content is None else _content_id(args.content, args.tracker)
 
     async def status() -> dict[str, Any]:
         async with AgentClient(find_api_socket(args.api_socket), timeout_s=10) as client:
             return await client.status()
 
     try:
-        print(json.dumps(asyncio.run(status()), indent=2))
+        answer = asyncio.run(status())
     except AgentError as exc:
         raise UserError(str(exc)) from exc
+    if content is not None:
+        info = answer["contents"].get(content)
+        if info is None:
+            raise UserError(f"the agent at {answer.get('peer')} holds nothing of {content} "
+                            "(`bootseer get` fetches it)")
+        answer = {"content": content, **({"name": args.content} if args.content != content
+                                         else {}), **info}
+    print(json.dumps(answer, indent=2))
     return 0

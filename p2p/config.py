@@ -64,6 +64,16 @@ class AgentConfig:
         return rate * 1e6 if rate else DEFAULT_LINE_BPS
 
     @property
+    def upload_Bps(self) -> float | None:
+        """The upload cap in bytes/s; None for none."""
+        return self.upload_mbps * 1e6 if self.upload_mbps else None
+
+    @property
+    def download_Bps(self) -> float | None:
+        """The download cap in bytes/s; None for none."""
+        return self.download_mbps * 1e6 if self.download_mbps else None
+
+    @property
     def store_budget_bytes(self) -> int:
         return int(self.store_budget_gb * GiB)
 

@@ -39,6 +39,7 @@ the bytes.
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
@@ -398,7 +399,7 @@ def decode(frame: bytes | bytearray | memoryview) -> Message:
     return parse_header(frame[PREFIX_SIZE:])
 
 
-def pack_bits(bits: list[bool]) -> bytes:
+def pack_bits(bits: Sequence[bool]) -> bytes:
     """Bitfield: bit i is chunk i, most significant bit first, zero padding at the end."""
     if not bits:
         return b""

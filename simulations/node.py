@@ -243,14 +243,3 @@ class SimNode:
     def holds(self, content: int, chunk: int) -> bool:
         swarm = self.swarms.get(content)
         return swarm is not None and swarm.held(chunk)
-
-    def have_flags(self, content: int) -> tuple[bool, ...]:
-        swarm = self.swarms[content]
-        bits = f"{swarm.have:0{swarm.chunks}b}"[::-1]  # bit i is chunk i
-        return tuple([b == "1" for b in bits])
-
-    def pending_chunks(self, content: int) -> tuple[int, ...]:
-        """What its Join lists as pending: origin fetches, and relayable peer fetches."""
-        swarm = self.swarms.get(content)
-        mask = self.origin_pending.get(content, 0) | (0 if swarm is None else swarm.relayable)
-        return tuple(i for i in range(mask.bit_length()) if mask >> i & 1)

@@ -334,10 +334,10 @@ def check(scenario: Scenario) -> None:
                             f"for {scenario.nodes} nodes; every rack needs a node")
 
 
-def bundled() -> list[str]:
-    """Names of the scenarios shipped in simulations/scenarios/."""
-    folder = resources.files("simulations") / "scenarios"
-    return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".toml"))
+def bundled(folder: str = "scenarios") -> list[str]:
+    """Names of the TOML files shipped in simulations/`folder`/ (scenarios, sweeps)."""
+    files = resources.files("simulations") / folder
+    return sorted(p.name[:-5] for p in files.iterdir() if p.name.endswith(".toml"))
 
 
 def load(name_or_path: str) -> Scenario:
@@ -350,20 +350,29 @@ def read(name_or_path: str) -> tuple[dict[str, Any], str, str]:
     source its messages name and the scenario's name: what `parse` takes. A sweep
     (simulations.sweep) changes keys in these tables and parses the result, so every
     run of it is checked by this module's rules and no other."""
-    path = Path(name_or_path)
-    if path.is_file():
-        text, source, name = path.read_text(), str(path), path.stem
+    data, source, path = read_toml(name_or_path, "scenarios", "scenario", ScenarioError)
+    return data, source, path.stem if path is not None else name_or_path
+
+
+def read_toml(name_or_path: str, folder: str, what: str,
+              error: type[Exception]) -> tuple[dict[str, Any], str, Path | None]:
+    """The tables of a TOML file named by path, or bundled in simulations/`folder`/ by
+    name: with the source its messages name, and its path (None if bundled). `error`
+    says what is wrong: no such file or bundled `what`, or not valid TOML."""
+    given = Path(name_or_path)
+    path = given if given.is_file() else None
+    if path is not None:
+        text, source = path.read_text(), str(path)
     else:
-        resource = resources.files("simulations") / "scenarios" / f"{name_or_path}.toml"
+        resource = resources.files("simulations") / folder / f"{name_or_path}.toml"
         if not resource.is_file():
-            raise ScenarioError(f"{name_or_path}: no such file, and no bundled scenario of that "
-                                f"name (bundled: {', '.join(bundled())})")
-        text, source, name = resource.read_text(), f"scenarios/{name_or_path}.toml", name_or_path
+            raise error(f"{name_or_path}: no such file, and no bundled {what} of that name "
+                        f"(bundled: {', '.join(bundled(folder))})")
+        text, source = resource.read_text(), f"{folder}/{name_or_path}.toml"
     try:
-        data = tomllib.loads(text)
+        return tomllib.loads(text), source, path
     except tomllib.TOMLDecodeError as exc:
-        raise ScenarioError(f"{source}: not valid TOML: {exc}") from None
-    return data, source, name
+        raise error(f"{source}: not valid TOML: {exc}") from None
 
 
 def override(scenario: Scenario, **changes: Any) -> Scenario:

@@ -89,7 +89,7 @@ from p2p.swarm.events import (
     Request,
     Withdraw,
 )
-from p2p.swarm.links import Dial, JoinHeard, LinkId, ReportUnreachable, SendJoin
+from p2p.swarm.links import CloseLinks, Dial, JoinHeard, LinkId, ReportUnreachable, SendJoin
 from p2p.swarm.node import (
     AnnounceAll,
     Announced,
@@ -97,7 +97,9 @@ from p2p.swarm.node import (
     Leave,
     NodeAction,
     NodeEvent,
+    Pin,
     SwarmActions,
+    Unpin,
     WakeReaders,
 )
 from p2p.swarm.uploads import request_rank
@@ -265,9 +267,11 @@ class Simulation:
                         self.tracker.leave(content, node.peer)
                 case WakeReaders():
                     pass  # simulated nodes have no readers: hot lists stand for them
+                case Pin() | Unpin():
+                    pass  # nor a store that evicts
                 case SendJoin():
                     pass  # the Join exchange is one step here (_connect)
-                case Dial() | ReportUnreachable():
+                case Dial() | ReportUnreachable() | CloseLinks():
                     raise AssertionError(f"the simulator opens no links: {action!r}")
                 case SwarmActions():
                     pass  # carried out above
@@ -411,8 +415,8 @@ class Simulation:
 
     def _join_of(self, sender: SimNode, c: int, content: ContentId, link: int) -> JoinHeard:
         """The Join `sender` sends for content `c`, heard on `link`."""
-        return JoinHeard(content, sender.peer, LinkId(link), sender.rack, sender.have_flags(c),
-                         sender.pending_chunks(c))
+        have, pending = sender.swarms[c].join_view()
+        return JoinHeard(content, sender.peer, LinkId(link), sender.rack, have, pending)
 
     def _disconnect(self, n: int, c: int, p: int) -> None:
         node, other = self.nodes[n], self.nodes[p]

@@ -1,13 +1,16 @@
 """The operator's status page: `GET /` on the tracker, plain HTML, no JavaScript.
 
-One table row per content with members: its kind and size (from its
-manifest, when one is published), swarm size, how many members are complete
+One table row per content with members: the names it was given (at most
+MAX_NAMES_SHOWN) and its id, its kind and size (from its manifest, when one
+is published), swarm size, how many members are complete
 and how much of the content the swarm holds on average, the origin fetchers
 (slots filled of slots, and who), and the origin egress so far: the bytes
 members say they fetched from the origin (`origin_bytes` in their
 announces), also as a multiple of the content's size, the number the whole
-design is about (about 1x whatever the swarm size). Then the bans in force
-and the most recent bad-peer reports. The page asks the browser to reload
+design is about (about 1x whatever the swarm size). Then one row per node
+(peer): where it serves, its rack, in how many contents it is a member and
+how many of those it holds whole, and when it last announced; then the bans
+in force and the most recent bad-peer reports. The page asks the browser to reload
 it every `REFRESH_SECONDS`, so a launch can be watched without a script.
 
 Authentication: like /metrics and /healthz, the page is served without a
@@ -19,9 +22,10 @@ The page is sent with a Content-Security-Policy that allows nothing but its
 own inline style, by hash: no script, no frame, no form, no other origin. A
 value that escaped its escaping could then still not run or load anything.
 
-Rendering walks each content's members once to average their holdings:
-O(members), per page view, never per announce. Every value shown is
-escaped.
+Rendering walks each content's members once to average their holdings and
+once more for the nodes, and the names once: O(members + names), per page
+view, never per announce (a name document is parsed once: names never
+change). Every value shown is escaped.
 """
 
 from __future__ import annotations
@@ -35,11 +39,14 @@ from html import escape
 import orjson
 from aiohttp import web
 
-from p2p.content import ContentId
+from p2p.content import ContentId, PeerId
+from tracker import names
+from tracker.registry import Member
 from tracker.state import TRACKER, Tracker
 
 REFRESH_SECONDS = 2
 MAX_FETCHERS_SHOWN = 8
+MAX_NAMES_SHOWN = 3
 
 STYLE = """
 body { font: 14px/1.4 sans-serif; margin: 1.5em; color: #111; }
@@ -64,6 +71,17 @@ class StatusPage:
 
     def __init__(self) -> None:
         self._infos: dict[ContentId, ContentInfo | None] = {}
+        self._named: dict[str, tuple[str, ContentId]] = {}  # name key -> (name, content)
+
+    def names(self, t: Tracker) -> dict[ContentId, list[str]]:
+        """The names of each content this replica holds, sorted."""
+        for key, body in t.names.held().items():
+            if key not in self._named:
+                self._named[key] = names.parse(body)
+        out: dict[ContentId, list[str]] = {}
+        for name, content in self._named.values():
+            out.setdefault(content, []).append(name)
+        return {content: sorted(given) for content, given in out.items()}
 
     def info(self, t: Tracker, content: ContentId) -> ContentInfo | None:
         if content not in self._infos or self._infos[content] is None:
@@ -77,8 +95,11 @@ class StatusPage:
 
     def render(self, t: Tracker, now: float) -> str:
         reg = t.registry
-        rows = "".join(self._row(t, c) for c in reg.contents()) or \
+        named = self.names(t)
+        rows = "".join(self._row(t, c, named.get(c, [])) for c in reg.contents()) or \
             '<tr><td class="l" colspan="8">no content has members</td></tr>'
+        nodes = "".join(_node_row(peer, seen, now) for peer, seen in _nodes(t).items()) or \
+            '<tr><td class="l" colspan="6">none</td></tr>'
         bans = "".join(f'<tr><td class="l"><code>{escape(n)}</code></td><td>{left:.0f}</td></tr>'
                        for n, left in reg.bans(now)) or \
             '<tr><td class="l" colspan="2">none</td></tr>'
@@ -102,6 +123,10 @@ Updated {stamp}, every {REFRESH_SECONDS} s.</p>
 <th>members</th><th>complete</th><th>held (mean)</th><th class="l">origin fetchers</th>
 <th>origin egress</th></tr>
 {rows}</table>
+<h2>Nodes</h2>
+<table id="nodes"><tr><th class="l">peer</th><th class="l">serves at</th><th class="l">rack</th>
+<th>contents</th><th>complete</th><th>last announce (s ago)</th></tr>
+{nodes}</table>
 <h2>Bans</h2>
 <table id="bans"><tr><th class="l">address</th><th>seconds left</th></tr>{bans}</table>
 <h2>Recent reports</h2>
@@ -110,7 +135,7 @@ Updated {stamp}, every {REFRESH_SECONDS} s.</p>
 </body></html>
 """
 
-    def _row(self, t: Tracker, content: ContentId) -> str:
+    def _row(self, t: Tracker, content: ContentId, given: list[str]) -> str:
         reg = t.registry
         members = reg.members(content)
         info = self.info(t, content)
@@ -123,12 +148,35 @@ Updated {stamp}, every {REFRESH_SECONDS} s.</p>
             held_text, size_text, ratio = "?", "?", ""
         fetchers = reg.fetchers(content)
         shown = ", ".join(escape(p) for p in fetchers[:MAX_FETCHERS_SHOWN])
-        return (f'<tr><td class="l"><code title="{escape(content)}">{escape(content[:19])}'
-                f'&hellip;</code></td><td>{escape(info.kind) if info else "?"}</td>'
+        more = len(given) - MAX_NAMES_SHOWN
+        shown_names = "".join(f"{escape(n)}<br>" for n in given[:MAX_NAMES_SHOWN]) + \
+            (f"and {more} more<br>" if more > 0 else "")
+        return (f'<tr><td class="l">{shown_names}<code title="{escape(content)}">'
+                f'{escape(content[:19])}&hellip;</code></td>'
+                f'<td>{escape(info.kind) if info else "?"}</td>'
                 f"<td>{size_text}</td><td>{len(members)}</td>"
                 f"<td>{reg.complete_count(content)}</td><td>{held_text}</td>"
                 f'<td class="l">{len(fetchers)}/{reg.origin_fetchers}: {shown}</td>'
                 f"<td>{_bytes(egress)}{ratio}</td></tr>\n")
+
+
+def _nodes(t: Tracker) -> dict[PeerId, list[Member]]:
+    """Each peer's memberships, peers in id order."""
+    reg = t.registry
+    by_peer: dict[PeerId, list[Member]] = {}
+    for content in reg.contents():
+        for member in reg.members(content):
+            by_peer.setdefault(member.peer, []).append(member)
+    return dict(sorted(by_peer.items()))
+
+
+def _node_row(peer: PeerId, seen: list[Member], now: float) -> str:
+    latest = max(seen, key=lambda m: m.last_seen)
+    return (f'<tr><td class="l"><code>{escape(peer)}</code></td>'
+            f'<td class="l"><code>{escape(latest.addr)}</code></td>'
+            f'<td class="l">{escape(latest.rack)}</td><td>{len(seen)}</td>'
+            f"<td>{sum(m.complete for m in seen)}</td>"
+            f"<td>{max(0.0, now - latest.last_seen):.0f}</td></tr>\n")
 
 
 def _bytes(n: int) -> str:

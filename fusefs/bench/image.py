@@ -316,7 +316,7 @@ async def _layer_contents(cluster: Any, ref: str) -> list[str]:
 
 
 async def _held(agent: Any, contents: list[str]) -> dict[str, int]:
-    from fusefs.image.pull import totals
+    from p2p.progress import totals
 
     async with agent.client(30.0) as client:
         return totals(await client.status(), contents)

@@ -220,7 +220,7 @@ def _run_run(args: argparse.Namespace) -> int:
         sys.stderr.write(_record_line(args, timeline["record"]))
     if sys.stderr.isatty():
         sys.stderr.write(f"bootseer image run: {args.ref}: mounted in {timeline['mounted_s']} s; "
-                         f"this node now holds {timeline['peer_bytes'] / 1e6:,.1f} MB of it "
+                         f"this run fetched {timeline['peer_bytes'] / 1e6:,.1f} MB of it "
                          f"from peers and {timeline['origin_bytes'] / 1e6:,.1f} MB from the "
                          f"registry; {timeline['prefetch_chunks']} chunks were prefetched\n")
     return int(status)

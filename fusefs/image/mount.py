@@ -41,6 +41,7 @@ from fusefs.tree import Layer, Tree, build_tree
 from p2p.agentclient import AgentClient
 from p2p.origin.oci import RegistryClient, RegistryError
 from p2p.origin.oci_ref import ImageRef
+from p2p.progress import totals
 from p2p.tracker_client import TrackerClient
 
 log = logging.getLogger(__name__)
@@ -105,6 +106,10 @@ async def serve_image(opts: MountOptions, secret: bytes, ref: ImageRef,
     try:
         image = await open_image(registry, tracker, agent, ref)
         clock("open_image_s")
+        # What the node held of the layers before this mount fetched any of them: a
+        # run's bytes from peers and the registry are counted from here (the agent's
+        # counts run for as long as it holds the content).
+        before = totals(await agent.status(), [la.content_id for la in image.layers])
         wanted = opts.prefetch or opts.record_missing  # else the record is not read at all
         record = await load_record(registry, image) if wanted else None
         if wanted and record is None:
@@ -126,7 +131,7 @@ async def serve_image(opts: MountOptions, secret: bytes, ref: ImageRef,
             on_ready({**info, "image": image.digest, "config": image.config,
                       "layers": [{"digest": la.digest, "content": la.content_id}
                                  for la in image.layers],
-                      "prefetch_chunks": queued, "phases": phases})
+                      "prefetch_chunks": queued, "phases": phases, "held_before": before})
             log.info("serving %s (%d layers, %d nodes) at %s; %d chunks to prefetch; %s",
                      image.ref, len(image.layers), len(tree), info["mountpoint"], queued,
                      phases)
@@ -199,7 +204,6 @@ def launch(opts: MountOptions, secret: bytes, ref: ImageRef, argv: list[str] | N
 async def _run(mount: ForkedMount, argv: list[str] | None, runtime: str, started: float,
                opts: MountOptions) -> tuple[int, dict[str, Any]]:
     from fusefs.image.process import image_process
-    from fusefs.image.pull import totals
     from fusefs.image.runtime import run_in_rootfs
 
     try:
@@ -214,7 +218,9 @@ async def _run(mount: ForkedMount, argv: list[str] | None, runtime: str, started
         timeline["command_s"] = round(time.monotonic() - started, 3)
         async with AgentClient(opts.api_socket, timeout_s=10.0) as agent:
             held = totals(await agent.status(), [la["content"] for la in ready["layers"]])
-        timeline |= {"peer_bytes": held["peer_bytes"], "origin_bytes": held["origin_bytes"]}
+        before = ready["held_before"]
+        timeline |= {key: max(0, held[key] - before[key])  # this run's, not the node's
+                     for key in ("peer_bytes", "origin_bytes")}
     finally:
         stopped = await mount.stop(timeout_s=30.0)
         if stopped != 0:

@@ -225,8 +225,8 @@ def with_environ(env: tuple[str, ...], extra: dict[str, str]) -> tuple[str, ...]
 
 async def _bytes(job: Launch) -> None:
     """Each part's bytes from peers and from the origin, as the agent counted them."""
-    from fusefs.image.pull import totals
     from p2p.agentclient import AgentClient
+    from p2p.progress import totals
 
     async with AgentClient(job.places.api_socket, timeout_s=10.0) as agent:
         status = await agent.status()

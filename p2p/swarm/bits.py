@@ -18,6 +18,12 @@ def from_bools(flags: Sequence[bool]) -> int:
     return mask
 
 
+def to_bools(mask: int, n: int) -> tuple[bool, ...]:
+    """The first `n` chunks' flags: flag `i` says whether chunk `i` is in the set."""
+    text = format(mask, f"0{n}b")[::-1] if n else ""
+    return tuple([flag == "1" for flag in text[:n]])
+
+
 def from_indices(indices: Iterable[int]) -> int:
     mask = 0
     for i in indices:

@@ -27,7 +27,9 @@ Connect or Disconnect (`p2p.swarm.node.Node` owns it and tells the swarms):
 * A link that closes loses the peers joined on it, in every content.
 * A swarm that disconnects a peer drops it from that content, and our Join
   to it with it: should the swarm connect to it again, the Join goes out
-  again (the peer takes it as a restart, above, and answers).
+  again (the peer takes it as a restart, above, and answers). A peer
+  disconnected as hostile is cut off altogether: every link to it closes
+  (`CloseLinks`), in every content.
 * Join time-outs: a Join we send a peer that has not joined must be answered
   (its Join, on any link) within JOIN_TIMEOUT_S; else the peer is lost.
 
@@ -129,7 +131,15 @@ class ReportUnreachable:
     peer: PeerId
 
 
-LinkAction = Dial | SendJoin | ReportUnreachable
+@dataclass(frozen=True, slots=True)
+class CloseLinks:
+    """Close these links, all to one peer that broke the protocol (a swarm said so)."""
+
+    links: tuple[LinkId, ...]
+    reason: str
+
+
+LinkAction = Dial | SendJoin | ReportUnreachable | CloseLinks
 
 
 class Links:

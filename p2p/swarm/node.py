@@ -29,6 +29,11 @@ so that the asyncio agent and the simulator make them with the same code:
   order (p2p.swarm.uploads, `earliest_due`): when it would hold what it
   holds of its unfinished contents had it received at its line rate
   (`line_Bps`: its download cap, or its NIC) since it began wanting them.
+* Pinning. A content is pinned in the store (not evictable) while its
+  swarm fetches, and only then (`Pin`, `Unpin`): a complete content, or a
+  lazy one that holds all it was asked for, is seeded while it stays, but
+  the store may evict it, least recently used first, for new ones (a lazy
+  image on a node runs to many of those). A content is pinned when added.
 * Reader waiters. A reader blocked on a chunk is woken (`WakeReaders`) when
   the chunk is stored (`ChunkStored`), or at once if it is held already:
   never as a side effect of announcing the chunk to peers.
@@ -87,6 +92,7 @@ from p2p.swarm.events import (
     Report,
 )
 from p2p.swarm.links import (
+    CloseLinks,
     DialFailed,
     JoinHeard,
     LinkAction,
@@ -174,6 +180,20 @@ class WakeReaders:
 
 
 @dataclass(frozen=True, slots=True)
+class Pin:
+    """Keep `content` in the store: its swarm fetches again."""
+
+    content: ContentId
+
+
+@dataclass(frozen=True, slots=True)
+class Unpin:
+    """`content` may be evicted from the store: its swarm fetches nothing now."""
+
+    content: ContentId
+
+
+@dataclass(frozen=True, slots=True)
 class SwarmActions:
     """What the swarm of `content` asks for, in its order: carry them out for that
     content."""
@@ -182,7 +202,7 @@ class SwarmActions:
     actions: list[Action]
 
 
-NodeAction = AnnounceAll | Leave | WakeReaders | SwarmActions | LinkAction
+NodeAction = AnnounceAll | Leave | WakeReaders | Pin | Unpin | SwarmActions | LinkAction
 
 # The line rate a node's due assumes when its caller knows none (p2p.config: line_mbps).
 DEFAULT_LINE_BPS = 25e9 / 8
@@ -226,6 +246,7 @@ class Node:
         self._last_sent = float("-inf")
         self._handed_out: set[PeerId] = set()
         self._waiting: dict[ContentId, set[int]] = {}  # chunks readers are blocked on
+        self._unpinned: set[ContentId] = set()  # contents whose swarms fetch nothing now
         self.links = Links()
         self._slack_s = timer_slack_s
         # Each swarm's cached next timer, in the order they were set: ties run in it.
@@ -239,6 +260,7 @@ class Node:
         self._swarms[content] = swarm
         self._since[content] = now
         self._swarm_due.pop(content, None)
+        self._unpinned.discard(content)
         self.links.forget(content)  # a new swarm sends its own Joins
         self._announce_at(now)
 
@@ -254,6 +276,7 @@ class Node:
         """Stop swarming on `content` (it failed or was evicted): leave its swarm.
         Its blocked readers are the caller's to fail."""
         self._waiting.pop(content, None)
+        self._unpinned.discard(content)
         self.links.forget(content)
         self._swarm_due.pop(content, None)
         self._since.pop(content, None)
@@ -348,10 +371,7 @@ class Node:
         for its next timer again if need be."""
         if swarm.wants_view(now):  # (p2p.swarm.swarm: the vacant fetcher slots)
             self._announce_at(max(now, self._last_sent + EARLY_ANNOUNCE_GAP_S))
-        if not actions:
-            self._refresh(content, swarm, advance, now)
-            return []
-        done: list[NodeAction] = [SwarmActions(content, actions)]
+        done: list[NodeAction] = [SwarmActions(content, actions)] if actions else []
         for action in actions:
             kind = type(action)
             if kind is Complete:
@@ -363,9 +383,18 @@ class Node:
                 self._swarm_due.pop(content, None)
                 if kind is Disconnect:
                     assert isinstance(action, Disconnect)
-                    self.links.drop(content, action.peer)
+                    done += self._disconnect(content, action)
+        if (content in self._unpinned) is swarm.fetching:  # it changed: say so
+            self._unpinned.symmetric_difference_update((content,))
+            done.append(Pin(content) if swarm.fetching else Unpin(content))
         self._refresh(content, swarm, advance, now)
         return done
+
+    def _disconnect(self, content: ContentId, action: Disconnect) -> list[NodeAction]:
+        """A swarm left a peer out: drop its join; cut a hostile one off altogether."""
+        self.links.drop(content, action.peer)
+        links = self.links.links_to(action.peer) if action.hostile else []
+        return [CloseLinks(tuple(links), action.reason)] if links else []
 
     def _reader_waiting(self, content: ContentId, chunk: int) -> list[NodeAction]:
         swarm = self._swarms.get(content)

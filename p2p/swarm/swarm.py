@@ -217,6 +217,13 @@ class Swarm:
         """The chunks `relaying` says so of, as a bit mask (a Join lists them as pending)."""
         return bits.from_indices(self._feeders) & ~self._have
 
+    def join_view(self) -> tuple[tuple[bool, ...], tuple[int, ...]]:
+        """What our Join says of this content: the chunks held (flag `i` is chunk `i`),
+        and those listed as pending, which we read from the origin now or may relay
+        (`relaying`)."""
+        pending = (self._origin_mask() | bits.from_indices(self._feeders)) & ~self._have
+        return bits.to_bools(self._have, self.chunks), tuple(bits.indices(pending))
+
     @property
     def held_bytes(self) -> int:
         """Bytes held, counting every chunk as full-sized (the last may be shorter)."""

@@ -21,11 +21,9 @@ import logging
 import os
 import sys
 import time
-import tomllib
 import traceback
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -58,26 +56,11 @@ class Outcome:
     interrupted: bool = False
 
 
-def bundled() -> list[str]:
-    folder = resources.files("simulations") / "sweeps"
-    return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".toml"))
-
-
 def load(name_or_path: str) -> Loaded:
     """Read a sweep file (a path, or a bundled sweep's name) and check every run."""
-    path = Path(name_or_path)
-    if path.is_file():
-        text, source, here = path.read_text(), str(path), path.parent
-    else:
-        resource = resources.files("simulations") / "sweeps" / f"{name_or_path}.toml"
-        if not resource.is_file():
-            raise SweepError(f"{name_or_path}: no such file, and no bundled sweep of that "
-                             f"name (bundled: {', '.join(bundled())})")
-        text, source, here = resource.read_text(), f"sweeps/{name_or_path}.toml", None
-    try:
-        sweep = parse_sweep(tomllib.loads(text), source)
-    except tomllib.TOMLDecodeError as exc:
-        raise SweepError(f"{source}: not valid TOML: {exc}") from None
+    tables, source, path = scenario.read_toml(name_or_path, "sweeps", "sweep", SweepError)
+    sweep = parse_sweep(tables, source)
+    here = path.parent if path is not None else None
     beside = here / sweep.scenario if here is not None else None
     where = str(beside) if beside is not None and beside.is_file() else sweep.scenario
     try:

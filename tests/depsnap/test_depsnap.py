@@ -83,15 +83,16 @@ async def add_node(cluster: LocalCluster, tmp_path: Path, origin: Path, index: i
     return Node(agent, {k: v for k, v in env.items() if not k.startswith("PIP_")})
 
 
-async def depsnap(node: Node, *args: str, cwd: Path, private: Path | None = None
-                  ) -> tuple[int, dict[str, Any], str]:
-    """Run `bootseer depsnap ARGS` for `node`; with `private`, in a mount namespace of its
-    own with a fresh tmpfs at `private` (two "nodes" on one host, one path each)."""
+async def depsnap(node: Node, *args: str, cwd: Path, private: Path | None = None,
+                  env: dict[str, str] | None = None) -> tuple[int, dict[str, Any], str]:
+    """Run `bootseer depsnap ARGS` for `node` (with `env` added to its environment); with
+    `private`, in a mount namespace of its own with a fresh tmpfs at `private` (two
+    "nodes" on one host, one path each)."""
     wrap = [] if private is None else [
         "unshare", "--mount", "--propagation", "private", "sh", "-c",
         'mount -t tmpfs tmpfs "$0" && exec "$@"', str(private)]
     proc = await asyncio.create_subprocess_exec(
-        *wrap, *bootseer_command(), "depsnap", *args, cwd=cwd, env=node.env,
+        *wrap, *bootseer_command(), "depsnap", *args, cwd=cwd, env={**node.env, **(env or {})},
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     out, err = await asyncio.wait_for(proc.communicate(), 600)
     lines = out.decode().strip().splitlines()
@@ -150,9 +151,13 @@ async def test_run_creates_on_one_agent_and_restores_a_working_venv_on_another(
         installed = tmp_path / "installed"
         prefix.rename(installed)
 
-        status, restored, err = await depsnap(b, *args, cwd=work)
+        status, restored, err = await depsnap(b, *args, cwd=work,
+                                              env={"BOOTSEER_PROGRESS_EVERY_S": "0"})
         assert status == 0, err
         assert (restored["action"], restored["key"]) == ("restored", created["key"]), restored
+        shown = [line for line in err.splitlines()
+                 if line.startswith(f"restore {created['key'][:12]}: ")]
+        assert shown and " of " in shown[-1], err[-2000:]  # a log gets plain progress lines
         assert restored["fetched_packs"] == created["packs"] > 1
         assert tree_of(prefix) == tree_of(installed)
 

@@ -86,19 +86,15 @@ async def hdfs_with_checkpoint(tmp_path: Path) -> AsyncIterator[tuple[MiniHdfs, 
         await cluster.stop()
 
 
-async def launch(cluster: LocalCluster, agent: AgentHandle, work: Path, *args: str,
-                 private: Path | None = None) -> tuple[int, list[str], dict[str, Any], str]:
+async def launch(cluster: LocalCluster, agent: AgentHandle, work: Path,
+                 *args: str) -> tuple[int, list[str], dict[str, Any], str]:
     """`bootseer launch` on `agent`'s node from `work`: (status, job output lines, timeline,
-    stderr). With `private`, in a mount namespace of its own with an empty tmpfs at
-    `private`: another node, where the first node's venv directory does not exist."""
-    wrap = [] if private is None else [
-        "unshare", "--mount", "--propagation", "private", "sh", "-c",
-        'mount -t tmpfs tmpfs "$0" && exec "$@"', str(private)]
+    stderr)."""
     flags = ["--tracker", cluster.tracker_url, "--api-socket", agent.api_socket,
              "--store-dir", str(agent.store_dir), "--origin-dir", str(work.parent / "snapshots"),
              "--origin-url", cluster.origin_url, "--cache-dir", str(work / f"cache-{agent.index}")]
     proc = await asyncio.create_subprocess_exec(
-        *wrap, *bootseer_command(), "launch", "--json", *flags, *args, cwd=work,
+        *bootseer_command(), "launch", "--json", *flags, *args, cwd=work,
         env={k: v for k, v in cluster.env.items() if not k.startswith("PIP_")},
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     out, err = await proc.communicate()
@@ -155,6 +151,7 @@ async def test_launch_brings_up_image_env_and_ckpt_and_the_second_node_gets_them
             status, out, first, err = await launch(cluster, agents[0], work, "-f", "launch.toml")
             assert status == 0, err[-3000:]
             assert first["env"]["action"] == "created" and first["env"]["path"] == str(venv)
+            assert not venv.exists(), "the install wrote the host's path and left it there"
             assert first["image"]["prefetch_chunks"] == 0  # no record yet: this launch makes one
             expected = [f"venv {venv} True 1.17.0",
                         *(f"ckpt {name} {digests[name]}" for name in sorted(CKPT)),
@@ -165,8 +162,7 @@ async def test_launch_brings_up_image_env_and_ckpt_and_the_second_node_gets_them
 
             # The second node: same file, its own exit status; everything from the first node.
             status, out, second, err = await launch(
-                cluster, agents[1], work, "-f", "launch.toml", "--", "python3", "-c", JOB, "3",
-                private=venv)
+                cluster, agents[1], work, "-f", "launch.toml", "--", "python3", "-c", JOB, "3")
             assert status == 3, err[-3000:]
             assert out == expected, err[-3000:]
             assert second["exit_status"] == 3
@@ -182,7 +178,7 @@ async def test_launch_brings_up_image_env_and_ckpt_and_the_second_node_gets_them
             # The environment mounted lazily by key instead: the same files, read-only.
             status, out, third, err = await launch(
                 cluster, agents[1], work, "-f", "launch.toml", "--env-key",
-                second["env"]["key"], "--env-mode", "mount", private=venv)
+                second["env"]["key"], "--env-mode", "mount")
             assert status == 2 and "exactly one of key" in err  # the file names requirements
             (work / "by-key.toml").write_text(
                 launch_toml(str(ref), venv, hdfs.uri("/ckpt/step-1")).replace(
@@ -196,7 +192,7 @@ async def test_launch_brings_up_image_env_and_ckpt_and_the_second_node_gets_them
             # A checkpoint that is not there: one line, no command, nothing left mounted.
             status, out, _, err = await launch(
                 cluster, agents[1], work, "-f", "launch.toml", "--ckpt",
-                hdfs.uri("/ckpt/missing"), "--", "python3", "-c", "print('ran')", private=venv)
+                hdfs.uri("/ckpt/missing"), "--", "python3", "-c", "print('ran')")
             assert status == 2 and "ran" not in out
             assert "/ckpt/missing" in err and "Traceback" not in err, err[-3000:]
             assert launch_mounts() == []
@@ -222,6 +218,8 @@ async def test_a_launch_killed_mid_job_leaves_no_mount_and_the_relaunch_finishes
     work.mkdir()
     (tmp_path / "snapshots").mkdir()
     (work / "requirements.txt").write_text(f"--no-index\n--find-links {wheels}\nsix==1.17.0\n")
+    venv.mkdir()
+    (venv / "the-host-s.txt").write_text("a host directory the launch must not touch")
     job = "import six, time; print('running', six.__version__, flush=True); time.sleep(120)"
     toml = (f'image = "{ref}"\ncommand = ["python3", "-c", {json.dumps(job)}]\n'
             f'[env]\nrequirements = "requirements.txt"\npath = "{venv}"\npython = "{PYTHON}"\n')
@@ -267,8 +265,9 @@ async def test_a_launch_killed_mid_job_leaves_no_mount_and_the_relaunch_finishes
                 held = {c: i["origin_bytes"] for c, i in (await api.status())["contents"].items()}
             status, out, timeline, err = await launch(
                 cluster, agent, work, "-f", "launch.toml", "--no-cache", "--", "python3", "-c",
-                "import six; print('running', six.__version__)", private=venv)
+                "import six; print('running', six.__version__)")
             assert status == 0 and out == ["running 1.17.0"], err[-3000:]
+            assert [p.name for p in venv.iterdir()] == ["the-host-s.txt"]  # hidden, not written
             assert not Path(image_mount).parent.exists(), "the killed launch's scratch stayed"
             assert not containers_in(Path(image_mount).parent), "the orphaned job still runs"
             assert launch_mounts() == []

@@ -1,7 +1,9 @@
-"""`bootseer get NAME`: a name given with `publish --name` works wherever an id does."""
+"""`bootseer get NAME` and `bootseer status NAME`: a name given with `publish --name` works
+wherever an id does."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -35,5 +37,22 @@ async def test_get_by_name_and_unknown_names(tmp_path: Path) -> None:
         missing = get("test/none:v1")
         assert (missing.returncode, missing.stderr) == (
             2, f"bootseer get: no content is named 'test/none:v1' at {cluster.tracker_url}\n")
+
+        def status(*what: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([*bootseer_command(), "status", *what, "--tracker",
+                                   cluster.tracker_url, "--api-socket", agent.api_socket],
+                                  env=cluster.env, capture_output=True, text=True, timeout=60)
+
+        one = status("test/big:v1")
+        assert one.returncode == 0, one.stderr
+        shown = json.loads(one.stdout)
+        assert (shown["content"], shown["name"], shown["complete"]) == (
+            manifest.content_id, "test/big:v1", True)
+        assert json.loads(status(manifest.content_id).stdout)["content"] == manifest.content_id
+        whole = json.loads(status().stdout)
+        assert whole["contents"][manifest.content_id]["complete"] is True
+        other = "c1-" + "0" * 64
+        absent = status(other)
+        assert absent.returncode == 2 and f"holds nothing of {other}" in absent.stderr
     finally:
         await cluster.stop()

@@ -20,12 +20,22 @@ from p2p.swarm.events import (
     ChunkArrived,
     Complete,
     Connect,
+    Disconnect,
+    FetchFromOrigin,
     PeerHint,
     PeerJoined,
     PeerLost,
     PeersFound,
+    ReaderWants,
 )
-from p2p.swarm.links import JOIN_TIMEOUT_S, JoinHeard, LinkId, LinkOpened, SendJoin
+from p2p.swarm.links import (
+    JOIN_TIMEOUT_S,
+    CloseLinks,
+    JoinHeard,
+    LinkId,
+    LinkOpened,
+    SendJoin,
+)
 from p2p.swarm.node import (
     EARLY_ANNOUNCE_GAP_S,
     AnnounceAll,
@@ -36,8 +46,10 @@ from p2p.swarm.node import (
     Leave,
     Node,
     NodeAction,
+    Pin,
     ReaderWaiting,
     SwarmActions,
+    Unpin,
     WakeReaders,
 )
 
@@ -128,7 +140,7 @@ def test_a_peer_the_tracker_did_not_hand_out_brings_the_announce_forward_but_not
     n = node(x=swarm("11"))
     fire(n)
     n.handle(Announced(INTERVAL, handed_out=(A,)), 0.05)
-    assert n.handle(heard(X, A, L1), 0.06) == [SendJoin(L1, X)]
+    assert n.handle(heard(X, A, L1), 0.06) == [SendJoin(L1, X), Unpin(X)]  # (complete)
     assert n.next_timer() == 0.05 + INTERVAL  # A came from the tracker: nothing new
     n.handle(heard(X, B, L2), 0.1)
     assert n.next_timer() == EARLY_ANNOUNCE_GAP_S  # the gap counts from the last announce
@@ -155,7 +167,7 @@ def test_a_completed_content_is_announced_at_once_and_asks_for_no_peers() -> Non
     fire(n)
     n.handle(Announced(INTERVAL), 0.0)
     assert n.swarm_event(X, ChunkArrived(0, None, ok=True), 1.0) == [
-        SwarmActions(X, [Advertise(0), Complete()])]  # the node heard it: no event needed
+        SwarmActions(X, [Advertise(0), Complete()]), Unpin(X)]  # heard it: no event needed
     assert n.next_timer() == 1.0
     assert announced(fire(n)) == [AnnounceItem(X, 1, True, 0)]
 
@@ -272,6 +284,53 @@ def test_joins_of_a_removed_or_reopened_content_are_forgotten() -> None:
     n.handle(Announced(100.0), 2.0)
     assert n.next_timer() == 102.0
     assert n.connect(Y, B, 3.0) == [SendJoin(L2, Y)]  # the new swarm introduces itself
+
+
+def test_a_peer_disconnected_as_hostile_is_cut_off_on_every_link() -> None:
+    n = quiet(node(x=swarm("00"), y=swarm("00")))
+    n.handle(LinkOpened(L1, A, dialled=False), 1.0)
+    n.handle(LinkOpened(L2, A, dialled=True), 1.0)
+    n.handle(heard(X, A, L1), 1.0)
+    n.handle(heard(Y, A, L2), 1.0)
+    bad = n.swarm_event(X, ChunkArrived(0, A, ok=False), 2.0)
+    [swarm_actions, close] = bad
+    assert isinstance(swarm_actions, SwarmActions)
+    assert any(isinstance(a, Disconnect) and a.hostile for a in swarm_actions.actions)
+    assert isinstance(close, CloseLinks) and close.links == (L1, L2)
+    assert not n.links.joined(X, A) and n.links.joined(Y, A)  # Y hears it as the links close
+
+
+def test_a_peer_disconnected_for_a_fault_keeps_its_links() -> None:
+    s = swarm("00")
+    n = quiet(node(x=s))
+    n.handle(LinkOpened(L1, A, dialled=False), 1.0)
+    n.handle(heard(X, A, L1), 1.0)
+    actions = n.swarm_event(X, PeerLost(A, "gone quiet"), 2.0)
+    assert not any(isinstance(a, CloseLinks) for a in actions)
+
+
+def test_a_content_is_pinned_while_its_swarm_fetches_and_only_then() -> None:
+    n = node()
+    lazy = Swarm(PeerId("me"), "r1", 2, [False, False], 100, SwarmConfig(),
+                 random.Random(1), now=0.0, lazy=True)
+    n.add(X, lazy, 0.0)  # the caller attached (pinned) it to add it
+    assert n.start(X, 0.0)[-1] == Unpin(X)  # lazy, nothing asked for yet: evictable
+    assert n.swarm_event(X, ReaderWants((1,)), 1.0)[-1] == Pin(X)
+    assert Pin(X) not in n.swarm_event(X, ReaderWants((1,)), 1.1)  # said once
+    assert n.swarm_event(X, ChunkArrived(1, None, ok=True), 2.0)[-1] == Unpin(X)
+
+
+def test_a_join_says_what_is_held_and_what_is_read_from_the_origin() -> None:
+    s = swarm("100")
+    assert s.join_view() == ((True, False, False), ())
+    s.start(0.0)
+    actions = s.handle(PeersFound((), origin_slot=0, origin_slots=1, origin_filled=0), 0.0)
+    while not any(isinstance(a, FetchFromOrigin) for a in actions):  # no peer offers any
+        when = s.next_timer()
+        assert when is not None
+        actions = s.handle_timer(when)
+    fetched = tuple(sorted(a.chunk for a in actions if isinstance(a, FetchFromOrigin)))
+    assert s.join_view() == ((True, False, False), fetched)
 
 
 # ---- driving the swarms -------------------------------------------------------------

@@ -81,6 +81,7 @@ async def test_status_page_shows_the_live_swarm_in_a_real_browser(
     clients = {p: TrackerClient(tracker.url, SECRET, bind_host=h) for p, h in HOSTS.items()}
     try:
         await clients["x"].put_manifest(m)
+        await clients["x"].put_name("team/status:v1", m.content_id)
         held = {"bad": (0, 0), "x": (12, 48_000), "y": (6, 24_000)}
         for p, (have, origin) in held.items():
             await clients[p].announce_all(PeerId(p), f"{HOSTS[p]}:7000", "r0", [
@@ -91,7 +92,11 @@ async def test_status_page_shows_the_live_swarm_in_a_real_browser(
         dom = browse(tracker.url + "/", "--dump-dom")
         assert 'http-equiv="refresh" content="2"' in dom
         (row,) = cells(dom, "contents")
+        assert row[0] == f"team/status:v1{m.content_id[:19]}\u2026"  # name, then the id
         assert row[1:6] == ["blob", "48.0 KB", "3", "1", "50%"]  # (0 + 12 + 6) / (3 * 12)
+        assert [r[:5] for r in cells(dom, "nodes")] == [
+            ["bad", "127.0.0.2:7000", "r0", "1", "0"], ["x", "127.0.0.3:7000", "r0", "1", "1"],
+            ["y", "127.0.0.4:7000", "r0", "1", "0"]]
         assert row[6].startswith(f"2/{ORIGIN_FETCHERS}: bad, y")  # incomplete members, in order
         assert row[7] == "72.0 KB (1.50\u00d7)"
         assert cells(dom, "bans")[0][0] == "127.0.0.2"
@@ -102,8 +107,10 @@ async def test_status_page_shows_the_live_swarm_in_a_real_browser(
 
         await clients["z"].announce_all(PeerId("z"), f"{HOSTS['z']}:7000", "r1", [
             ContentState(m.content_id, 12, True, origin_bytes=4_096)])
-        (row,) = cells(browse(tracker.url + "/", "--dump-dom"), "contents")
+        dom = browse(tracker.url + "/", "--dump-dom")
+        (row,) = cells(dom, "contents")
         assert row[3:5] == ["4", "2"] and row[7] == "76.1 KB (1.59\u00d7)"
+        assert cells(dom, "nodes")[-1][:5] == ["z", "127.0.0.5:7000", "r1", "1", "1"]
 
         shot = tmp_path / "status.png"
         browse(tracker.url + "/", f"--screenshot={shot}")
@@ -118,6 +125,7 @@ async def test_status_page_shows_the_live_swarm_in_a_real_browser(
 async def test_status_page_of_an_empty_tracker_says_so(tracker: Tracker) -> None:
     dom = browse(tracker.url + "/", "--dump-dom")
     assert cells(dom, "contents") == [["no content has members"]]
+    assert cells(dom, "nodes") == [["none"]]
     assert cells(dom, "bans") == [["none"]]
 
 
