@@ -7,7 +7,8 @@ over the final name with `os.replace`, so a crash leaves either no chunk or a
 whole one, never half of one. Stray temp files are deleted when a store opens.
 
 Verification. A chunk is checked against the manifest before it is written
-(`put`); `attach` re-checks every chunk file already on disk the first time a
+(`put`), or, written to a temp file as it arrived (`temp_file`, p2p.spool),
+before that file is renamed into place (`adopt`); `attach` re-checks every chunk file already on disk the first time a
 content is attached in this process, and deletes the damaged or wrong-sized
 ones. A content found on disk but not yet attached is only *known*: its bytes
 are counted against the budget but never served. A disk can lie after that
