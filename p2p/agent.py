@@ -131,7 +131,7 @@ class Agent:
             self._node_timer.cancel()
             self._node_timer = None
         for session in list(self.sessions.values()):
-            self._sessions.close(session, "the agent is stopping")
+            self._sessions.close(session, "the agent is stopping", stopping=True)
         with contextlib.suppress(TrackerUnavailable, TrackerError, TimeoutError):
             await asyncio.wait_for(self._announcer.goodbye(), timeout=GOODBYE_S)
         self._conns.close_links("agent stopping")

@@ -22,8 +22,8 @@ class AgentError(RemoteError):
 
 
 class AgentUnreachable(AgentError):
-    """No agent answered on the socket, or it went away mid-read: it may be restarting,
-    so a caller that can wait (a mount server) asks again."""
+    """No agent answered on the socket, it went away mid-read, or it is stopping: it may
+    be restarting, so a caller that can wait (a mount server) asks again."""
 
 
 class AgentClient:
@@ -56,9 +56,13 @@ class AgentClient:
                                    "start one with `bootseer agent`") from exc
         if resp.status >= 400:
             try:
-                message = (await resp.json())["error"]
-            except (aiohttp.ContentTypeError, json.JSONDecodeError, KeyError):
-                message = await resp.text()
+                body = await resp.json()
+                message, stopping = body["error"], body.get("stopping") is True
+            except (aiohttp.ContentTypeError, json.JSONDecodeError, KeyError, TypeError):
+                message, stopping = await resp.text(), False
+            if stopping:
+                raise AgentUnreachable(f"the agent on {self.socket_path} is stopping "
+                                       f"({message})")
             raise AgentError(message)
         return resp
 

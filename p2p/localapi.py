@@ -45,7 +45,7 @@ from aiohttp import web
 
 from p2p.auth import AuthError
 from p2p.content import ContentId, ManifestError, check_content_id
-from p2p.session import ContentFailed
+from p2p.session import AgentStopping, ContentFailed
 from p2p.store import MissingChunk, StoreError
 from p2p.tracker_client import TrackerError, TrackerUnavailable
 
@@ -77,14 +77,16 @@ def make_metrics_app(agent: Agent) -> web.Application:
     return app
 
 
-def _fail(status: int, message: str) -> web.Response:
-    return web.json_response({"error": message}, status=status)
+def _fail(status: int, message: str, **more: object) -> web.Response:
+    return web.json_response({"error": message, **more}, status=status)
 
 
 @web.middleware
 async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
     try:
         return await handler(request)  # type: ignore[no-any-return]
+    except AgentStopping as exc:  # the client may ask the agent that starts next
+        return _fail(503, str(exc), stopping=True)
     except TrackerUnavailable as exc:
         return _fail(503, str(exc))
     except TrackerError as exc:

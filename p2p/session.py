@@ -40,6 +40,10 @@ class ContentFailed(Exception):
     """A content cannot be completed; the message says why."""
 
 
+class AgentStopping(ContentFailed):
+    """The agent stopped while this waited on it: an agent started again can answer."""
+
+
 @dataclass(eq=False)
 class Session:
     manifest: Manifest
@@ -185,7 +189,7 @@ class Sessions:
         content, now = manifest.content_id, self._loop.time()
         old = self.by_content.get(content)
         if old is not None:  # (the node core forgets its joins when it is replaced)
-            self.close(old, "the agent is stopping")
+            self.close(old, f"content {content} was opened afresh")
         swarm = self._new_swarm(manifest, present, lazy)
         session = Session(manifest, swarm, quiet_future(self._loop), started=now)
         self.by_content[content] = session
@@ -194,9 +198,10 @@ class Sessions:
         self._execute(self._node.start(content, now))
         return session
 
-    def close(self, session: Session, why: str) -> None:
-        """Stop the session's work, fail whoever still waits on it, unpin its bytes."""
-        session.close(ContentFailed(why))
+    def close(self, session: Session, why: str, *, stopping: bool = False) -> None:
+        """Stop the session's work, fail whoever still waits on it (with AgentStopping if
+        the agent is `stopping`), unpin its bytes."""
+        session.close(AgentStopping(why) if stopping else ContentFailed(why))
         if session.pinned:
             session.pinned = False
             with contextlib.suppress(ValueError):

@@ -8,6 +8,13 @@ became ready. `makespan_s` is when the last one did, from time zero.
 `floor_by` names the bound that sets it), and `p50_over_floor`,
 `p99_over_floor` say how far the run is from it; the completion plot marks
 the floor and, for the `kraken` scenario, Kraken's published percentiles.
+
+The plots explain themselves: each title names the contents' size and the
+links' caps (`Result.caption`); the floor is labelled as what it bounds (the
+time by which the last node can be ready, not each node's); when the CDF ends
+below 1 (nodes that failed) or before the makespan (nodes started at
+different times), a note under it says so; a series that does not change is
+drawn from zero, not on an axis of ±4% around its value.
 `origin_egress_ratio` is the bytes that left the origins divided by the
 bytes of the distinct contents the nodes need: 1.0 means every byte left the
 origin once. `wall_seconds` is the run's wall time, `cpu_seconds` the CPU
@@ -59,6 +66,7 @@ class Result:
     summary: dict[str, Any]
     columns: dict[str, list[Any]]
     egress_curve: list[tuple[int, float]]  # (nodes ready, origin egress in copies)
+    caption: str = ""  # the contents' size and the links' caps, for the plots' titles
 
 
 def collect(sim: Simulation, stop: str, wall_s: float) -> Result:
@@ -111,7 +119,24 @@ def collect(sim: Simulation, stop: str, wall_s: float) -> Result:
         "peak_rss_mb": round(peak_rss_mb(), 1),
     }
     curve = [(count, bytes_ / unique) for count, bytes_ in sim.egress_curve]
-    return Result(summary, cols, curve)
+    return Result(summary, cols, curve, caption(sim))
+
+
+def caption(sim: Simulation) -> str:
+    """What a plot of `sim` needs said: how much each node fetches, over which links."""
+    spec = sim.scenario.network
+    origins = sum(o.egress_Bps for o in spec.origins)
+    return (f"{_size(sum(c.size for c in sim.contents))} in {len(sim.contents)} content(s); "
+            f"NIC {_rate(spec.nic_down_Bps)} down, {_rate(spec.nic_up_Bps)} up; "
+            f"origin {_rate(origins)}")
+
+
+def _size(n: float) -> str:
+    return f"{n / 2**30:.3g} GiB" if n >= 2**30 else f"{n / 2**20:.3g} MiB"
+
+
+def _rate(bytes_per_s: float) -> str:
+    return f"{bytes_per_s * 8 / 1e9:.3g} Gbit/s"  # as scenarios write link speeds
 
 
 def run_floor(sim: Simulation) -> Floor:
@@ -150,46 +175,75 @@ def write(result: Result, out: Path) -> list[Path]:
 
 
 def plot(result: Result, out: Path) -> list[Path]:
+    from matplotlib import pyplot as plt
+
+    paths = []
+    for name, fig in figures(result).items():
+        paths.append(out / f"{name}.png")
+        fig.savefig(paths[-1], dpi=110, bbox_inches="tight")
+        plt.close(fig)
+    return paths
+
+
+def figures(result: Result) -> dict[str, Any]:
+    """The run's plots as matplotlib figures, by file name."""
     import matplotlib
 
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
 
     s = result.summary
-    title = f"{s['scenario']} · {s['strategy']} · {s['nodes']} nodes"
-    paths = [out / "completion_cdf.png", out / "origin_egress.png", out / "bytes_by_tier.png"]
+    title = f"{s['scenario']} · {s['strategy']} · {s['nodes']} nodes\n{result.caption}"
+    figs: dict[str, Any] = {}
 
     times = sorted(t for t in result.columns["startup_s"] if t is not None)
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = plt.subplots(figsize=(6, 4.4))
     if times:
-        ax.step(times, [(i + 1) / len(times) for i in range(len(times))], where="post",
-                label="this run")
+        ax.step(times, [(i + 1) / s["nodes"] for i in range(len(times))], where="post",
+                label="this run (each node from its own start)")  # of all nodes
     if s.get("floor_seconds"):
         ax.axvline(s["floor_seconds"], color="grey", linestyle="--",
-                   label=f"floor ({s['floor_by']})")
+                   label=f"floor ({s['floor_by']}): the last node, no sooner")
     if s["scenario"] == "kraken":
         ax.plot(list(KRAKEN_PUBLISHED.values()), list(KRAKEN_PUBLISHED), "rx",
                 label="Kraken, published")
-    ax.set(xlabel="node startup time (s)", ylabel="fraction of nodes ready", title=title)
-    ax.legend(loc="lower right")
+    ax.set(xlabel="node startup time (s)", ylabel="fraction of nodes ready", title=title,
+           ylim=(0, 1.05))
+    ax.legend(loc="lower right", fontsize="small")
     ax.grid(alpha=0.3)
-    fig.savefig(paths[0], dpi=110, bbox_inches="tight")
-    plt.close(fig)
+    notes = _cdf_notes(s, times)
+    if notes:
+        fig.text(0.01, -0.02, "\n".join(notes), fontsize="small", va="top")
+    figs["completion_cdf"] = fig
 
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = plt.subplots(figsize=(6, 4.4))
     if result.egress_curve:
         xs, ys = zip(*result.egress_curve, strict=True)
         ax.plot(xs, ys)
+        ax.set_ylim(0, max(max(ys) * 1.15, 1.0))  # from zero: a flat 1.0 reads as flat
+    ax.ticklabel_format(axis="y", useOffset=False)
     ax.set(xlabel="nodes ready", ylabel="origin egress (copies of the content)", title=title)
     ax.grid(alpha=0.3)
-    fig.savefig(paths[1], dpi=110, bbox_inches="tight")
-    plt.close(fig)
+    figs["origin_egress"] = fig
 
     tiers = {"same rack": s["same_rack_bytes"], "cross rack": s["cross_rack_bytes"],
              "origin": s["origin_bytes"], "wasted": s["wasted_bytes"]}
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = plt.subplots(figsize=(6, 4.4))
     ax.bar(list(tiers), [v / 2**30 for v in tiers.values()])
-    ax.set(ylabel="GiB received", title=title)
-    fig.savefig(paths[2], dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return paths
+    ax.set(ylabel="GiB received, all nodes", title=title)
+    figs["bytes_by_tier"] = fig
+    return figs
+
+
+def _cdf_notes(s: dict[str, Any], times: list[float]) -> list[str]:
+    """Why the completion CDF ends where it does, when that is not plain."""
+    notes = []
+    if s["ready_nodes"] < s["nodes"]:
+        notes.append(f"It ends at {s['ready_nodes'] / s['nodes']:.1%}: "
+                     f"{s['nodes'] - s['ready_nodes']} node(s) never became ready "
+                     f"({s['failed_nodes']} failed).")
+    if times and s["makespan_s"] > times[-1] * 1.01:
+        notes.append(f"The makespan ({s['makespan_s']:.3g} s) counts from the first node's "
+                     f"start; nodes started at different times, so the slowest node's own "
+                     f"time is {times[-1]:.3g} s.")
+    return notes

@@ -113,7 +113,7 @@ class Machine:
         reg.check_identity(op.peer, op.host)  # before any change, for the whole batch
         for item in op.items:
             if item.event == "stopped" or op.addr is None:
-                reg.leave(item.content, op.peer, op.host)
+                reg.leave(item.content, op.peer, op.host, now)
             else:
                 reg.announce(item.content, Member(op.peer, op.addr, op.rack, item.have,
                                                   item.complete, now, op.host,

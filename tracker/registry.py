@@ -4,7 +4,10 @@ Theory of operation. For every content the registry keeps the members that
 announced it, keyed by peer id. An announce inserts or refreshes a member and
 stamps it with the caller's `now`; a member that stops announcing is dropped
 by `expire(now, ttl)` once `ttl` seconds have passed since its last announce;
-a member that says it is stopping is dropped at once by `leave`.
+a member that says it is stopping is dropped at once by `leave`. A member
+that leaves or goes silent before it held its content whole is kept among the
+recent departures (`departures`), for the status page: a content every node
+gives up on (its origin answers 404, say) would otherwise vanish from view.
 
 Identity. A node is the address it is seen at (`Member.host`, the source IP of
 its announces, passed in by the caller as data). The first announce of a peer
@@ -90,6 +93,7 @@ MAX_REPORTERS_TO_BAN = 8
 # 50 MB/s: 1.11-1.13x the lower bound with 8, 1.26x (simulated) with 4.
 ORIGIN_FETCHERS = 8
 RECENT_REPORTS = 20  # kept for the status page, newest last
+RECENT_DEPARTURES = 20  # likewise
 
 
 class IdentityError(Exception):
@@ -121,6 +125,17 @@ class Report:
 
     reporter: str  # the reporter's node (host, or peer id without one)
     reason: str
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Departure:
+    """A member that left its content before it held it whole."""
+
+    content: ContentId
+    peer: PeerId
+    have: int  # chunks it held at the end
+    went_silent: bool  # it expired, rather than said it stopped
     at: float
 
 
@@ -272,6 +287,7 @@ class Registry:
         self._reports: dict[str, dict[str, Report]] = {}  # offender node -> reporter node
         self._banned_until: dict[str, float] = {}  # node -> end of its ban
         self._recent: deque[tuple[str, Report]] = deque(maxlen=RECENT_REPORTS)
+        self._departed: deque[Departure] = deque(maxlen=RECENT_DEPARTURES)
         # (when it runs out, node, reporter node or None for a ban), in the order made: every
         # report and ban lasts ban_seconds, so they run out in that order too, and expiry
         # pops only what ran out. An entry whose report or ban was replaced since is skipped.
@@ -325,15 +341,20 @@ class Registry:
         self._tend_fetchers(swarm, member, now)
         return new
 
-    def leave(self, content: ContentId, peer: PeerId, host: str = "") -> bool:
-        """Drop `peer` from `content`; True if it was a member.
+    def leave(self, content: ContentId, peer: PeerId, host: str = "",
+              now: float | None = None, *, went_silent: bool = False) -> bool:
+        """Drop `peer` from `content`; True if it was a member. With `now`, a member that
+        was not complete is kept among the recent departures.
 
         IdentityError if `host` is given and `peer` is bound to another one.
         """
         self.check_identity(peer, host)
         swarm = self._swarms.get(content)
-        if swarm is None or not swarm.remove(peer):
+        member = None if swarm is None else swarm.by_peer.get(peer)
+        if swarm is None or member is None or not swarm.remove(peer):
             return False
+        if now is not None and not member.complete:
+            self._departed.append(Departure(content, peer, member.have, went_silent, now))
         del self._by_age[(content, peer)]
         if not swarm.index:
             del self._swarms[content]
@@ -356,7 +377,7 @@ class Registry:
             key, seen = next(iter(self._by_age.items()))
             if now - seen <= ttl:
                 break
-            self.leave(*key)
+            self.leave(*key, now=now, went_silent=True)
             gone.append(key)
         self._forget_old_reports(now)
         return gone
@@ -456,6 +477,10 @@ class Registry:
     def recent_reports(self) -> list[tuple[str, Report]]:
         """The last RECENT_REPORTS reports as (offender node, report), oldest first."""
         return list(self._recent)
+
+    def departures(self) -> list[Departure]:
+        """The last RECENT_DEPARTURES members to leave incomplete, oldest first."""
+        return list(self._departed)
 
     def contents(self) -> list[ContentId]:
         """Contents with at least one member, sorted."""

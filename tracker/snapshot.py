@@ -35,9 +35,17 @@ import msgpack
 
 from p2p.content import ContentId, PeerId, check_content_id
 from tracker.index import SwarmIndex, _Bag
-from tracker.registry import RECENT_REPORTS, Member, Registry, Report, _Swarm
+from tracker.registry import (
+    RECENT_DEPARTURES,
+    RECENT_REPORTS,
+    Departure,
+    Member,
+    Registry,
+    Report,
+    _Swarm,
+)
 
-FORMAT = 1
+FORMAT = 2  # 2: the recent departures (a format-1 snapshot is refused: the log is read)
 
 
 class SnapshotError(ValueError):
@@ -62,7 +70,8 @@ def dump(reg: Registry) -> bytes:
               for node, reports in reg._reports.items()],
              [[node, until] for node, until in reg._banned_until.items()],
              [[node, r.reporter, r.reason, r.at] for node, r in reg._recent],
-             [[at, node, reporter] for at, node, reporter in reg._runs_out]]
+             [[at, node, reporter] for at, node, reporter in reg._runs_out],
+             [[d.content, d.peer, d.have, d.went_silent, d.at] for d in reg._departed]]
     packed: bytes = msgpack.packb(state)
     return packed
 
@@ -77,9 +86,11 @@ def load(raw: bytes, settings: Registry) -> Registry:
         state = msgpack.unpackb(raw)
     except (ValueError, TypeError, msgpack.UnpackException) as exc:
         raise SnapshotError(f"not msgpack: {exc}") from None
-    (fmt, reassigned, swarms, by_age, reports, bans, recent, runs_out) = _items(state, 8, "state")
+    fmt = state[0] if isinstance(state, list) and state else None
     if fmt != FORMAT:
         raise SnapshotError(f"format {_shown(fmt)}, not {FORMAT}")
+    (_, reassigned, swarms, by_age, reports, bans, recent, runs_out,
+     departed) = _items(state, 9, "state")
     reg = Registry(settings.ban_seconds, settings.reporters_to_ban, settings.origin_fetchers,
                    settings.fetcher_stall_seconds, settings.fetcher_start_seconds)
     reg.fetchers_reassigned = _count(reassigned, "fetchers_reassigned")
@@ -113,6 +124,16 @@ def load(raw: bytes, settings: Registry) -> Registry:
         last = at
         reg._runs_out.append((at, _text(node, "node"),
                               None if reporter is None else _text(reporter, "reporter")))
+    departed_rows = _list(departed, "departures")
+    if len(departed_rows) > RECENT_DEPARTURES:
+        raise SnapshotError(f"{len(departed_rows)} departures, at most {RECENT_DEPARTURES}")
+    for row in departed_rows:
+        content, peer, have, went_silent, at = _items(row, 5, "departure")
+        if not isinstance(went_silent, bool):
+            raise SnapshotError(f"a departure's went_silent is {_shown(went_silent)}")
+        reg._departed.append(Departure(_content(content), PeerId(_text(peer, "peer id")),
+                                       _count(have, "departure's have"), went_silent,
+                                       _time(at)))
     return reg
 
 

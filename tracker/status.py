@@ -9,8 +9,10 @@ members say they fetched from the origin (`origin_bytes` in their
 announces), also as a multiple of the content's size, the number the whole
 design is about (about 1x whatever the swarm size). Then one row per node
 (peer): where it serves, its rack, in how many contents it is a member and
-how many of those it holds whole, and when it last announced; then the bans
-in force and the most recent bad-peer reports. The page asks the browser to reload
+how many of those it holds whole, and when it last announced; then the
+members that left a content before holding it whole (a content every node
+gives up on, say its origin answers 404, shows there after its swarm is
+gone), the bans in force and the most recent bad-peer reports. The page asks the browser to reload
 it every `REFRESH_SECONDS`, so a launch can be watched without a script.
 
 Authentication: like /metrics and /healthz, the page is served without a
@@ -41,7 +43,7 @@ from aiohttp import web
 
 from p2p.content import ContentId, PeerId
 from tracker import names
-from tracker.registry import Member
+from tracker.registry import Departure, Member
 from tracker.state import TRACKER, Tracker
 
 REFRESH_SECONDS = 2
@@ -109,6 +111,9 @@ class StatusPage:
             f'<td class="l">{escape(r.reason)}</td><td>{now - r.at:.0f}</td></tr>'
             for node, r in reversed(reg.recent_reports())) or \
             '<tr><td class="l" colspan="4">none</td></tr>'
+        departed = "".join(self._departure_row(t, d, named, now)
+                           for d in reversed(reg.departures())) or \
+            '<tr><td class="l" colspan="5">none</td></tr>'
         stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
         return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
@@ -127,6 +132,10 @@ Updated {stamp}, every {REFRESH_SECONDS} s.</p>
 <table id="nodes"><tr><th class="l">peer</th><th class="l">serves at</th><th class="l">rack</th>
 <th>contents</th><th>complete</th><th>last announce (s ago)</th></tr>
 {nodes}</table>
+<h2>Left before complete</h2>
+<table id="departures"><tr><th class="l">content</th><th class="l">peer</th><th>held</th>
+<th class="l">how</th><th>seconds ago</th></tr>
+{departed}</table>
 <h2>Bans</h2>
 <table id="bans"><tr><th class="l">address</th><th>seconds left</th></tr>{bans}</table>
 <h2>Recent reports</h2>
@@ -148,16 +157,32 @@ Updated {stamp}, every {REFRESH_SECONDS} s.</p>
             held_text, size_text, ratio = "?", "?", ""
         fetchers = reg.fetchers(content)
         shown = ", ".join(escape(p) for p in fetchers[:MAX_FETCHERS_SHOWN])
-        more = len(given) - MAX_NAMES_SHOWN
-        shown_names = "".join(f"{escape(n)}<br>" for n in given[:MAX_NAMES_SHOWN]) + \
-            (f"and {more} more<br>" if more > 0 else "")
-        return (f'<tr><td class="l">{shown_names}<code title="{escape(content)}">'
-                f'{escape(content[:19])}&hellip;</code></td>'
+        return (f'<tr><td class="l">{_content_cell(content, given)}</td>'
                 f'<td>{escape(info.kind) if info else "?"}</td>'
                 f"<td>{size_text}</td><td>{len(members)}</td>"
                 f"<td>{reg.complete_count(content)}</td><td>{held_text}</td>"
                 f'<td class="l">{len(fetchers)}/{reg.origin_fetchers}: {shown}</td>'
                 f"<td>{_bytes(egress)}{ratio}</td></tr>\n")
+
+
+    def _departure_row(self, t: Tracker, d: Departure, named: dict[ContentId, list[str]],
+                       now: float) -> str:
+        info = self.info(t, d.content)
+        held = f"{min(d.have / info.chunks, 1.0):.0%}" if info and info.chunks else \
+            f"{d.have} chunks"
+        return (f'<tr><td class="l">{_content_cell(d.content, named.get(d.content, []))}</td>'
+                f'<td class="l"><code>{escape(d.peer)}</code></td><td>{held}</td>'
+                f'<td class="l">{"went silent" if d.went_silent else "stopped"}</td>'
+                f"<td>{max(0.0, now - d.at):.0f}</td></tr>\n")
+
+
+def _content_cell(content: ContentId, given: list[str]) -> str:
+    """A content as the page names it: its names (MAX_NAMES_SHOWN at most), then its id."""
+    more = len(given) - MAX_NAMES_SHOWN
+    shown = "".join(f"{escape(n)}<br>" for n in given[:MAX_NAMES_SHOWN]) + \
+        (f"and {more} more<br>" if more > 0 else "")
+    return (f'{shown}<code title="{escape(content)}">{escape(content[:19])}&hellip;'
+            "</code>")
 
 
 def _nodes(t: Tracker) -> dict[PeerId, list[Member]]:

@@ -127,6 +127,10 @@ def read_nodes(out: Path, name: str) -> pa.Table:
 # ---- plots -----------------------------------------------------------------------------------
 
 
+# The floor bounds when the last node can be ready, not each node: a p50 may sit below it.
+FLOOR_LABEL = "floor (the last node, no sooner)"
+
+
 def plot(out: Path) -> list[Path]:
     """One plot per metric and swept key: the metric against the key, its median over
     the seeds (and over keys not drawn) with the min-max band, one line per value of the
@@ -185,9 +189,11 @@ def _draw(ax: Any, rows: Sequence[Mapping[str, Any]], x: Axis, other: Axis | Non
         ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.2)
         if metric in TIME_METRICS:
             ax.plot(xs, floor, linestyle="--", color=line.get_color(), alpha=0.7,
-                    label="floor" if colour == 0 else None)
+                    label=FLOOR_LABEL if colour == 0 else None)
     if metric.endswith("_over_floor"):
-        ax.axhline(1.0, color="grey", linestyle="--", label="floor")
+        ax.axhline(1.0, color="grey", linestyle="--", label=FLOOR_LABEL)
+    ax.set_ylim(bottom=0)  # every metric is >= 0: a flat series then reads as flat
+    ax.ticklabel_format(axis="y", useOffset=False)
     if not numeric:
         ax.set_xticks(range(len(x.values)), [str(v) for v in x.values])
         return

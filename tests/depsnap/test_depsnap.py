@@ -25,6 +25,7 @@ import asyncio
 import errno
 import json
 import os
+import signal
 import stat
 import subprocess
 import sys
@@ -520,3 +521,38 @@ async def test_a_mount_refuses_a_file_whose_bytes_do_not_match_the_trees_digest(
         finally:
             status, _, err = await depsnap(a, "umount", str(mountpoint), cwd=tmp_path)
         assert status == 0, err
+
+
+async def test_an_import_through_a_snapshot_mount_survives_an_agent_restart(
+        tmp_path: Path, wheels: Path) -> None:
+    """Issue 35: the agent of the reading node is killed (SIGKILL) and started again while
+    `import numpy` reads through the mount; the import pauses and succeeds."""
+    work = tmp_path / "job"
+    work.mkdir()
+    (work / "requirements.txt").write_text(PINS)
+    slow = {"download_mbps": 8.0}  # numpy's libraries take a few seconds to arrive
+    async with swarm(tmp_path, 1) as (cluster, (a,)):
+        args = install_args(tmp_path / "venv", wheels, "-r", "requirements.txt")
+        status, created, err = await depsnap(a, *args, cwd=work)
+        assert status == 0, err
+        b = await add_node(cluster, tmp_path, tmp_path / "snapshots", 1, slow)
+        where = tmp_path / "mnt"
+        where.mkdir()
+        opts = MountOptions(created["key"], where, b.env["BOOTSEER_TRACKER"],
+                            b.agent.api_socket, b.agent.store_dir)
+        async with await Mount.spawn(opts.argv(), where, tmp_path / "mount.log",
+                                     env=b.env) as mount:
+            assert mount.ready["packs"]
+            importer = await asyncio.create_subprocess_exec(
+                str(where / "bin" / "python"), "-c", "import numpy; print(numpy.ones(3).sum())",
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            await asyncio.sleep(1.0)
+            assert importer.returncode is None, "the import finished before the restart"
+            cluster.children.remove(b.agent.child)
+            await b.agent.child.stop(signal.SIGKILL)
+            await asyncio.sleep(1.0)
+            assert importer.returncode is None, "the import ended with no agent to serve it"
+            await cluster.start_agent(1, "r1", slow)  # its store and socket again
+            out, err = await asyncio.wait_for(importer.communicate(), 180)
+            assert (importer.returncode, out.strip()) == (0, b"3.0"), err.decode()[-2000:]
+        assert "waits for the agent" in (tmp_path / "mount.log").read_text()

@@ -6,14 +6,18 @@ cluster; agents load it through `bootseer ckpt prefetch`, the FUSE mount and
 egress is what the agents' sessions report as origin bytes plus what the
 first reader read to index. Faults: a changed file, an unreachable NameNode,
 a permission denied, a DataNode stopped or killed (SIGKILL, a JVM of its own)
-mid-read, a peer serving bad stripes.
+mid-read, a peer serving bad stripes, the reader's agent killed and restarted
+mid-read.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
+import signal
 import struct
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -341,3 +345,43 @@ async def test_a_peer_serving_bad_stripes_is_dropped_and_the_stripes_refetched(
                 assert await asyncio.to_thread(f.read) == data
         finally:
             await hostile.stop()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+async def test_a_sha256sum_through_the_mount_survives_an_agent_restart(
+        tmp_path: Path, fuse_ready: None, sig: int) -> None:
+    """Issue 35: the mount server waits for the agent to come back; the reader (a real
+    `sha256sum` in its own process) sees a pause, never an error or a wrong byte."""
+    data = bytes(np.random.default_rng(5).integers(0, 255, 16 * MiB, dtype=np.uint8))
+    slow = {"download_mbps": 4.0}  # the reader's node: its read takes ~4 s
+    async with hdfs(tmp_path) as dfs, swarm(tmp_path, 1) as (cluster, (a,)):
+        async with WebHdfs(dfs.http_url) as client:
+            await client.create("/ckpt/big", data, replication=2, block_size=BLOCK)
+        code, _, err = await bootseer(cluster, "ckpt", "prefetch", dfs.uri("/ckpt/big"),
+                                      "--json", *flags(cluster, a))
+        assert code == 0, err  # indexed, and held by a
+        b = await cluster.start_agent(1, "rack0", slow)
+        where = tmp_path / "mnt"
+        where.mkdir()
+        opts = MountOptions(dfs.uri("/ckpt"), where, cluster.tracker_url, b.api_socket,
+                            b.store_dir)
+        mount = await Mount.spawn(opts.argv(), where, tmp_path / "mount.log", env=cluster.env)
+        try:
+            started = time.monotonic()
+            reader = await asyncio.create_subprocess_exec(
+                "sha256sum", str(where / "big"), stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE)
+            await asyncio.sleep(1.0)  # a quarter of the file read, the rest on its way
+            cluster.children.remove(b.child)
+            await b.child.stop(sig)
+            await asyncio.sleep(1.0)
+            assert reader.returncode is None, "the read ended with no agent to serve it"
+            await cluster.start_agent(1, "rack0", slow)  # its store and socket again
+            out, err = await asyncio.wait_for(reader.communicate(), 120)
+            stall = time.monotonic() - started
+            assert reader.returncode == 0, err.decode()
+            assert out.decode().split()[0] == hashlib.sha256(data).hexdigest()
+            assert "waits for the agent" in (tmp_path / "mount.log").read_text()
+        finally:
+            await mount.stop()
+        print(json.dumps({"restart_signal": sig.name, "sha256sum_seconds": round(stall, 2)}))

@@ -142,7 +142,7 @@ def bad_snapshots() -> list[tuple[str, dict[str, bytes]]]:
         ("a map for the members", signed_state(members_as_map)),
         ("a string count", signed_state(wrong_member)),
         ("a fetcher that is not a member", signed_state(ghost_fetcher)),
-        ("a later format", signed_state([2, *good[1:]])),
+        ("a later format", signed_state([snapshot.FORMAT + 1, *good[1:]])),
         ("not a list", signed_state({"registry": 1})),
         ("a huge id", {**signed_state(good), "id": b"99999999999999999999-0"}),
     ]

@@ -26,7 +26,8 @@ C, D = ContentId("c1-" + "a" * 64), ContentId("c1-" + "b" * 64)
 
 
 def busy_registry() -> Registry:
-    """Members in two contents and racks, fetchers, a demotion, reports and a ban."""
+    """Members in two contents and racks, fetchers, a demotion, reports, a ban and
+    departures."""
     reg = Registry(ban_seconds=100.0, origin_fetchers=2, fetcher_stall_seconds=5.0,
                    fetcher_start_seconds=3.0)
     for i in range(12):
@@ -39,6 +40,8 @@ def busy_registry() -> Registry:
     reg.report(PeerId("p9"), PeerId("p1"), "bad chunk", 12.0, reporter_host="10.0.0.1")
     for r in (1, 2, 3):
         reg.report(PeerId("p7"), PeerId(f"p{r}"), "bad chunk", 13.0, reporter_host=f"10.0.0.{r}")
+    reg.leave(D, PeerId("p3"), "10.0.0.3", 13.5)  # incomplete: a departure
+    reg.expire(13.5, 12.0)  # p0 and p1 (last seen at 0 and 1) went silent
     return reg
 
 
@@ -55,7 +58,7 @@ def view(reg: Registry) -> Any:
          for c in reg.contents()],
         list(reg._by_age.items()), reg._bound, reg._contents_of,
         {n: dict(r) for n, r in reg._reports.items()}, reg._banned_until,
-        list(reg._recent), list(reg._runs_out), reg.fetchers_reassigned)
+        list(reg._recent), list(reg._runs_out), reg.fetchers_reassigned, reg.departures())
 
 
 def vars_of(m: Member) -> tuple[Any, ...]:
@@ -64,6 +67,9 @@ def vars_of(m: Member) -> tuple[Any, ...]:
 
 def test_a_registry_comes_back_as_it_was_bag_order_included() -> None:
     reg = busy_registry()
+    assert [(d.content, d.peer, d.went_silent) for d in reg.departures()] == [
+        (D, PeerId("p3"), False), (C, PeerId("p1"), True), (D, PeerId("p1"), True)]  # (p0 was
+    #                                                      complete: not a departure)
     back = snapshot.load(snapshot.dump(reg), reg)
     assert view(back) == view(reg) and reg.banned(14.0) == back.banned(14.0) == ["10.0.0.7"]
     rng_a, rng_b = random.Random(3), random.Random(3)  # the same handouts, draw for draw
@@ -120,7 +126,8 @@ def ops_still_apply(reg: Registry) -> None:
 
 
 @pytest.mark.parametrize("raw", [b"", b"\xc1", msgpack.packb({"a": 1}), msgpack.packb([1] * 8),
-                                 msgpack.packb([2, 0, [], [], [], [], [], []])])
+                                 msgpack.packb([2, 0, [], [], [], [], [], []]),
+                                 msgpack.packb([1, 0, [], [], [], [], [], []])])
 def test_what_is_not_a_snapshot_is_refused(raw: bytes) -> None:
     with pytest.raises(snapshot.SnapshotError):
         snapshot.load(raw, Registry())

@@ -28,7 +28,8 @@ from tracker.registry import ORIGIN_FETCHERS
 
 BROWSER_TIMEOUT_SECONDS = 90
 WINDOW = (1200, 800)
-HOSTS = {"bad": "127.0.0.2", "x": "127.0.0.3", "y": "127.0.0.4", "z": "127.0.0.5"}
+HOSTS = {"bad": "127.0.0.2", "x": "127.0.0.3", "y": "127.0.0.4", "z": "127.0.0.5",
+         "w": "127.0.0.6"}
 
 
 def chromium() -> str:
@@ -86,6 +87,9 @@ async def test_status_page_shows_the_live_swarm_in_a_real_browser(
         for p, (have, origin) in held.items():
             await clients[p].announce_all(PeerId(p), f"{HOSTS[p]}:7000", "r0", [
                 ContentState(m.content_id, have, have == 12, origin_bytes=origin)])
+        for state in (ContentState(m.content_id, 3, False), ContentState(m.content_id, 0, False,
+                                                                          "stopped")):
+            await clients["w"].announce_all(PeerId("w"), f"{HOSTS['w']}:7000", "r0", [state])
         await clients["x"].report(PeerId("x"), PeerId("bad"), m.content_id, "chunk 3 mismatch")
         await clients["y"].report(PeerId("y"), PeerId("bad"), m.content_id, "chunk 5 mismatch")
 
@@ -99,6 +103,8 @@ async def test_status_page_shows_the_live_swarm_in_a_real_browser(
             ["y", "127.0.0.4:7000", "r0", "1", "0"]]
         assert row[6].startswith(f"2/{ORIGIN_FETCHERS}: bad, y")  # incomplete members, in order
         assert row[7] == "72.0 KB (1.50\u00d7)"
+        assert [r[:4] for r in cells(dom, "departures")] == [
+            [f"team/status:v1{m.content_id[:19]}\u2026", "w", "25%", "stopped"]]  # 3 of 12
         assert cells(dom, "bans")[0][0] == "127.0.0.2"
         reports = cells(dom, "reports")
         assert [r[:3] for r in reports] == [
@@ -125,7 +131,7 @@ async def test_status_page_shows_the_live_swarm_in_a_real_browser(
 async def test_status_page_of_an_empty_tracker_says_so(tracker: Tracker) -> None:
     dom = browse(tracker.url + "/", "--dump-dom")
     assert cells(dom, "contents") == [["no content has members"]]
-    assert cells(dom, "nodes") == [["none"]]
+    assert cells(dom, "nodes") == [["none"]] and cells(dom, "departures") == [["none"]]
     assert cells(dom, "bans") == [["none"]]
 
 
