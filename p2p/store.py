@@ -8,21 +8,21 @@ whole one, never half of one. Stray temp files are deleted when a store opens.
 
 Verification. A chunk is checked against the manifest before it is written
 (`put`), or, written to a temp file as it arrived (`temp_file`, p2p.spool),
-before that file is renamed into place (`adopt`); `attach` re-checks every chunk file already on disk the first time a
-content is attached in this process, and deletes the damaged or wrong-sized
-ones. A content found on disk but not yet attached is only *known*: its bytes
-are counted against the budget but never served. A disk can lie after that
-too, so a chunk file is checked again whenever it leaves the store, for a
-peer (`open_cached`, else `open_verified`) or a local reader (`read_chunk`),
-unless the file is unchanged since it last passed a check: same (st_ino,
-st_size, st_mtime_ns, st_ctime_ns) as when it was written from verified bytes
-or last hashed (see `read_chunk` for what that leaves out). xxh3-128 of a
-4 MiB chunk costs 0.06 ms in memory and 0.18 ms including the read from the
-page cache on this machine (about 20 GB/s); what a check costs on the upload
-path is the trip to a worker thread, which delays the reply to the peer, so
-an unchanged file is served without one (measured: with a full check in a
-thread on every send, 8 x 256 MiB uncapped ran at 0.90 x the unchecked
-rate). A file that fails a check,
+before that file is renamed into place (`adopt`); `attach` re-checks every
+chunk file already on disk the first time a content is attached in this
+process, and deletes the damaged or wrong-sized ones. A content found on disk
+but not yet attached is only *known*: its bytes are counted against the budget
+but never served. A disk can lie after that too, so a chunk file is checked
+again whenever it leaves the store, for a peer (`open_cached`, else
+`open_verified`) or a local reader (`read_chunk`), unless the file is
+unchanged since it last passed a check: same (st_ino, st_size, st_mtime_ns,
+st_ctime_ns) as when it was written from verified bytes or last hashed (see
+`read_chunk` for what that leaves out). xxh3-128 of a 4 MiB chunk costs 0.06
+ms in memory and 0.18 ms including the read from the page cache on this
+machine (about 20 GB/s); what a check costs on the upload path is the trip to
+a worker thread, which delays the reply to the peer, so an unchanged file is
+served without one (measured: with a full check in a thread on every send, 8 x
+256 MiB uncapped ran at 0.90 x the unchecked rate). A file that fails a check,
 is short, or has vanished is *damaged*: it is deleted, marked absent, logged,
 counted (`damaged_chunks`) and reported to the owner through `on_damaged`, who
 fetches it again. So nothing this store returns is unverified, and a restart
