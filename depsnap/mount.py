@@ -59,6 +59,7 @@ from fusefs.tree import Entry, Extent, Kind, Layer, Tree, build_tree
 from p2p.errors import UserError
 
 if TYPE_CHECKING:  # the serving process loads these; the CLI's parser need not
+    from depsnap.backing import MemberFiles
     from depsnap.hot import Frame, HotRecord
     from depsnap.source import SnapshotSource
 
@@ -97,6 +98,7 @@ class MountOptions:
     record: str = "missing"  # RECORD_MODES
     record_window_s: float = WINDOW_S
     prefetch: bool = True  # prefetch the recorded frames' chunks
+    passthrough: bool = False  # files with a decoded copy read by the kernel (depsnap.backing)
 
     def argv(self) -> list[str]:
         """The `depsnap serve` command line for these options."""
@@ -105,9 +107,11 @@ class MountOptions:
                 "--store-dir", str(self.store_dir), "--read-timeout", str(self.read_timeout_s),
                 "--read-ahead-kb", str(self.read_ahead_kb), "--record", self.record,
                 "--record-window", str(self.record_window_s),
+                "--log-level", "INFO",  # its stderr is the mount's log file
                 *(["--origin-url", self.origin_url] if self.origin_url else []),
                 *(["--origin-dir", str(self.origin_dir)] if self.origin_dir else []),
                 *(["--no-prefetch"] if not self.prefetch else []),
+                *(["--passthrough"] if self.passthrough else []),
                 *(["--allow-other"] if self.allow_other else [])]
 
 
@@ -147,6 +151,7 @@ async def serve_snapshot(opts: MountOptions, secret: bytes,
         await source.close()
         raise
     saver = _Saver(opts, snapshot, recorder)
+    copies = _copies(opts, snapshot, source, recorder)
 
     def ready(info: dict[str, Any]) -> None:
         on_ready({**info, "key": opts.key, "tree": tree_id, "prefix": snapshot.prefix,
@@ -156,14 +161,29 @@ async def serve_snapshot(opts: MountOptions, secret: bytes,
 
     # Not a TaskGroup: it would wrap serve's own errors (MountError, ...) in a group.
     window = asyncio.create_task(saver.at_window_end())
+    warming = asyncio.create_task(copies.warm(hot)) if copies is not None and hot else None
     try:
         await serve(tree, source, opts.mountpoint, opts.read_ahead_kb, opts.allow_other,
-                    ready)
+                    ready, whole=copies)
     finally:
+        if warming is not None:
+            warming.cancel()
+            await asyncio.gather(warming, return_exceptions=True)
         saver.unmounted()
         await window  # at once, or when a save the window's end began is written
         await saver.save()
     return {"key": opts.key, "prefetch_chunks": queued, **saver.summary}
+
+
+def _copies(opts: MountOptions, snapshot: Snapshot, source: SnapshotSource,
+            recorder: Recorder | None) -> MemberFiles | None:
+    """Decoded copies for passthrough (`depsnap.backing`), with `--passthrough`; none while
+    recording, since the kernel's own reads of a copy would not be seen."""
+    if not opts.passthrough or recorder is not None:
+        return None
+    from depsnap.backing import MemberFiles
+
+    return MemberFiles(opts.store_dir, snapshot, source)
 
 
 async def _prefetch(source: SnapshotSource, hot: list[Frame] | None) -> int:
@@ -279,6 +299,12 @@ def add_mount_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser],
         m.add_argument("mountpoint", metavar="DIR", type=Path)
         node_flags(m)
         add_serving_flags(m)
+        m.add_argument("--passthrough", action="store_true",
+                       help="have the kernel read the bigger files from decoded, checked "
+                            "copies in the store (FUSE passthrough, Linux 6.9+ as root): "
+                            "written at a file's first open, and ahead of it for the files "
+                            "of a hot-frame record; the copies cost CPU on the node's first "
+                            "mount of a key and pay on later ones (benchmarks/RESULTS.md)")
         m.add_argument("--origin-dir", type=Path, default=env_path("BOOTSEER_DEPSNAP_ORIGIN_DIR"),
                        help="the snapshot origin directory, where a recorded hot-frame "
                             "record is saved (default: $BOOTSEER_DEPSNAP_ORIGIN_DIR)")
@@ -313,7 +339,7 @@ def _options(args: argparse.Namespace) -> MountOptions:
                         args.tracker, args.api_socket, args.store_dir.absolute(),
                         args.read_timeout_s, args.read_ahead_kb, args.allow_other,
                         origin_url, origin_dir, args.record, args.record_window_s,
-                        args.prefetch)
+                        args.prefetch, args.passthrough)
 
 
 def _run_serve(args: argparse.Namespace) -> int:

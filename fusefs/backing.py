@@ -26,6 +26,7 @@ handler path checks at every read).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import mmap
@@ -34,6 +35,7 @@ import tempfile
 import threading
 from pathlib import Path
 
+from fusefs.tree import Extent
 from p2p.chunkfile import CHUNK_SUFFIX, StatKey, stat_key
 from p2p.chunkview import ChunkView
 from p2p.content import ContentId, Manifest, ManifestError
@@ -184,6 +186,57 @@ class WholeFiles:
             return view.read_chunk(index, lo, hi) == piece
         except MissingChunk:
             return False
+
+
+class WholeBacking:
+    """A `fusefs.kernelfs.Backing` over `WholeFiles`: an extent's backing file is the
+    range's file in the store, checked at its first open by this process; one not built
+    yet is built in the background once every chunk under it is in the store."""
+
+    def __init__(self, whole: WholeFiles) -> None:
+        self.whole = whole
+        self._manifests: dict[str, Manifest | None] = {}
+        self._building: dict[tuple[str, int, int], asyncio.Task[bool]] = {}
+
+    @property
+    def built(self) -> int:
+        return self.whole.built
+
+    async def open(self, extent: Extent) -> int | None:
+        if not self.whole.eligible(extent.content):
+            return None
+        manifest = await self._manifest(extent.content)
+        if manifest is None or extent.offset + extent.length > manifest.size:
+            return None
+        fd = await asyncio.to_thread(self.whole.open_verified, manifest, extent.offset,
+                                     extent.length)
+        if fd is None:
+            self._build_later(manifest, extent)
+        return fd
+
+    async def _manifest(self, content: str) -> Manifest | None:
+        if content not in self._manifests:
+            self._manifests[content] = await asyncio.to_thread(self.whole.manifest,
+                                                               ContentId(content))
+        return self._manifests[content]
+
+    def _build_later(self, manifest: Manifest, extent: Extent) -> None:
+        whole = self.whole
+        key = (extent.content, extent.offset, extent.length)
+        if key in self._building or not whole.complete(manifest, extent.offset, extent.length):
+            return
+
+        async def build() -> bool:
+            return await asyncio.to_thread(whole.build, manifest, extent.offset, extent.length)
+
+        task = asyncio.get_running_loop().create_task(build())
+        self._building[key] = task
+        task.add_done_callback(lambda t: self._building.pop(key, None))
+
+    async def close(self) -> None:
+        for task in self._building.values():
+            task.cancel()
+        await asyncio.gather(*self._building.values(), return_exceptions=True)
 
 
 def _placed(manifest: Manifest, offset: int, length: int) -> list[tuple[int, int, int, int]]:

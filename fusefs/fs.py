@@ -16,7 +16,8 @@ mount's BDI (see fusefs.mount).
 
 Errors are `FUSEError(errno)`: ENOENT for an inode the tree does not have,
 EROFS for every write, EIO for a read whose bytes cannot be had in time
-(the source says why; logged here with the file). The application owns lookup
+(the source says why; logged here with the file) and for any part of a packed
+tree that fails its check at first use (`fusefs.packedtree`). The application owns lookup
 counts: `lookup` and every entry `readdir` returns count one more, `forget`
 counts them down; since the tree is immutable no inode is ever freed, the
 counts only keep the bookkeeping honest.
@@ -24,17 +25,18 @@ counts only keep the bookkeeping honest.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pyfuse3
 from pyfuse3 import FUSEError
 
 from fusefs.source import Source, SourceError
-from fusefs.tree import Kind, Node, Tree
+from fusefs.tree import Kind, Node, TreeError, TreeView
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +50,7 @@ class ContentFS(pyfuse3.Operations):
 
     enable_writeback_cache = False
 
-    def __init__(self, tree: Tree, source: Source,
+    def __init__(self, tree: TreeView, source: Source,
                  on_init: Callable[[], object] | None = None) -> None:
         """`on_init` is called when the kernel's INIT request is being answered."""
         super().__init__()
@@ -69,7 +71,8 @@ class ContentFS(pyfuse3.Operations):
 
     async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None
                      ) -> pyfuse3.EntryAttributes:
-        node = self.tree.lookup(parent_inode, os.fsdecode(name))
+        with _eio_on_tree_error():
+            node = self.tree.lookup(parent_inode, os.fsdecode(name))
         if node is None:
             return _NEGATIVE  # the kernel caches the miss: imports probe many absent names
         self.lookups[node.inode] = self.lookups.get(node.inode, 0) + 1
@@ -98,10 +101,12 @@ class ContentFS(pyfuse3.Operations):
         return inode
 
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
-        for name, node, next_id in self.tree.readdir(fh, start_id):
-            if not pyfuse3.readdir_reply(token, os.fsencode(name), self._attr(node), next_id):
-                return
-            self.lookups[node.inode] = self.lookups.get(node.inode, 0) + 1
+        with _eio_on_tree_error():
+            for name, node, next_id in self.tree.readdir(fh, start_id):
+                if not pyfuse3.readdir_reply(token, os.fsencode(name), self._attr(node),
+                                             next_id):
+                    return
+                self.lookups[node.inode] = self.lookups.get(node.inode, 0) + 1
 
     async def releasedir(self, fh: int) -> None:
         pass
@@ -145,7 +150,8 @@ class ContentFS(pyfuse3.Operations):
     async def read(self, fh: int, off: int, size: int) -> Any:
         self.reads += 1
         self.read_bytes += size
-        extents = self.tree.map_range(fh, off, size)
+        with _eio_on_tree_error():
+            extents = self.tree.map_range(fh, off, size)
         try:
             if len(extents) == 1:
                 e = extents[0]
@@ -172,7 +178,8 @@ class ContentFS(pyfuse3.Operations):
 
     def _node(self, inode: int) -> Node:
         try:
-            return self.tree.node(inode)
+            with _eio_on_tree_error():
+                return self.tree.node(inode)
         except KeyError:
             raise FUSEError(errno.ENOENT) from None
 
@@ -181,6 +188,16 @@ class ContentFS(pyfuse3.Operations):
         if attr is None:
             attr = self._attrs[node.inode] = entry_attributes(node)
         return attr
+
+
+@contextlib.contextmanager
+def _eio_on_tree_error() -> Iterator[None]:
+    """EIO for a packed tree's fault, found at its first use (`fusefs.packedtree`)."""
+    try:
+        yield
+    except TreeError as exc:
+        log.warning("%s: EIO", exc)
+        raise FUSEError(errno.EIO) from None
 
 
 def _negative_entry() -> pyfuse3.EntryAttributes:

@@ -7,15 +7,17 @@ kernel then reads its backing file (`fusefs.backing`) itself; no READ for it
 reaches this process. Every other file, and every file while its content is
 incomplete, is served by the same handler
 path as `fusefs.fs`: `Tree.map_range`, then the `Source` (verified chunk files,
-the agent for missing chunks, EIO after the source's bound).
+the agent for missing chunks, EIO after the source's bound). Which files have
+a backing file, and how one is built and checked, is the `Backing`'s business.
 
 Rules of the kernel this follows (Linux 6.9+): an inode is in passthrough mode or
 in cached mode while any file of it is open, never both (an open asking for the
 other mode fails with EIO), and all its passthrough opens share one backing file.
 So the first open of an inode picks the mode, the ones while it is open follow
-it, and its backing id is closed at its last RELEASE. A content that becomes
-whole while a file of it is open in cached mode is built into its whole file in
-the background; the next first open uses it.
+it, and its backing id is closed at its last RELEASE. A file with no backing
+file yet is opened in cached mode, and its backing may start building one in
+the background (a content that became whole, a snapshot file just verified);
+the next first open uses it.
 
 The codec is `fusefs.protocol`; this module reads requests (one `readv` each into
 one reused buffer, on the event loop, non-blocking), answers metadata inline from
@@ -35,14 +37,12 @@ import os
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from fusefs import protocol as P
-from fusefs.backing import WholeFiles
 from fusefs.kernelmount import PassthroughUnavailable, mount_device, unmount
 from fusefs.source import Source, SourceError
-from fusefs.tree import Extent, Kind, Node, Tree
-from p2p.content import ContentId, Manifest
+from fusefs.tree import Extent, Kind, Node, TreeError, TreeView
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,23 @@ TIMEOUT_S = 24 * 3600.0  # the tree never changes
 BLOCK_SIZE = 1 << 20
 NAME_MAX = 255
 REQUEST_BUFFER = 1 << 17  # > max_write (4 KiB) + headers; xattr names fit with room
+
+
+class Backing(Protocol):
+    """Backing files for passthrough, each written only from verified bytes
+    (`fusefs.backing.WholeBacking`: a range of a content kept in the store;
+    `depsnap.backing.MemberFiles`: a decoded file of a snapshot pack)."""
+
+    @property
+    def built(self) -> int:
+        """Backing files this process wrote."""
+
+    async def open(self, extent: Extent) -> int | None:
+        """An fd of a checked backing file holding exactly `extent`'s bytes, for the caller
+        to close; None if there is none yet (one may be built for a later open)."""
+
+    async def close(self) -> None:
+        """Stop building."""
 
 
 class FuseReply(Exception):
@@ -71,22 +88,20 @@ class _Opened:
 class KernelFS:
     """Serves `tree` on the FUSE device `fd` (already mounted at `path`)."""
 
-    def __init__(self, tree: Tree, source: Source, whole: WholeFiles | None, fd: int,
+    def __init__(self, tree: TreeView, source: Source, backing: Backing | None, fd: int,
                  path: str, want_passthrough: bool = True) -> None:
         self.tree = tree
         self.source = source
-        self.whole = whole
+        self.backing = backing
         self.fd = fd
         self.path = path
-        self.want_passthrough = want_passthrough and whole is not None
+        self.want_passthrough = want_passthrough and backing is not None
         self.passthrough = False  # negotiated at INIT
         self.reads = self.read_bytes = self.failed_reads = 0
         self.passthrough_opens = self.handler_opens = 0
         self._buffer = bytearray(REQUEST_BUFFER)
         self._opened: dict[int, _Opened] = {}
         self._open_locks: dict[int, asyncio.Lock] = {}
-        self._manifests: dict[str, Manifest | None] = {}
-        self._building: dict[tuple[str, int, int], asyncio.Task[bool]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._done: asyncio.Future[None] | None = None
         self._initialised: Callable[[], None] = lambda: None
@@ -113,10 +128,11 @@ class KernelFS:
             await done
         finally:
             loop.remove_reader(self.fd)
-            for task in list(self._tasks) + list(self._building.values()):
+            for task in self._tasks:
                 task.cancel()
-            await asyncio.gather(*self._tasks, *self._building.values(),
-                                 return_exceptions=True)
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            if self.backing is not None:
+                await self.backing.close()
             self._close_backing()
 
     def stop(self) -> None:
@@ -169,6 +185,9 @@ class KernelFS:
             self._reply(header.unique, handler(header, body))
         except FuseReply as exc:
             self._error(header.unique, exc.code)
+        except TreeError as exc:  # a packed tree's fault, found at its first use
+            log.warning("%s: EIO", exc)
+            self._error(header.unique, errno.EIO)
 
     def _reply(self, unique: int, payload: bytes | memoryview) -> None:
         self._write([P.reply_header(unique, len(payload)), payload])
@@ -198,6 +217,9 @@ class KernelFS:
             return self.tree.node(inode)
         except KeyError:
             raise FuseReply(errno.ENOENT) from None
+        except TreeError as exc:
+            log.warning("%s: EIO", exc)
+            raise FuseReply(errno.EIO) from None
 
     def _lookup(self, header: P.Header, body: memoryview) -> bytes:
         node = self.tree.lookup(header.nodeid, os.fsdecode(P.name_arg(body)))
@@ -276,17 +298,11 @@ class KernelFS:
     async def _backing_for(self, node: Node) -> int | None:
         """A backing id for the file's verified bytes; None: the handler serves."""
         extent = _one_extent(node)
-        whole = self.whole
-        if not self.passthrough or whole is None or extent is None or \
-                not whole.eligible(extent.content):
+        backing = self.backing
+        if not self.passthrough or backing is None or extent is None:
             return None
-        manifest = await self._manifest(extent.content)
-        if manifest is None or extent.offset + extent.length > manifest.size:
-            return None
-        fd = await asyncio.to_thread(whole.open_verified, manifest, extent.offset,
-                                     extent.length)
+        fd = await backing.open(extent)
         if fd is None:
-            self._build_later(manifest, extent)
             return None
         try:
             backing_id = fcntl.ioctl(self.fd, P.DEV_IOC_BACKING_OPEN,
@@ -298,32 +314,6 @@ class KernelFS:
             return None
         finally:
             os.close(fd)
-
-    async def _manifest(self, content: str) -> Manifest | None:
-        if content not in self._manifests:
-            assert self.whole is not None
-            self._manifests[content] = await asyncio.to_thread(self.whole.manifest,
-                                                               ContentId(content))
-        return self._manifests[content]
-
-    def _build_later(self, manifest: Manifest, extent: Extent) -> None:
-        """Build the backing file in the background if every chunk under it is here."""
-        assert self.whole is not None
-        whole = self.whole
-        key = (extent.content, extent.offset, extent.length)
-        if key in self._building or not whole.complete(manifest, extent.offset, extent.length):
-            return
-
-        async def build() -> bool:
-            return await asyncio.to_thread(whole.build, manifest, extent.offset, extent.length)
-
-        task = asyncio.get_running_loop().create_task(build())
-        self._building[key] = task
-        task.add_done_callback(lambda t: self._building.pop(key, None))
-
-    async def whole_files_built(self) -> None:
-        """Until the whole files being built are done (for tests and benches)."""
-        await asyncio.gather(*self._building.values(), return_exceptions=True)
 
     def _release(self, header: P.Header, body: memoryview) -> bytes:
         inode = P.release_fh(body)
@@ -359,7 +349,7 @@ class KernelFS:
         except KeyError:
             self._error(header.unique, errno.ENOENT)
             return
-        except SourceError as exc:
+        except (SourceError, TreeError) as exc:
             self.failed_reads += 1
             log.warning("read of inode %d, %d bytes at %d: EIO: %s", args.fh, args.size,
                         args.offset, exc)
@@ -392,7 +382,7 @@ def _sized(value: bytes, size: int) -> bytes:
     return value
 
 
-async def serve_kernel(tree: Tree, source: Source, whole: WholeFiles, path: str,
+async def serve_kernel(tree: TreeView, source: Source, backing: Backing, path: str,
                        read_ahead_kb: int, allow_other: bool,
                        on_ready: Callable[[dict[str, Any]], None] | None) -> None:
     """Mount at `path` with passthrough, serve until SIGTERM/SIGINT or unmount, then
@@ -402,7 +392,7 @@ async def serve_kernel(tree: Tree, source: Source, whole: WholeFiles, path: str,
     from fusefs.mountinfo import set_read_ahead
 
     fd = mount_device(path, allow_other)
-    fs = KernelFS(tree, source, whole, fd, path)
+    fs = KernelFS(tree, source, backing, fd, path)
     loop = asyncio.get_running_loop()
     refused: list[str] = []
 
@@ -429,4 +419,4 @@ async def serve_kernel(tree: Tree, source: Source, whole: WholeFiles, path: str,
         raise PassthroughUnavailable(refused[0])
     log.info("unmounted %s: %d passthrough opens, %d handler opens, %d handler reads of %d "
              "bytes, %d failed, %d whole files built", path, fs.passthrough_opens,
-             fs.handler_opens, fs.reads, fs.read_bytes, fs.failed_reads, whole.built)
+             fs.handler_opens, fs.reads, fs.read_bytes, fs.failed_reads, backing.built)

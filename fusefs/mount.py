@@ -73,20 +73,22 @@ async def serve(tree: Any, source: Any, mountpoint: Path, read_ahead_kb: int = R
     `source`. `on_ready` gets {"mountpoint", "read_ahead_kb", "server", "passthrough"}
     once the mount works.
 
-    With `whole` (a `fusefs.backing.WholeFiles` of the source's store) files whose
-    content is whole and verified are read by FUSE passthrough (`fusefs.kernelfs`),
-    where the kernel and our privilege allow it; elsewhere, and without `whole`, the
-    pyfuse3 shell serves every read."""
+    With `whole` (a `fusefs.backing.WholeFiles` of the source's store, or any
+    `fusefs.kernelfs.Backing`) files with a verified backing file are read by FUSE
+    passthrough (`fusefs.kernelfs`), where the kernel and our privilege allow it;
+    elsewhere, and without `whole`, the pyfuse3 shell serves every read."""
     keep_reply_buffers_on_the_heap()
     path = os.path.realpath(mountpoint)  # before the mount: never stat our own mount
     if whole is not None:
+        from fusefs.backing import WholeBacking, WholeFiles
         from fusefs.kernelfs import serve_kernel
         from fusefs.kernelmount import PassthroughUnavailable, kernel_supports_passthrough
 
         why = kernel_supports_passthrough()
+        backing = WholeBacking(whole) if isinstance(whole, WholeFiles) else whole
         try:
             if why is None:
-                await serve_kernel(tree, source, whole, path, read_ahead_kb, allow_other,
+                await serve_kernel(tree, source, backing, path, read_ahead_kb, allow_other,
                                    on_ready)
                 drop_private_log()  # a clean unmount: the log has nothing to tell
                 return

@@ -58,7 +58,7 @@ import json
 import stat
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from p2p.errors import UserError
 
@@ -145,6 +145,24 @@ class Node:
 # ---- the tree -----------------------------------------------------------------------
 
 
+class TreeView(Protocol):
+    """What the FUSE shells ask of a tree: a built `Tree`, or an image's tree as packed at
+    index time (`fusefs.packedtree.PackedTree`). A malformed part of a packed tree raises
+    `TreeError` when it is first used; the shells answer EIO."""
+
+    total_bytes: int
+
+    def __len__(self) -> int: ...
+
+    def node(self, inode: int) -> Node: ...
+
+    def lookup(self, parent: int, name: str) -> Node | None: ...
+
+    def readdir(self, inode: int, offset: int = 0) -> Iterator[tuple[str, Node, int]]: ...
+
+    def map_range(self, inode: int, offset: int, length: int) -> list[Extent]: ...
+
+
 class Tree:
     """An immutable inode table with directories; see the module docstring."""
 
@@ -201,22 +219,10 @@ class Tree:
         """The content ranges holding bytes [offset, offset + length) of file `inode`,
         clipped to the file's end."""
         node = self._nodes[inode]
-        end = min(offset + length, node.size)
-        if offset >= end:
-            return []
         starts = self._starts.get(inode)
         if starts is None:
-            starts = self._starts[inode] = _starts(node.extents)
-        out = []
-        index = bisect.bisect_right(starts, offset) - 1
-        while offset < end:
-            extent, start = node.extents[index], starts[index]
-            lo = offset - start
-            n = min(extent.length - lo, end - offset)
-            out.append(Extent(extent.content, extent.offset + lo, n))
-            offset += n
-            index += 1
-        return out
+            starts = self._starts[inode] = extent_starts(node.extents)
+        return clip(node, starts, offset, length)
 
     # ---- serialisation ----------------------------------------------------------------
 
@@ -237,12 +243,31 @@ class Tree:
             return _tree_from_dict(raw, name)
 
 
-def _starts(extents: tuple[Extent, ...]) -> list[int]:
+def extent_starts(extents: tuple[Extent, ...]) -> list[int]:
+    """Where each extent's bytes start in its file."""
     starts, at = [], 0
     for extent in extents:
         starts.append(at)
         at += extent.length
     return starts
+
+
+def clip(node: Node, starts: Sequence[int], offset: int, length: int) -> list[Extent]:
+    """The content ranges holding bytes [offset, offset + length) of file `node` (whose
+    extents start at `starts`), clipped to the file's end."""
+    end = min(offset + length, node.size)
+    if offset >= end:
+        return []
+    out = []
+    index = bisect.bisect_right(starts, offset) - 1
+    while offset < end:
+        extent, start = node.extents[index], starts[index]
+        lo = offset - start
+        n = min(extent.length - lo, end - offset)
+        out.append(Extent(extent.content, extent.offset + lo, n))
+        offset += n
+        index += 1
+    return out
 
 
 # ---- building ---------------------------------------------------------------------

@@ -23,7 +23,7 @@ FAST_MODULES = frozenset({
     "test_peer.py", "test_spool.py", "test_swarm.py", "test_swarm_lazy.py", "test_units.py",
     "test_upload_gate.py", "test_wire.py",
     "test_tracker_batched.py",
-    "test_fusefs_tree.py", "test_image_record.py", "test_launch_plan.py",
+    "test_fusefs_tree.py", "test_packed_tree.py", "test_image_record.py", "test_launch_plan.py",
     "test_depsnap_core.py", "test_depsnap_source.py",
     "test_stripe_plan.py", "test_webhdfs_errors.py",
     "test_sim_floor.py", "test_sim_imports.py", "test_sim_network.py", "test_sim_scenario.py",

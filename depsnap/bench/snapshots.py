@@ -29,7 +29,18 @@ case on a fresh prefix and with an empty cache, on loopback agents
   every later one is D's case). C is stopped before D starts, and D before E,
   so each has the seed as its only peer. E mounts as D did but without the
   mount server (`mount_direct_import_seconds`). `mount_prefetch_chunks`: the
-  chunks D's mount handed its agent from the record before anything was read;
+  chunks D's mount handed its agent from the record before anything was read.
+  D mounts with `--passthrough`: the files it has decoded, checked copies of
+  are read by the kernel (`depsnap.backing`: the recorded big files, written
+  while the mount starts); F mounts as D did without it, every read through
+  the handler (`mount_handler_import_seconds`), the baseline measured in the
+  same run. Each then mounts the key again (`mount_again_*`,
+  `mount_handler_again_*`): the chunks local now, and D's copies written.
+  `mount_read_path` and `mount_account` say what served, by the serving
+  process's own account (passthrough opens, handler opens and reads);
+  `mount_import_cpu_seconds` and `mount_server_cpu_seconds` are the CPU
+  seconds of the importing interpreter and of the serving process (from its
+  fork until the import ended), which load moves less than wall time;
 - `snapshot_bytes` (all packs as stored: zstd frames, what peers move),
   `snapshot_raw_bytes` (the packs' raw bytes), and sharing: a second
   environment (numpy and six, at another prefix) is published next to the
@@ -202,10 +213,23 @@ async def _cases(cluster: LocalCluster, work: Path, wheels: Path, packages: list
                                          work / "mount.sock")
         await c.child.stop()  # D's only peer is the seed, as C's was: like against like
         out.update(await _mount_import(env, d, created["key"], work / "mnt",
-                                       work / "mount.sock"))
+                                       work / "mount.sock", "--passthrough"))
+        again = await _mount_import(env, d, created["key"], work / "mnt-again",
+                                    work / "mount.sock", "--passthrough")
         await d.child.stop()
+        f = await cluster.start_agent(7, "r1", name="f")
+        handler = await _mount_import(env, f, created["key"], work / "mnt-handler",
+                                      work / "mount.sock")
+        handler_again = await _mount_import(env, f, created["key"],
+                                            work / "mnt-handler-again", work / "mount.sock")
+        await f.child.stop()
     finally:
         await server.stop()
+    for name, case in (("mount_handler_", handler), ("mount_again_", again),
+                       ("mount_handler_again_", handler_again)):
+        out[f"{name}import_seconds"] = case["mount_first_import_seconds"]
+        for field in ("import_cpu_seconds", "server_cpu_seconds", "read_path", "account"):
+            out[name + field] = case[f"mount_{field}"]
     e = await cluster.start_agent(8, "r1", name="e")
     direct = await _mount_import(env, e, created["key"], work / "mnt-direct", None)
     await e.child.stop()
@@ -213,7 +237,8 @@ async def _cases(cluster: LocalCluster, work: Path, wheels: Path, packages: list
     out["mount_unrecorded_import_seconds"] = unrecorded["mount_first_import_seconds"]
     out["mount_direct_seconds"] = direct["mount_seconds"]
     out["mount_direct_import_seconds"] = direct["mount_first_import_seconds"]
-    out["import_ok"] = out["import_ok"] and unrecorded["import_ok"] and direct["import_ok"]
+    out["import_ok"] = all(r["import_ok"] for r in (out, unrecorded, direct, handler, again,
+                                                   handler_again))
     rate = out["snapshot_bytes"] / out["transfer_seconds"]
     out["mount_target_seconds"] = round(1 + out["mount_fetched_bytes"] / rate, 3)
 
@@ -297,34 +322,55 @@ async def _fetched(agent: AgentHandle, tree: dict[str, Any]) -> tuple[int, int]:
 
 
 async def _mount_import(env: dict[str, str], agent: AgentHandle, key: str, mountpoint: Path,
-                        server: Path | None) -> dict[str, Any]:
+                        server: Path | None, *flags: str) -> dict[str, Any]:
     """`depsnap mount` on an empty node (through the mount server if given), timed until
-    `import pandas` works from the mount; then `depsnap umount`."""
+    `import pandas` works from the mount; then `depsnap umount`. Which path served the
+    reads comes from the mount's own account in its log (`fusefs.bench.readpath`)."""
+    from fusefs.bench.readpath import account, read_path
+
     mountpoint.mkdir()
     node = {**env, "BOOTSEER_API_SOCKET": agent.api_socket,
             "BOOTSEER_LOG_DIR": str(mountpoint.parent),
             **({SERVER_ENV: str(server)} if server else {})}
     started = time.monotonic()
     ready = await _depsnap(node, agent, "mount", key, str(mountpoint), "--store-dir",
-                           str(agent.store_dir))
+                           str(agent.store_dir), *flags)
     mounted = time.monotonic() - started
     try:
+        children = _children_cpu()
         proc = await asyncio.create_subprocess_exec(
             str(mountpoint / "bin" / "python"), "-c", IMPORT, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE)
         _, err = await proc.communicate()
         seconds = time.monotonic() - started
+        import_cpu = _children_cpu() - children
+        server_cpu = cpu_seconds(ready["pid"])  # until the import ended, its start included
         async with agent.client(60) as client:
             contents = (await client.status())["contents"]
     finally:
         await _depsnap(node, agent, "umount", str(mountpoint), json_out=False)
+    log = Path(ready["log"])
+    await _unmounted(log)
     fetched = sum(contents[p]["peer_bytes"] + contents[p]["origin_bytes"]
                   for p in ready["packs"] if p in contents)
     return {"mount_seconds": round(mounted, 3), "mount_first_import_seconds": round(seconds, 3),
             "mount_fetched_bytes": fetched, "mount_hot_frames": ready["hot_frames"],
             "mount_prefetch_chunks": ready["prefetch_chunks"],
-            "import_ok": proc.returncode == 0,
+            "mount_server": ready.get("server"), "mount_read_path": read_path(log),
+            "mount_import_cpu_seconds": round(import_cpu, 3),
+            "mount_server_cpu_seconds": round(server_cpu, 3),
+            "mount_account": account(log), "import_ok": proc.returncode == 0,
             **({"import_error": err.decode()[-500:]} if proc.returncode else {})}
+
+
+async def _unmounted(log: Path, timeout_s: float = 30.0) -> None:
+    """Until the serving process has logged its unmount (`umount` returns once the mount is
+    gone; the account of what it served is the process's last words)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if log.exists() and "unmounted " in log.read_text(errors="replace"):
+            return
+        await asyncio.sleep(0.05)
 
 
 def _tree_bytes(root: Path) -> int:

@@ -31,6 +31,16 @@ fresh agent, an empty store, a new scratch directory):
   process's CPU seconds per GiB and which path served (`*read_path`, by the
   server's own account).
 
+- `local_*` / `merged_local_*`: launches on that second agent, everything
+  local now, alternating three times each way: with the image's tree as
+  `image index` packed it (what every launch does) and with it merged at
+  mount from the layers' members (the bindings pushed again without the tree,
+  as for an image indexed before trees were packed): the launch's seconds,
+  `mounted_s` (from `image run`'s start to the mount serving) and the mount's
+  `open_image_s` and `tree_s`, medians; `prefetch_tree` and `prefetch_server`
+  say which tree and which server (kernel: passthrough for plain layers'
+  files; pyfuse3: the handler) the prefetched launch had.
+
 The JSON line also gives `image_bytes` (compressed layers), `hot_bytes` (the
 record's chunks), `startup_fetched_bytes` (layer bytes B received during its
 launch, from peers and from the registry), the registry's own egress per
@@ -41,11 +51,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shlex
 import statistics
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +65,7 @@ from p2p.bench import workdir
 from p2p.units import MiB
 
 FUSE_ROUNDS = 3  # fresh mounts, median reported
+TREE_ROUNDS = 3  # local launches each way (packed tree, merged tree), medians reported
 DEFAULT_COMMAND = "python3 -c 'import json, sqlite3, ssl, email, decimal, numpy'"
 DEFAULT_PACKAGES = "python3-numpy,python3-scipy,python3-pandas"
 
@@ -174,8 +187,59 @@ async def _cases(args: argparse.Namespace, cluster: Any, proxy: Any, ref: str, w
         held["origin_bytes"]
     out["hot_bytes"] = (await _held(a, layers))["have_bytes"]
     out["prefetch_chunks"] = warm.get("prefetch_chunks")
+    out["prefetch_mounted_s"], out["prefetch_tree"] = warm.get("mounted_s"), warm.get("tree")
+    out["prefetch_server"] = warm.get("server")
     out["lazy_timeline"], out["prefetch_timeline"] = lazy, warm
+    log("local: launches on the second agent, the tree packed at index vs merged at mount")
+    out |= await _tree_cases(cluster, b, ref, argv, args.runtime)
     return out
+
+
+async def _tree_cases(cluster: Any, agent: Any, ref: str, argv: list[str], runtime: str
+                      ) -> dict[str, Any]:
+    """Launches with everything local, alternating: the image's tree as `image index` packed
+    it, and merged at mount from the layers' members (its bindings pushed again without the
+    tree, as an image indexed before trees were packed; put back after each)."""
+    runs: dict[str, list[dict[str, Any]]] = {"packed": [], "merged": []}
+    for _ in range(TREE_ROUNDS):
+        for how, r in runs.items():
+            async with _tree_hidden(ref, hidden=how == "merged"):
+                seconds, timeline = await _launch(cluster, agent, ref, argv, runtime)
+            if timeline.get("tree") != how:
+                raise RuntimeError(f"a launch meant to use the {how} tree used "
+                                   f"{timeline.get('tree')!r}")
+            phases = timeline.get("mount_phases") or {}
+            r.append({"seconds": seconds, "mounted_s": timeline["mounted_s"],
+                      "open_image_s": phases.get("open_image_s"),
+                      "tree_s": phases.get("tree_s")})
+    out: dict[str, Any] = {}
+    for how, r in runs.items():
+        key = "local" if how == "packed" else "merged_local"
+        for field in ("seconds", "mounted_s", "open_image_s", "tree_s"):
+            out[f"{key}_{field}"] = round(statistics.median(x[field] for x in r), 3)
+        out[f"{key}_mounted_runs_s"] = [x["mounted_s"] for x in r]
+    return out
+
+
+@contextlib.asynccontextmanager
+async def _tree_hidden(ref: str, hidden: bool) -> AsyncIterator[None]:
+    from fusefs.image.binding import Bindings, pull_bindings, push_bindings
+    from p2p.origin.oci import RegistryClient
+    from p2p.origin.oci_ref import parse_reference
+
+    if not hidden:
+        yield
+        return
+    async with RegistryClient() as client:
+        pulled = await client.get_manifest(parse_reference(ref))
+        found = await pull_bindings(client, pulled.ref, pulled.digest)
+        if found is None or found.tree is None:
+            raise RuntimeError(f"{ref} has no packed tree in its bindings")
+        await push_bindings(client, pulled.ref, Bindings(found.image, found.layers))
+        try:
+            yield
+        finally:
+            await push_bindings(client, pulled.ref, found)
 
 
 async def _launch(cluster: Any, agent: Any, ref: str, argv: list[str], runtime: str,
@@ -336,4 +400,6 @@ def _ratios(r: dict[str, Any]) -> dict[str, Any]:
     r["startup_fetched_over_hot"] = ratio("startup_fetched_bytes", "hot_bytes")
     r["fuse_over_direct"] = ratio("fuse_read_gbps", "direct_read_gbps")
     r["passthrough_over_handler"] = ratio("fuse_read_gbps", "handler_fuse_read_gbps")
+    r["packed_over_merged_mounted"] = ratio("local_mounted_s", "merged_local_mounted_s")
+    r["packed_over_merged_launch"] = ratio("local_seconds", "merged_local_seconds")
     return r

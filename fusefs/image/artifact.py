@@ -1,10 +1,10 @@
 """Small Bootseer files kept in an image's own repository as OCI artifacts.
 
-A layer index, a hot-block record or an image card is pushed as one blob plus an OCI image
-manifest that names it (config: the OCI empty descriptor; `artifactType` says
-what it is) under a tag of our own, so the registry keeps the blob (garbage
-collection spares what a tagged manifest references) and any node that can
-pull the image can find it. Tags, not the referrers API: Debian's
+A layer index, an image's packed tree, a hot-block record or an image card is pushed
+as one blob plus an OCI image manifest that names it (config: the OCI empty
+descriptor; `artifactType` says what it is) under a tag of our own, so the registry
+keeps the blob (garbage collection spares what a tagged manifest references) and any
+node that can pull the image can find it. Tags, not the referrers API: Debian's
 docker-registry (distribution 2.8) has no referrers API, and a tag is what its
 fallback schema uses anyway.
 
@@ -28,6 +28,7 @@ EMPTY_BLOB = b"{}"
 INDEX_TYPE = "application/vnd.bootseer.layer-index.v1"
 RECORD_TYPE = "application/vnd.bootseer.hot-record.v1+json"
 CARD_TYPE = "application/vnd.bootseer.image-card.v1+json"
+TREE_TYPE = "application/vnd.bootseer.image-tree.v1"
 TAG_HEX = 40  # digest hex digits in a tag (tags are at most 128 characters)
 CHUNK_BYTES = 1 * MiB  # of an artifact's swarm manifest
 
@@ -38,6 +39,10 @@ def index_tag(layer_digest: str) -> str:
 
 def record_tag(image_digest: str) -> str:
     return f"bootseer-hot-{image_digest.removeprefix('sha256:')[:TAG_HEX]}"
+
+
+def tree_tag(image_digest: str) -> str:
+    return f"bootseer-tree-{image_digest.removeprefix('sha256:')[:TAG_HEX]}"
 
 
 def card_tag(image_digest: str) -> str:

@@ -1,17 +1,18 @@
 """Which swarm contents an image's layers are: bindings the indexer pins in the registry.
 
 A layer's names in the tracker (`layer/v1/<digest>` and `layer-index/v1/<digest>`)
-are first-come: any holder of the cluster secret can register them, and the
-tracker, which holds no bytes, cannot check that a content reassembles to the
-layer digest. So a name is only a hint. What a node trusts comes from where the
-image itself comes from: `image index` (push rights on the repository) computes
-each layer's content id from the bytes it downloads (their sha256 checked end
-to end) and the index's by building it, and pushes the pairs, as an artifact
-tagged by the image digest (`bindings_tag`). `open_image` reads it from the
-registry beside the image manifest and uses its ids; a tracker name that
+are first-come: any holder of the cluster secret can register them, and the tracker,
+which holds no bytes, cannot check that a content reassembles to the layer digest.
+So a name is only a hint. What a node trusts comes from where the image itself comes
+from: `image index` (push rights on the repository) computes each layer's content id
+from the bytes it downloads (their sha256 checked end to end) and the index's by
+building it, and pushes the pairs, as an artifact tagged by the image digest
+(`bindings_tag`), with the content id of the image's merged tree, packed
+(`fusefs.packedtree`; an artifact of its own, `tree_tag`). `open_image` reads it
+from the registry beside the image manifest and uses its ids; a tracker name that
 disagrees is ignored and logged. Content ids pin bytes, so a binding pins the
-layer's bytes and its index's: an insider who registers the names first with
-other bytes changes nothing a node serves.
+layer's bytes and its index's: an insider who registers the names first with other
+bytes changes nothing a node serves.
 
 Without the artifact (an image indexed by an older Bootseer, or a registry that
 cannot be reached, so the image opens from its card) the names are used, with
@@ -52,11 +53,14 @@ class Binding:
 class Bindings:
     image: str  # the image manifest's digest
     layers: dict[str, Binding]  # layer digest -> its contents
+    tree: ContentId | None = None  # the merged tree, packed (None: indexed before trees)
 
     def to_bytes(self) -> bytes:
-        return json.dumps({"image": self.image, "layers": {
-            d: {"content": b.layer, "index": b.index} for d, b in self.layers.items()}},
-            sort_keys=True, separators=(",", ":")).encode()
+        doc: dict[str, object] = {"image": self.image, "layers": {
+            d: {"content": b.layer, "index": b.index} for d, b in self.layers.items()}}
+        if self.tree is not None:
+            doc["tree"] = self.tree
+        return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
 
     @classmethod
     def from_bytes(cls, data: bytes, image: str) -> Bindings:
@@ -66,6 +70,7 @@ class Bindings:
                                           check_content_id(b["index"]))
                       for d, b in raw["layers"].items()}
             bound = str(raw["image"])
+            tree = check_content_id(raw["tree"]) if "tree" in raw else None
         except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
             if isinstance(exc, ManifestError | BindingError):
                 raise BindingError(f"the layer bindings of {image}: {exc}") from None
@@ -73,7 +78,7 @@ class Bindings:
                 from None
         if bound != image:
             raise BindingError(f"the layer bindings tagged for {image} are those of {bound}")
-        return cls(image, layers)
+        return cls(image, layers, tree)
 
 
 def _digest(text: object) -> str:

@@ -15,8 +15,11 @@ An image stays exactly what was pushed. For each layer (gzip or plain tar),
    `layer-index/v1/<layer digest>` -> the index's. Names are write-once and
    first-come, so they are never trusted as the layer's: every layer is
    indexed from its bytes (unless this image's bindings already list it);
-4. pushes the image's *bindings* (`binding`): each layer digest with its
-   content id and its index's, as an artifact tagged by the image digest.
+4. merges the layers into the image's tree once, packs it (`fusefs.packedtree`)
+   and pushes it as an artifact, published to the tracker like the indexes;
+5. pushes the image's *bindings* (`binding`): each layer digest with its
+   content id and its index's, and the packed tree's content id, as an
+   artifact tagged by the image digest.
 
 `open_image` (every node, at mount time) resolves the reference to its image
 manifest and config, reads the image's bindings from the registry (the
@@ -45,11 +48,13 @@ from typing import Any
 from fusefs.image.artifact import (
     INDEX_TYPE,
     RECORD_TYPE,
+    TREE_TYPE,
     index_tag,
     publish_artifact,
     pull_artifact,
     push_artifact,
     record_tag,
+    tree_tag,
 )
 from fusefs.image.binding import (
     Binding,
@@ -63,6 +68,7 @@ from fusefs.image.gzindex import build_index
 from fusefs.image.layerindex import LayerIndex
 from fusefs.image.record import MAX_RECORD_BYTES, Record
 from fusefs.image.toc import LayerError
+from fusefs.packedtree import PackedTree, pack_tree
 from fusefs.tree import Layer, TreeError, build_tree
 from p2p.agentclient import AgentClient
 from p2p.content import DEFAULT_DIGEST, ContentId, Manifest, ManifestBuilder
@@ -82,6 +88,7 @@ TAR_LAYER_TYPES = ("application/vnd.oci.image.layer.v1.tar",
                    "application/vnd.docker.image.rootfs.diff.tar")
 MAX_CONFIG_BYTES = 4 * MiB
 MAX_INDEX_BYTES = 256 * MiB
+MAX_TREE_BYTES = 1024 * MiB
 # Layers in one image. Runtimes stack far fewer (overlayfs on Linux 6.x: 500 lower
 # layers), and past this an image is a mistake or an attack, to be said as such, not
 # a mount that fails on whatever breaks first (a tracker flooded with lookups).
@@ -110,6 +117,7 @@ class Image:
     digest: str
     config: dict[str, Any]
     layers: tuple[ImageLayer, ...]
+    tree: PackedTree | None = None  # packed at index time (None: merge the layers' members)
 
 
 async def resolve(client: RegistryClient, ref: ImageRef) -> tuple[PulledManifest, dict[str, Any]]:
@@ -171,18 +179,63 @@ async def index_image(client: RegistryClient, tracker: TrackerClient, ref: Image
     known = await _known_bindings(client, pulled)
     done = []
     bound: dict[str, Binding] = {}
+    indexes: dict[str, LayerIndex | None] = {}
     with tempfile.TemporaryDirectory(prefix="bootseer-index-", dir=workdir) as scratch:
         for layer in pulled.manifest.layers:
-            summary = await _index_layer(client, tracker, pulled.ref, layer, Path(scratch),
-                                         plain_http, digest, known)
+            summary, indexes[layer.digest] = await _index_layer(
+                client, tracker, pulled.ref, layer, Path(scratch), plain_http, digest, known)
             if progress is not None:
                 progress(summary)
             done.append(summary)
             bound[layer.digest] = Binding(summary["content"], summary["index"])
-    if known is None or known.layers != bound:
-        await push_bindings(client, pulled.ref, Bindings(pulled.digest, bound))
+    tree = known.tree if known is not None and known.layers == bound else None
+    if tree is None or not await _tracker_holds(tracker, tree):
+        tree = await _publish_tree(client, tracker, pulled, bound, indexes, plain_http, digest)
+    if known is None or known.layers != bound or known.tree != tree:
+        await push_bindings(client, pulled.ref, Bindings(pulled.digest, bound, tree))
     await publish_card(client, tracker, pulled, raw_config, plain_http, digest)
     return done
+
+
+async def _publish_tree(client: RegistryClient, tracker: TrackerClient,
+                        pulled: PulledManifest, bound: dict[str, Binding],
+                        indexes: dict[str, LayerIndex | None], plain_http: bool,
+                        digest: str) -> ContentId:
+    """Merge the layers into the image's tree, pack it (`fusefs.packedtree`: a mount then
+    opens it in milliseconds instead of merging every tar entry again), check what was
+    packed, and push it as an artifact published to the tracker; its content id. A layer
+    indexed by an earlier run has its index read back from the registry."""
+    layers = []
+    for layer in pulled.manifest.layers:
+        index = indexes.get(layer.digest) or await _pull_index(client, pulled.ref,
+                                                                 layer.digest)
+        layers.append(Layer(layer.digest, index.entries(bound[layer.digest].layer)))
+
+    def packed() -> bytes:
+        data = pack_tree(build_tree(layers))
+        PackedTree(data, f"tree of {pulled.ref}").check()
+        return data
+
+    try:
+        data = await asyncio.to_thread(packed)
+    except TreeError as exc:
+        raise ImageError(f"image {pulled.ref}: {exc}") from None
+    manifest = await publish_artifact(client, pulled.ref, tree_tag(pulled.digest), TREE_TYPE,
+                                      data, "image-tree", plain_http, digest)
+    await tracker.put_manifest(manifest)
+    return manifest.content_id
+
+
+async def _pull_index(client: RegistryClient, ref: ImageRef, layer_digest: str) -> LayerIndex:
+    data = await pull_artifact(client, ref, index_tag(layer_digest), INDEX_TYPE,
+                               MAX_INDEX_BYTES)
+    if data is None:
+        raise ImageError(f"image {ref}: the index of layer {layer_digest} is gone from the "
+                         "registry; run `bootseer image index` again")
+    try:
+        return LayerIndex.from_bytes(data, f"index of {layer_digest}", layer_digest)
+    except LayerError as exc:
+        raise ImageError(f"image {ref}: {exc}") from None
 
 
 async def _known_bindings(client: RegistryClient, pulled: PulledManifest) -> Bindings | None:
@@ -197,16 +250,17 @@ async def _known_bindings(client: RegistryClient, pulled: PulledManifest) -> Bin
 
 async def _index_layer(client: RegistryClient, tracker: TrackerClient, ref: ImageRef,
                        layer: Descriptor, scratch: Path, plain_http: bool,
-                       digest: str, known: Bindings | None) -> dict[str, Any]:
+                       digest: str, known: Bindings | None
+                       ) -> tuple[dict[str, Any], LayerIndex | None]:
     """Index `layer` from its bytes: the names in the tracker are first-come, so they are
     never taken as the layer's (`binding`); only this image's bindings, in the registry,
     spare the work, and only while this tracker still holds the manifests they name (a
-    registry outlives a tracker that keeps no state)."""
+    registry outlives a tracker that keeps no state). The layer's index, if built here."""
     if known is not None and layer.digest in known.layers:
         was = known.layers[layer.digest]
         if await _tracker_holds(tracker, was.layer, was.index):
             return {"layer": layer.digest, "content": was.layer, "index": was.index,
-                    "new": False}
+                    "new": False}, None
     path = scratch / layer.digest.removeprefix("sha256:")
     manifest = await _download(client, ref, layer, path, plain_http, digest)
     index = await asyncio.to_thread(_checked_index, ref, layer, path)
@@ -222,7 +276,7 @@ async def _index_layer(client: RegistryClient, tracker: TrackerClient, ref: Imag
     return {"layer": layer.digest, "content": manifest.content_id,
             "index": index_manifest.content_id, "new": all(n is True for n in named),
             "squatted": any(n is None for n in named), "layer_bytes": layer.size,
-            "index_bytes": len(data), "members": len(index.members)}
+            "index_bytes": len(data), "members": len(index.members)}, index
 
 
 async def _tracker_holds(tracker: TrackerClient, *contents: ContentId) -> bool:
@@ -302,15 +356,37 @@ async def open_image(client: RegistryClient, tracker: TrackerClient, agent: Agen
     holding = asyncio.ensure_future(hold_card(tracker, agent, pulled.digest))
     slots = asyncio.Semaphore(OPENING_LAYERS)
 
+    packed = bindings.tree if bindings is not None else None
+
     async def open_one(layer: Descriptor) -> ImageLayer:
         async with slots:
-            return await _open_layer(tracker, agent, pulled.ref, layer, bindings)
+            return await _open_layer(tracker, agent, pulled.ref, layer, bindings,
+                                     with_members=packed is None)
 
     try:
-        layers = await asyncio.gather(*(open_one(layer) for layer in pulled.manifest.layers))
+        layers, tree = await asyncio.gather(
+            asyncio.gather(*(open_one(layer) for layer in pulled.manifest.layers)),
+            _read_tree(agent, pulled.ref, packed))
     finally:
         await holding
-    return Image(pulled.ref, pulled.digest, config, tuple(layers))
+    return Image(pulled.ref, pulled.digest, config, tuple(layers), tree)
+
+
+async def _read_tree(agent: AgentClient, ref: ImageRef, tree_id: ContentId | None
+                     ) -> PackedTree | None:
+    """The image's merged tree as packed by `image index`, read through the agent (None:
+    the image was indexed before trees were packed)."""
+    if tree_id is None:
+        return None
+    info = await agent.ensure(tree_id)  # needed whole: its digest covers all of it
+    if info["size"] > MAX_TREE_BYTES:
+        raise ImageError(f"image {ref}: its packed tree has {info['size']} bytes, more than "
+                         f"{MAX_TREE_BYTES}")
+    data = await agent.read(tree_id, 0, info["size"])
+    try:
+        return PackedTree(data, f"tree of {ref}")
+    except TreeError as exc:
+        raise ImageError(f"image {ref}: {exc}; run `bootseer image index` again") from None
 
 
 async def _bindings(client: RegistryClient, pulled: PulledManifest) -> Bindings | None:
@@ -334,13 +410,14 @@ async def _bindings(client: RegistryClient, pulled: PulledManifest) -> Bindings 
 
 
 async def _open_layer(tracker: TrackerClient, agent: AgentClient, ref: ImageRef,
-                      layer: Descriptor, bindings: Bindings | None) -> ImageLayer:
+                      layer: Descriptor, bindings: Bindings | None,
+                      with_members: bool = True) -> ImageLayer:
     if bindings is not None:
         bound = bindings.layers.get(layer.digest)
         if bound is None:
             raise ImageError(f"image {ref}: layer {layer.digest} is not in the image's "
                              f"bindings; run `bootseer image index {ref}` again")
-        return await _read_index(agent, ref, layer, bound.layer, bound.index)
+        return await _read_index(agent, ref, layer, bound.layer, bound.index, with_members)
     try:
         layer_id = await tracker.get_name(layer_name(layer.digest))
         index_id = await tracker.get_name(index_name(layer.digest))
@@ -354,7 +431,8 @@ async def _open_layer(tracker: TrackerClient, agent: AgentClient, ref: ImageRef,
 
 
 async def _read_index(agent: AgentClient, ref: ImageRef, layer: Descriptor,
-                      layer_id: ContentId, index_id: ContentId) -> ImageLayer:
+                      layer_id: ContentId, index_id: ContentId,
+                      with_members: bool = True) -> ImageLayer:
     info = await agent.ensure(index_id)  # small, and needed whole: fetch it all
     if info["size"] > MAX_INDEX_BYTES:
         raise ImageError(f"image {ref}: the index of layer {layer.digest} has "
@@ -362,7 +440,7 @@ async def _read_index(agent: AgentClient, ref: ImageRef, layer: Descriptor,
     data = await agent.read(index_id, 0, info["size"])
     try:
         index = await asyncio.to_thread(LayerIndex.from_bytes, data,
-                                        f"index of {layer.digest}", layer.digest)
+                                        f"index of {layer.digest}", layer.digest, with_members)
     except LayerError as exc:
         raise ImageError(f"image {ref}: {exc}") from None
     return ImageLayer(layer.digest, layer_id, index)

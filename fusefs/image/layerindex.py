@@ -134,9 +134,13 @@ class LayerIndex:
         return packed
 
     @classmethod
-    def from_bytes(cls, data: bytes, name: str, layer_digest: str | None = None) -> LayerIndex:
+    def from_bytes(cls, data: bytes, name: str, layer_digest: str | None = None,
+                   with_members: bool = True) -> LayerIndex:
         """An index `to_bytes` wrote; LayerError (naming `name`) if it is malformed or, when
-        `layer_digest` is given, for another layer."""
+        `layer_digest` is given, for another layer. Without `with_members` the table of
+        contents is left unread (`members` is empty): a mount of an image whose merged
+        tree was packed at index time needs only the spans, and reading the members
+        made a Python object per tar entry (0.09 s for 8,200)."""
         raw = _unpack(data, name)
         digest = raw.get("layer")
         if not isinstance(digest, str) or not DIGEST_PATTERN.fullmatch(digest):
@@ -155,7 +159,8 @@ class LayerIndex:
         else:
             raise LayerError(name, "index", "a plain tar's index has no spans and as many "
                                             "tar bytes as blob bytes")
-        members = unpack_members(raw.get("toc"), name, tar_bytes, MAX_MEMBERS)
+        members = unpack_members(raw.get("toc"), name, tar_bytes, MAX_MEMBERS) \
+            if with_members else ()
         return cls(digest, blob_bytes, tar_bytes, span_bytes, spans, members, zran)
 
 

@@ -2,8 +2,9 @@
 
 `serve_image` is the serving process of one image mount (it must not read its
 own mount, so it is always a process of its own): it opens the image (manifest,
-config and layer indexes, see `catalog`), merges the layers into one tree
-(`fusefs.tree.build_tree`: whiteouts, opaque directories, hard links), hands
+config, layer indexes and the merged tree `image index` packed, see `catalog`;
+an image indexed before trees were packed has its layers merged here by
+`fusefs.tree.build_tree`: whiteouts, opaque directories, hard links), hands
 the agent the image's hot-block record as per-layer prefetch lists (lazy: the
 agent fetches those chunks in record order, from peers first, and nothing
 else), and serves the tree until SIGTERM or an unmount. In record mode it then
@@ -37,7 +38,7 @@ from fusefs.image.toc import LayerError
 from fusefs.mount import READ_AHEAD_KB, serve
 from fusefs.mountinfo import is_mounted
 from fusefs.source import READ_TIMEOUT_S, AgentSource, SourceError
-from fusefs.tree import Layer, Tree, build_tree
+from fusefs.tree import Layer, TreeView, build_tree
 from p2p.agentclient import AgentClient
 from p2p.origin.oci import RegistryClient, RegistryError
 from p2p.origin.oci_ref import ImageRef
@@ -90,7 +91,11 @@ def _passthrough(opts: MountOptions, image: Image, recorder: Recorder | None
     return WholeFiles(opts.store_dir, only=plain) if plain else None
 
 
-def image_tree(image: Image) -> Tree:
+def image_tree(image: Image) -> TreeView:
+    """The image's merged tree: as `image index` packed it, or (an image indexed before
+    trees were packed, or opened from its card) merged here from the layers' members."""
+    if image.tree is not None:
+        return image.tree
     return build_tree([Layer(layer.digest, layer.index.entries(layer.content_id))
                        for layer in image.layers])
 
@@ -123,7 +128,8 @@ async def serve_image(opts: MountOptions, secret: bytes, ref: ImageRef,
         queued = len(hot)
         warming = asyncio.create_task(_warm(source, hot))
         clock("prefetch_queued_s")
-        tree = await asyncio.to_thread(image_tree, image)
+        tree = image_tree(image) if image.tree is not None \
+            else await asyncio.to_thread(image_tree, image)
         clock("tree_s")
 
         def ready(info: dict[str, Any]) -> None:
@@ -131,7 +137,8 @@ async def serve_image(opts: MountOptions, secret: bytes, ref: ImageRef,
             on_ready({**info, "image": image.digest, "config": image.config,
                       "layers": [{"digest": la.digest, "content": la.content_id}
                                  for la in image.layers],
-                      "prefetch_chunks": queued, "phases": phases, "held_before": before})
+                      "prefetch_chunks": queued, "phases": phases, "held_before": before,
+                      "tree": "packed" if image.tree is not None else "merged"})
             log.info("serving %s (%d layers, %d nodes) at %s; %d chunks to prefetch; %s",
                      image.ref, len(image.layers), len(tree), info["mountpoint"], queued,
                      phases)
@@ -211,7 +218,8 @@ async def _run(mount: ForkedMount, argv: list[str] | None, runtime: str, started
         timeline: dict[str, Any] = {"mounted_s": round(time.monotonic() - started, 3),
                                     "image": ready.get("image"),
                                     "prefetch_chunks": ready.get("prefetch_chunks"),
-                                    "mount_phases": ready.get("phases")}
+                                    "mount_phases": ready.get("phases"),
+                                    "tree": ready.get("tree"), "server": ready.get("server")}
         config = ready.get("config", {}).get("config") or {}
         process = await asyncio.to_thread(image_process, mount.mountpoint, config, argv)
         status = await run_in_rootfs(mount.mountpoint, process, runtime=runtime)

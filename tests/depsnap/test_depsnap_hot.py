@@ -139,8 +139,8 @@ async def test_a_recorded_mount_makes_the_next_mount_prefetch_its_chunks(
         # A fresh agent: the mount hands it the recorded chunks before anything is read.
         mountpoint = tmp_path / "second"
         mountpoint.mkdir()
-        async with await Mount.spawn(_options(c, key, mountpoint).argv(), mountpoint,
-                                     tmp_path / "second.log", env=c.env) as mount:
+        async with await Mount.spawn(_options(c, key, mountpoint, passthrough=True).argv(),
+                                     mountpoint, tmp_path / "second.log", env=c.env) as mount:
             assert not mount.ready["recording"]
             assert mount.ready["prefetch_chunks"] == sum(map(len, plan.values()))
 
@@ -151,6 +151,70 @@ async def test_a_recorded_mount_makes_the_next_mount_prefetch_its_chunks(
             packs = [p.content for p in snapshot.packs]
             assert await _chunks_wanted(c, packs) == {k: len(v) for k, v in plan.items()}
             await _import(mountpoint)
+
+
+async def test_a_recorded_key_mounts_with_its_big_files_read_by_the_kernel(
+        tmp_path: Path, wheels: Path) -> None:
+    """With --passthrough, after a recorded mount, a mount on a fresh agent writes decoded,
+    checked copies of the files the record holds whole (numpy's shared libraries) and the
+    kernel reads them by passthrough; a copy the disk changed is never handed to the
+    kernel: the reader gets the snapshot's bytes from the handler, and the copy is written
+    again."""
+    from fusefs.bench.readpath import account
+
+    async with swarm(tmp_path, 3) as (_, (a, b, c)):
+        status, created, err = await depsnap(
+            a, *install_args(tmp_path / "venv", wheels, "numpy==2.2.6"), cwd=tmp_path)
+        assert status == 0, err
+        key, origin = created["key"], tmp_path / "snapshots"
+        snapshot = Snapshot.from_json((origin / "trees" / created["tree"]).read_bytes())
+
+        async def saved() -> bool:
+            return (origin / hot_path(key)).exists()
+
+        await mount_and_import(b, key, tmp_path / "first", window_s=5.0, then=saved)
+
+        def copies() -> list[Path]:
+            return sorted(c.agent.store_dir.glob("*/member-*.whole"))
+
+        async def copied() -> bool:
+            return len(copies()) >= 3
+
+        mountpoint = tmp_path / "second"
+        mountpoint.mkdir()
+        async with await Mount.spawn(_options(c, key, mountpoint, passthrough=True).argv(),
+                                     mountpoint, tmp_path / "second.log", env=c.env) as mount:
+            assert (mount.ready["server"], mount.ready["passthrough"]) == ("kernel", True)
+            await _import(mountpoint)
+            await until(copied, "decoded copies of the recorded big files are written")
+        biggest = max(copies(), key=lambda p: p.stat().st_size)
+        offset = int(biggest.name.split("-")[1])
+        member = next(m for p in snapshot.packs for m in p.members
+                      if p.content == biggest.parent.name and m.offset == offset)
+        rel = next(e.path for e in snapshot.entries if e.kind == "file"
+                   and e.digest == member.digest)
+        original = (tmp_path / "venv" / rel).read_bytes()
+        assert biggest.read_bytes() == original and len(original) > 1 << 20
+
+        biggest.chmod(0o644)
+        with open(biggest, "r+b") as f:  # the disk lies: same size, other bytes
+            f.write(b"\0" * 4096)
+        log = tmp_path / "third.log"
+        mountpoint = tmp_path / "third"
+        mountpoint.mkdir()
+        async with await Mount.spawn(_options(c, key, mountpoint, passthrough=True).argv(),
+                                     mountpoint, log, env=c.env):
+            assert await asyncio.to_thread((mountpoint / rel).read_bytes) == original
+            await _import(mountpoint)
+
+            async def rewritten() -> bool:
+                return biggest.exists() and biggest.read_bytes() == original
+
+            await until(rewritten, "the damaged copy is written again from verified bytes")
+            assert await asyncio.to_thread((mountpoint / rel).read_bytes) == original
+        got = account(log)
+        assert got is not None and got["passthrough_opens"] > 0, log.read_text()[-2000:]
+        assert "fails its check" in log.read_text()
 
 
 async def test_a_bad_record_is_ignored_with_a_warning_and_replaced(
@@ -183,11 +247,12 @@ async def test_a_bad_record_is_ignored_with_a_warning_and_replaced(
             assert frames_of(record, snapshot) and record.runs == 1, name
 
 
-def _options(node: Node, key: str, mountpoint: Path, window_s: float = 60.0) -> MountOptions:
+def _options(node: Node, key: str, mountpoint: Path, window_s: float = 60.0,
+             passthrough: bool = False) -> MountOptions:
     return MountOptions(key, mountpoint, node.env["BOOTSEER_TRACKER"], node.agent.api_socket,
                         node.agent.store_dir,
                         origin_dir=Path(node.env["BOOTSEER_DEPSNAP_ORIGIN_DIR"]),
-                        record_window_s=window_s)
+                        record_window_s=window_s, passthrough=passthrough)
 
 
 async def mount_and_import(node: Node, key: str, mountpoint: Path, log: Path | None = None,

@@ -259,7 +259,10 @@ async def test_a_mounted_image_on_two_agents_is_what_the_real_tools_unpack(
         expected = await asyncio.to_thread(describe, pulled.rootfs)
         assert "etc/gone" not in expected and "opt/old" not in expected  # the tools agree
         for i, agent in enumerate(agents):
+            if i == 1:  # as indexed by a Bootseer before trees were packed: merged at mount
+                await bindings_without_tree(registry, ref)
             async with mounted(cluster, agent, ref, tmp_path / f"mnt{i}") as mount:
+                assert mount.ready["tree"] == ("packed", "merged")[i]
                 names = await asyncio.to_thread(lambda: sorted(
                     (p.lstat().st_mode, str(p)) for p in mount.mountpoint.rglob("*")))
                 assert len(names) == len(expected)
@@ -268,6 +271,18 @@ async def test_a_mounted_image_on_two_agents_is_what_the_real_tools_unpack(
                     "listing the image fetched layer bytes"
                 got = await asyncio.to_thread(describe, mount.mountpoint)
                 assert got == expected
+
+
+async def bindings_without_tree(registry: RunningRegistry, ref: str) -> None:
+    from fusefs.image.binding import Bindings, pull_bindings, push_bindings
+    from p2p.origin.oci_ref import parse_reference
+
+    image_ref = parse_reference(ref)
+    async with RegistryClient() as client:
+        pulled = await client.get_manifest(image_ref)
+        found = await pull_bindings(client, pulled.ref, pulled.digest)
+        assert found is not None and found.tree is not None
+        await push_bindings(client, pulled.ref, Bindings(found.image, found.layers))
 
 
 async def test_run_passes_output_and_exit_status_and_keeps_writes_out_of_the_image(
