@@ -33,7 +33,7 @@ import hashlib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NewType
+from typing import Any, NewType, Protocol
 
 import blake3
 import xxhash
@@ -65,6 +65,17 @@ DIGESTS: dict[str, tuple[int, Digester]] = {
     "blake3": (32, _blake3_digest),
 }
 DEFAULT_DIGEST = "xxh3-128"
+
+
+class Hasher(Protocol):
+    """A digest computed over bytes fed in pieces (`update`), then read (`digest`)."""
+
+    def update(self, data: bytes | bytearray | memoryview, /) -> object: ...
+    def digest(self) -> bytes: ...
+
+
+# The same digests, fed a chunk in pieces as it arrives (p2p.spool).
+HASHERS: dict[str, Callable[[], Hasher]] = {"xxh3-128": xxhash.xxh3_128, "blake3": blake3.blake3}
 DIGEST_SIZE = DIGESTS[DEFAULT_DIGEST][0]
 
 
@@ -170,6 +181,14 @@ class Manifest:
     def verify(self, index: int, data: bytes | bytearray | memoryview) -> bool:
         return (len(data) == self.chunk_length(index)
                 and chunk_digest(data, self.digest) == self.digests[index])
+
+    def hasher(self) -> Hasher:
+        """A fresh hasher of this manifest's digest, for a chunk fed in pieces."""
+        return HASHERS[self.digest]()
+
+    def matches(self, index: int, length: int, digest: bytes) -> bool:
+        """Whether `length` bytes whose digest (from `hasher`) is `digest` are chunk `index`."""
+        return length == self.chunk_length(index) and digest == self.digests[index]
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -27,8 +27,9 @@ from p2p.link import Link
 from p2p.metrics import AgentMetrics
 from p2p.origin import OriginError, OriginPool
 from p2p.peer import RateLimiter
-from p2p.relay import Filling, Parts
+from p2p.relay import Filling, PartKey, Parts
 from p2p.session import BufferPool, Session
+from p2p.spool import Spool, Streamer
 from p2p.store import ChunkStore, CorruptChunk, StoreError, StoreFullError, UnknownContent
 from p2p.swarm.events import ChunkArrived, ChunkFailed, Event
 from p2p.wire import Piece, RemoteProtocolError
@@ -49,6 +50,7 @@ class Intake:
         self.origins = origins
         self._buffers = BufferPool(keep_buffers)
         self._parts = Parts(self._buffers.take)
+        self._streams: dict[PartKey, Streamer] = {}  # chunks from peers, written as they come
         self._feed, self._stored, self._failed = feed, stored, failed
 
     # ---- from peers ---------------------------------------------------------------
@@ -70,7 +72,7 @@ class Intake:
         session = self.sessions.get(content)
         key = (link.id, msg.req)
         if asked is None or session is None or session.swarm.held(msg.chunk):
-            self._wasted(self._parts.drop(key) + msg.len)
+            self._wasted(self._drop(key) + msg.len)
             await link.conn.discard_payload(msg.len)
             return True
         try:
@@ -79,10 +81,11 @@ class Intake:
         except ValueError as exc:
             self._feed(session, ChunkArrived(msg.chunk, link.peer, ok=False))
             raise RemoteProtocolError(str(exc)) from None
-        filling = self._parts.filling(key)
+        filling = self._parts.filling(key)  # peers may be relaying it already
+        stream = self._streams.get(key) if msg.off else self._stream(key, session, msg.chunk)
         progress = None
-        if filling is not None:  # peers may be relaying it already
-            progress = functools.partial(_advance, filling, msg.off)
+        if filling is not None or stream is not None:
+            progress = functools.partial(_advance, filling, stream, msg.off)
         await link.conn.recv_payload_into(view, progress=progress)  # paid for when asked
         if not self._parts.holds(key):  # cancelled while its payload came in
             self._wasted(msg.len)
@@ -91,8 +94,9 @@ class Intake:
         if buf is None:
             return False  # more Pieces of a relay to come
         filling = self._parts.hand_over(key)
+        stream = self._streams.pop(key, None)
         try:
-            stored = await self._store_chunk(session, msg.chunk, buf, link.peer)
+            stored = await self._store_chunk(session, msg.chunk, buf, link.peer, stream)
         except asyncio.CancelledError:
             if filling is not None:
                 filling.abandon()  # the store thread may still read the buffer
@@ -133,11 +137,29 @@ class Intake:
 
     def drop(self, link_id: int, req: int) -> None:
         """Request `req` on the link ends unanswered (rejected, cancelled)."""
-        self._wasted(self._parts.drop((link_id, req)))
+        self._wasted(self._drop((link_id, req)))
 
     def drop_link(self, link_id: int) -> None:
         """The link closed: its requests' partial chunks are wasted."""
+        for key in [key for key in self._streams if key[0] == link_id]:
+            self._streams.pop(key).abort()
         self._wasted(self._parts.drop_link(link_id))
+
+    def _drop(self, key: PartKey) -> int:
+        if (stream := self._streams.pop(key, None)) is not None:
+            stream.abort()
+        return self._parts.drop(key)
+
+    def _stream(self, key: PartKey, session: Session, chunk: int) -> Streamer | None:
+        """Write the chunk `key` brings into the store as it arrives (p2p.spool); None if
+        the store cannot start it now (the whole chunk then goes through `put`, which
+        says why)."""
+        try:
+            spool = Spool(self.store, session.content, chunk)
+        except (StoreError, UnknownContent, IndexError):
+            return None
+        stream = self._streams[key] = Streamer(spool, self._parts.buffer(key))
+        return stream
 
     def _wasted(self, nbytes: int) -> None:
         if nbytes:
@@ -152,12 +174,17 @@ class Intake:
         log.debug("origin fetch %s/%d", session.content, chunk)
         filling = session.filling[chunk] = Filling(self._buffers.take(length),
                                                    self._buffers.give)
+        stream = self._origin_stream(session, chunk, filling)
         try:
-            if (await self._read_origin(session, chunk, filling)
-                    and await self._store_chunk(session, chunk, filling.buf, None)):
-                filling.verified()
+            if await self._read_origin(session, chunk, filling, stream):
+                if await self._store_chunk(session, chunk, filling.buf, None, stream):
+                    filling.verified()
+            elif stream is not None:
+                stream.abort()
         except asyncio.CancelledError:
             filling.abandon()  # a worker thread (file read, store) may still use the buffer
+            if stream is not None:
+                stream.abort()
             raise
         finally:
             if session.filling.get(chunk) is filling:
@@ -165,14 +192,25 @@ class Intake:
             filling.failed("the chunk from the origin did not verify or could not be stored")
             filling.release()
 
-    async def _read_origin(self, session: Session, chunk: int, filling: Filling) -> bool:
+    def _origin_stream(self, session: Session, chunk: int, filling: Filling) -> Streamer | None:
+        """A chunk from the origin is written as it arrives too (origins never send a byte
+        twice once a part has gone to relays: p2p.origin.OriginPool.read_into)."""
+        try:
+            return Streamer(Spool(self.store, session.content, chunk), filling.buf)
+        except (StoreError, UnknownContent, IndexError):
+            return None  # `put` at the end says why
+
+    async def _read_origin(self, session: Session, chunk: int, filling: Filling,
+                           stream: Streamer | None) -> bool:
         """Fill `filling` from the origin; False, and the swarm told, if that failed."""
         manifest = session.manifest
+        progress = filling.advance if stream is None else functools.partial(
+            _advance, filling, stream, 0)
         try:
             await self.download.acquire(filling.length)  # paid before asking, as for peers
             log.debug("origin read %s/%d", session.content, chunk)
             await self.origins.read_into(manifest.sources, manifest.chunk_offset(chunk),
-                                         memoryview(filling.buf), filling.advance)
+                                         memoryview(filling.buf), progress)
         except OriginError as exc:
             log.warning("origin read of %s/%d failed: %s", session.content, chunk, exc)
             self.metrics.origin_errors.labels("definite" if exc.definite else "transient").inc()
@@ -194,12 +232,17 @@ class Intake:
     # ---- into the store ---------------------------------------------------------------
 
     async def _store_chunk(self, session: Session, chunk: int, data: bytearray,
-                           source: PeerId | None) -> bool:
-        """Verify and store a chunk, count its bytes, and tell the swarm; whether it is
-        stored. Bytes are counted once verified, so the byte counters and
-        `chunks_verified` agree at every moment (a relay cut short is wasted)."""
+                           source: PeerId | None, stream: Streamer | None = None) -> bool:
+        """Verify and store a chunk (written already as it arrived, if `stream`), count its
+        bytes, and tell the swarm; whether it is stored. Bytes are counted once verified,
+        so the byte counters and `chunks_verified` agree at every moment (a relay cut
+        short is wasted)."""
         try:
-            await asyncio.to_thread(self.store.put, session.content, chunk, memoryview(data))
+            if stream is None:
+                await asyncio.to_thread(self.store.put, session.content, chunk,
+                                        memoryview(data))
+            else:
+                await stream.commit()
         except UnknownContent:
             return False  # the session failed or was evicted while the chunk was written
         except CorruptChunk:
@@ -228,5 +271,9 @@ class Intake:
         return True
 
 
-def _advance(filling: Filling, offset: int, received: int) -> None:
-    filling.advance(offset + received)
+def _advance(filling: Filling | None, stream: Streamer | None, offset: int,
+             received: int) -> None:
+    if filling is not None:
+        filling.advance(offset + received)
+    if stream is not None:
+        stream.advance(offset + received)

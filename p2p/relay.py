@@ -202,6 +202,10 @@ class Parts:
             self._open[key] = (buf, 0)
         return memoryview(buf)[off:off + n]
 
+    def buffer(self, key: PartKey) -> bytearray:
+        """The whole chunk's buffer of `key` (placed, not dropped)."""
+        return self._open[key][0]
+
     def holds(self, key: PartKey) -> bool:
         """Whether `key` is still being put together (not dropped meanwhile)."""
         return key in self._open

@@ -7,21 +7,22 @@ over the final name with `os.replace`, so a crash leaves either no chunk or a
 whole one, never half of one. Stray temp files are deleted when a store opens.
 
 Verification. A chunk is checked against the manifest before it is written
-(`put`); `attach` re-checks every chunk file already on disk the first time a
-content is attached in this process, and deletes the damaged or wrong-sized
-ones. A content found on disk but not yet attached is only *known*: its bytes
-are counted against the budget but never served. A disk can lie after that
-too, so a chunk file is checked again whenever it leaves the store, for a
-peer (`open_cached`, else `open_verified`) or a local reader (`read_chunk`),
-unless the file is unchanged since it last passed a check: same (st_ino,
-st_size, st_mtime_ns, st_ctime_ns) as when it was written from verified bytes
-or last hashed (see `read_chunk` for what that leaves out). xxh3-128 of a
-4 MiB chunk costs 0.06 ms in memory and 0.18 ms including the read from the
-page cache on this machine (about 20 GB/s); what a check costs on the upload
-path is the trip to a worker thread, which delays the reply to the peer, so
-an unchanged file is served without one (measured: with a full check in a
-thread on every send, 8 x 256 MiB uncapped ran at 0.90 x the unchecked
-rate). A file that fails a check,
+(`put`), or, written to a temp file as it arrived (`temp_file`, p2p.spool),
+before that file is renamed into place (`adopt`); `attach` re-checks every
+chunk file already on disk the first time a content is attached in this
+process, and deletes the damaged or wrong-sized ones. A content found on disk
+but not yet attached is only *known*: its bytes are counted against the budget
+but never served. A disk can lie after that too, so a chunk file is checked
+again whenever it leaves the store, for a peer (`open_cached`, else
+`open_verified`) or a local reader (`read_chunk`), unless the file is
+unchanged since it last passed a check: same (st_ino, st_size, st_mtime_ns,
+st_ctime_ns) as when it was written from verified bytes or last hashed (see
+`read_chunk` for what that leaves out). xxh3-128 of a 4 MiB chunk costs 0.06
+ms in memory and 0.18 ms including the read from the page cache on this
+machine (about 20 GB/s); what a check costs on the upload path is the trip to
+a worker thread, which delays the reply to the peer, so an unchanged file is
+served without one (measured: with a full check in a thread on every send, 8 x
+256 MiB uncapped ran at 0.90 x the unchecked rate). A file that fails a check,
 is short, or has vanished is *damaged*: it is deleted, marked absent, logged,
 counted (`damaged_chunks`) and reported to the owner through `on_damaged`, who
 fetches it again. So nothing this store returns is unverified, and a restart
@@ -261,6 +262,55 @@ class ChunkStore:
                 entry.nbytes += len(data)
                 self._used += len(data)
             self._contents.move_to_end(content_id)
+
+    def temp_file(self, content_id: ContentId, index: int) -> tuple[Manifest, int, str]:
+        """The manifest, and a new temp file (fd, path) beside chunk `index`'s, to write
+        the chunk into as its bytes arrive; `adopt` stores it once verified (p2p.spool).
+        UnknownContent if the content is not attached, IndexError outside it, StoreError
+        if the file cannot be made. The budget is checked at `adopt`: until then, the
+        bytes are not counted (at most the chunks being received)."""
+        manifest = self._verified(content_id).manifest
+        if not 0 <= index < manifest.chunks:
+            raise IndexError(f"no chunk {index} in {content_id}")
+        directory = self._dir(content_id)
+        try:
+            fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{index}{CHUNK_SUFFIX}.",
+                                       suffix=TEMP_SUFFIX)
+        except OSError as exc:
+            raise _store_error(exc, f"making a file for chunk {index} of {content_id}",
+                               directory) from exc
+        return manifest, fd, tmp
+
+    def adopt(self, content_id: ContentId, index: int, tmp: str, length: int) -> None:
+        """Make the closed temp file `tmp`, whose `length` bytes the caller verified as
+        chunk `index`, the chunk's file (a spool's commit); it is removed instead if the
+        chunk is present already, and on any error. UnknownContent if the content was
+        evicted or failed meanwhile; StoreFullError, StoreError as `put`."""
+        renamed = False
+        try:
+            with self._lock:
+                entry = self._verified(content_id)
+                assert entry.present is not None
+                if not entry.present[index]:
+                    self._make_room(content_id, index, length)
+                    path = self._chunk_path(content_id, index)
+                    try:
+                        os.replace(tmp, path)
+                        renamed = True
+                        key = stat_key(os.stat(path))
+                    except OSError as exc:
+                        entry.present = None  # whatever was on disk may be gone: check again
+                        raise _store_error(exc, f"storing chunk {index} of {content_id}",
+                                           self._dir(content_id)) from exc
+                    entry.present[index] = True
+                    entry.checked[index] = key  # the file holds exactly the verified bytes
+                    entry.nbytes += length
+                    self._used += length
+                self._contents.move_to_end(content_id)
+        finally:
+            if not renamed:
+                with contextlib.suppress(OSError):  # gone with its directory, or the like
+                    os.unlink(tmp)  # not needed, or not storable
 
     # -- chunks out ---------------------------------------------------------------
 

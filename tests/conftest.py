@@ -20,7 +20,7 @@ FAST_MODULES = frozenset({
     "test_core_imports.py", "test_layering.py",
     "test_configfile.py", "test_content.py", "test_links.py", "test_node.py",
     "test_oci_core.py", "test_origin.py",
-    "test_peer.py", "test_swarm.py", "test_swarm_lazy.py", "test_units.py",
+    "test_peer.py", "test_spool.py", "test_swarm.py", "test_swarm_lazy.py", "test_units.py",
     "test_upload_gate.py", "test_wire.py",
     "test_tracker_batched.py",
     "test_fusefs_tree.py", "test_packed_tree.py", "test_image_record.py", "test_launch_plan.py",

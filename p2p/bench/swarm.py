@@ -29,6 +29,7 @@ import os
 import resource
 import shutil
 import sys
+import tomllib
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -263,8 +264,17 @@ def _agent_options(pairs: list[str], base: dict[str, Any]) -> dict[str, Any]:
         table, dot, name = key.strip().rpartition(".")
         if dot and table != "swarm":
             raise UserError(f"--agent-option: only the [swarm] table nests, not {table!r}")
-        (options["swarm"] if dot else options)[name] = value.strip()
+        (options["swarm"] if dot else options)[name] = _toml_value(value.strip())
     return options
+
+
+def _toml_value(text: str) -> Any:
+    """`text` as a TOML value (2, 1.5, true, "x"); a bare word stays a string, so
+    `chunk_picker=rarest` needs no quotes."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
 
 
 async def _agents(cluster: LocalCluster, args: argparse.Namespace, prefix: str,

@@ -42,7 +42,9 @@ def test_bench_swarm_reports_the_round_and_the_agents_cpu() -> None:
 def test_bench_swarm_one_pair_is_a_receiver_fed_by_a_seed() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "p2p", "bench", "swarm", "--nodes", "1", "--size", "12MiB",
-         "--chunk-size-mb", "1", "--no-baseline", "--json"],
+         "--chunk-size-mb", "1", "--no-baseline", "--json",
+         # A number reaches the agents' config as a number (the config checks types).
+         "--agent-option", "swarm.per_peer_inflight=2"],
         capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout.strip().splitlines()[-1])
