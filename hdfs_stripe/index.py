@@ -65,7 +65,7 @@ from p2p.content import (
     chunk_digest,
     derive_content_id,
 )
-from p2p.store import MANIFEST_NAME
+from p2p.store import MANIFEST_NAME, ORIGIN_READ_NAME
 from p2p.tracker_client import TrackerClient, TrackerError
 
 log = logging.getLogger(__name__)
@@ -150,6 +150,7 @@ async def index(reader: StripeReader, uri: HdfsUri, version: Version, store_dir:
     """Read every stripe of this version, digest it, stage it in `store_dir`; the manifest."""
     plan = (await reader.layout(uri, version)).plan
     staging = _staging(store_dir)
+    before = reader.bytes_read
     try:
         digests: list[bytes] = [b""] * len(plan.stripes)
         schedule = Schedule(plan, range(len(plan.stripes)), reader.down_nodes())
@@ -176,7 +177,7 @@ async def index(reader: StripeReader, uri: HdfsUri, version: Version, store_dir:
         manifest = Manifest(cid, KIND, version.length, plan.stripe_size, ids,
                             origin_url(uri, version), digest)
         if staging is not None and store_dir is not None:
-            _hand_over(staging, store_dir, manifest)
+            _hand_over(staging, store_dir, manifest, reader.bytes_read - before)
         return manifest
     finally:
         if staging is not None:
@@ -190,9 +191,12 @@ def _staging(store_dir: Path | None) -> Path | None:
     return Path(tempfile.mkdtemp(prefix=".hdfs-index-", dir=store_dir))
 
 
-def _hand_over(staging: Path, store_dir: Path, manifest: Manifest) -> None:
-    """Make the staged stripes the store's copy of the content, unless it has one."""
+def _hand_over(staging: Path, store_dir: Path, manifest: Manifest, hdfs_bytes: int) -> None:
+    """Make the staged stripes the store's copy of the content, unless it has one; with a
+    note of the bytes read from HDFS for them, which the agent counts as origin bytes (so
+    the tracker's origin egress includes the indexing read)."""
     (staging / MANIFEST_NAME).write_text(json.dumps(manifest.to_dict()))
+    (staging / ORIGIN_READ_NAME).write_text(str(hdfs_bytes))
     target = store_dir / manifest.content_id
     with contextlib.suppress(OSError):  # already there (another reader): keep theirs
         os.rename(staging, target)

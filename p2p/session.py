@@ -186,12 +186,14 @@ class Sessions:
         """Attach the content in the store (checking its files) and start its swarm.
         StoreError if the store cannot hold it."""
         present = await asyncio.to_thread(self._store.attach, manifest)
+        imported = await asyncio.to_thread(self._store.take_origin_read, manifest.content_id)
         content, now = manifest.content_id, self._loop.time()
         old = self.by_content.get(content)
         if old is not None:  # (the node core forgets its joins when it is replaced)
             self.close(old, f"content {content} was opened afresh")
         swarm = self._new_swarm(manifest, present, lazy)
-        session = Session(manifest, swarm, quiet_future(self._loop), started=now)
+        session = Session(manifest, swarm, quiet_future(self._loop), started=now,
+                          origin_bytes=imported)
         self.by_content[content] = session
         self._metrics.contents.set(len(self.by_content))
         self._node.add(content, swarm, now)  # announced at once

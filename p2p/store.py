@@ -83,6 +83,10 @@ from p2p.content import ContentId, Manifest, ManifestError
 log = logging.getLogger(__name__)
 
 MANIFEST_NAME = "manifest.json"
+# Written by a tool that put a content's chunks here itself after reading them from its
+# origin (the checkpoint indexer): how many bytes that read took, counted once by the
+# session that opens the content next (`take_origin_read`), so the origin's egress is told.
+ORIGIN_READ_NAME = ".origin-read"
 TEMP_SUFFIX = ".tmp"
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 # Chunk files are written at most this many bytes per write(2). On this
@@ -217,6 +221,18 @@ class ChunkStore:
                 raise ValueError(f"content {content_id} is attached; detach it first")
             if entry is not None:
                 self._evict(content_id, entry)
+
+    def take_origin_read(self, content_id: ContentId) -> int:
+        """The bytes read from the origin by whoever put this content's chunks here
+        (ORIGIN_READ_NAME), once: the note is removed. 0 without one."""
+        path = self._dir(content_id) / ORIGIN_READ_NAME
+        with self._lock:
+            try:
+                text = path.read_text()
+                path.unlink()
+            except OSError:
+                return 0
+        return int(text) if text.strip().isdigit() else 0
 
     def known(self) -> list[Manifest]:
         """Manifests of every content on disk, attached or not, sorted by id."""
