@@ -5,8 +5,9 @@ environment at `path` and publishes it (a venv is made for its prefix: its
 scripts and `activate` name it, so it cannot be installed elsewhere and moved).
 Done in place, that writes into the host's `path` (/opt/venv by default) and
 leaves it behind after the job, over whatever was there. Instead the install
-runs in a child process with a mount namespace of its own, in which the
-launch's tmpfs is bound over `path`: the venv is made for `path`, lives in the
+runs in a child process with a mount namespace of its own (unshare(2) and a
+bind mount, through fusefs.image.mounts), in which the launch's tmpfs is bound
+over `path`: the venv is made for `path`, lives in the
 launch's memory, and goes with the launch, as a restored one does. Only a
 `path` that does not exist is created on the host (a bind needs a mount point),
 empty, and removed afterwards.
@@ -23,14 +24,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import subprocess
 import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from p2p.errors import UserError
-from p2p.process import require_tool
 
 
 class PrivateInstallError(UserError):
@@ -41,15 +40,14 @@ async def install(places: Any, python: str, argv: list[str], path: str, memory: 
                   cwd: Path) -> tuple[int, dict[str, Any]]:
     """Restore or install-and-publish the environment of `argv` for `path`, with its files
     in `memory` (an empty directory of the launch's tmpfs); (exit status, summary)."""
-    unshare = require_tool("unshare", "util-linux")
     created = _make_mount_point(Path(path))
     spec = {**{k: str(v) if isinstance(v, Path) else v for k, v in asdict(places).items()},
             "secret": places.secret.hex(), "python": python, "argv": argv, "prefix": path,
             "memory": str(memory), "cwd": str(cwd)}
     try:
         proc = await asyncio.create_subprocess_exec(
-            unshare, "--mount", "--propagation", "private", sys.executable, "-m", __name__,
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+            sys.executable, "-m", __name__, stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE)
         out, _ = await proc.communicate(json.dumps(spec).encode())
     finally:
         if created is not None:
@@ -89,17 +87,19 @@ def _remove_empty(top: Path, path: Path) -> None:
 def _child() -> int:
     from depsnap.inputs import gather
     from depsnap.run import Places, run
+    from fusefs.image.mounts import bind, own_mount_namespace
 
     spec = json.load(sys.stdin)
     prefix = Path(spec["prefix"])
     try:
-        subprocess.run(["mount", "--bind", spec["memory"], str(prefix)], check=True)
+        own_mount_namespace()
+        bind(Path(spec["memory"]), prefix)
         places = Places(spec["tracker"], bytes.fromhex(spec["secret"]), spec["api_socket"],
                         _path(spec["origin_dir"]), spec["origin_url"], _path(spec["cache_dir"]),
                         _path(spec["store_dir"]), spec["origin_registry"])
         inputs = gather(spec["argv"], prefix, spec["python"], os.environ, Path(spec["cwd"]))
         status, summary = run(places, inputs, spec["argv"], prefix, os.environ)
-    except (OSError, ValueError, UserError, subprocess.CalledProcessError) as exc:
+    except (OSError, ValueError, UserError) as exc:
         print(json.dumps({"error": str(exc)}))
         return 1
     print(json.dumps({"status": status, "summary": summary}))

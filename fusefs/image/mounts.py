@@ -1,6 +1,8 @@
 """The tmpfs and overlayfs mounts under a container's scratch directory.
 
 `mounted_tmpfs(dir)` mounts a private tmpfs (mode 0700) on `dir`;
+`own_mount_namespace()` moves the calling process into a mount namespace of
+its own, where `bind(source, target)` is seen by it alone;
 `mounted_overlay(lower, dir)` makes `upper`, `work` and `merged` in `dir`
 and mounts an overlayfs on `merged` with `lower` read-only beneath: every
 write the container makes is copied up into `upper`, never into `lower`.
@@ -27,7 +29,11 @@ from fusefs.image.process import ContainerError
 
 MS_NOSUID = 2
 MS_NODEV = 4
+MS_BIND = 4096
+MS_REC = 16384
+MS_PRIVATE = 1 << 18
 MNT_DETACH = 2
+CLONE_NEWNS = 0x00020000
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 
@@ -43,6 +49,20 @@ def mount(source: str, target: Path, fstype: str, flags: int, data: str) -> None
         # e.g. ENOSYS from a FUSE lower without statfs; the kernel logs the reason
         hint += " (the kernel log, dmesg, says which layer overlayfs refused and why)"
     raise ContainerError(f"cannot mount {fstype} on {target}: {hint} [{data}]")
+
+
+def own_mount_namespace() -> None:
+    """Move this process into a mount namespace of its own, whose mounts (and unmounts)
+    no other process sees: a copy of the current one, made private all the way down."""
+    if _libc.unshare(CLONE_NEWNS) != 0:
+        code = ctypes.get_errno()
+        raise ContainerError(f"cannot make a mount namespace: {os.strerror(code)}"
+                             + (" (it needs root, CAP_SYS_ADMIN)" if code == errno.EPERM else ""))
+    mount("none", Path("/"), "", MS_REC | MS_PRIVATE, "")
+
+
+def bind(source: Path, target: Path) -> None:
+    mount(str(source), target, "", MS_BIND, "")
 
 
 def unmount(target: Path) -> None:
