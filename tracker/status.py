@@ -164,7 +164,6 @@ Updated {stamp}, every {REFRESH_SECONDS} s.</p>
                 f'<td class="l">{len(fetchers)}/{reg.origin_fetchers}: {shown}</td>'
                 f"<td>{_bytes(egress)}{ratio}</td></tr>\n")
 
-
     def _departure_row(self, t: Tracker, d: Departure, named: dict[ContentId, list[str]],
                        now: float) -> str:
         info = self.info(t, d.content)
