@@ -33,7 +33,6 @@ import contextlib
 import logging
 import mmap
 import os
-import tempfile
 from pathlib import Path
 
 import blake3
@@ -41,6 +40,7 @@ import blake3
 from depsnap.hot import Frame
 from depsnap.snapshot import Member, Snapshot
 from depsnap.source import SnapshotSource
+from fusefs.backing import write_read_only
 from fusefs.source import Buffer, SourceError
 from fusefs.tree import Extent
 from p2p.chunkfile import StatKey, stat_key
@@ -48,7 +48,6 @@ from p2p.chunkfile import StatKey, stat_key
 log = logging.getLogger(__name__)
 
 MIN_COPY_BYTES = 128 << 10
-TEMP_SUFFIX = ".tmp"  # the store deletes `.<name>.tmp` files it finds at start
 
 
 class MemberFiles:
@@ -132,26 +131,20 @@ class MemberFiles:
 
     def _write(self, pack: str, member: Member, data: Buffer) -> bool:
         path = self.path(pack, member)
-        try:
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.",
-                                       suffix=TEMP_SUFFIX)
-        except OSError as exc:  # the pack's directory went with an eviction
-            log.info("no decoded copy %s: %s", path, exc)
-            return False
-        try:
+
+        def fill(fd: int) -> None:
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view):]
-            os.fchmod(fd, 0o444)
-            os.replace(tmp, path)
-            self._checked[path] = stat_key(os.fstat(fd))
+
+        try:
+            self._checked[path] = write_read_only(path, fill)
+        except FileNotFoundError as exc:  # the pack's directory went with an eviction
+            log.info("no decoded copy %s: %s", path, exc)
+            return False
         except OSError as exc:
             log.warning("no decoded copy %s: %s", path, exc)
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
             return False
-        finally:
-            os.close(fd)
         self.built += 1
         return True
 

@@ -33,6 +33,7 @@ import mmap
 import os
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from fusefs.tree import Extent
@@ -45,6 +46,24 @@ log = logging.getLogger(__name__)
 
 WHOLE_NAME = "content.whole"
 TEMP_SUFFIX = ".tmp"  # the store deletes `.<name>.tmp` files it finds at start
+
+
+def write_read_only(path: Path, fill: Callable[[int], None]) -> StatKey:
+    """Make `path` whole or not at all: `fill(fd)` writes a temp file beside it, which is
+    then made read-only and renamed into place (a reader never sees part of it); its
+    stat key. On any error the temp file is removed and the error raised."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMP_SUFFIX)
+    try:
+        fill(fd)
+        os.fchmod(fd, 0o444)
+        os.replace(tmp, path)
+        return stat_key(os.fstat(fd))
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    finally:
+        os.close(fd)
 
 
 class WholeFiles:
@@ -118,22 +137,18 @@ class WholeFiles:
         on the way, is also the stronger check: it is the file the kernel will read."""
         length = manifest.size - offset if length is None else length
         path = self._path(manifest, offset, length)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMP_SUFFIX)
-        try:
+
+        def fill(fd: int) -> None:
             for index, lo, hi in _pieces(manifest, offset, length):
                 self._copy_chunk(manifest, index, lo, hi, fd)
             if not self._passes(fd, manifest, offset, length):
                 raise MissingChunk(f"the copy of {path.name} fails its check")
-            os.fchmod(fd, 0o444)
-            os.replace(tmp, path)
-            key = stat_key(os.fstat(fd))
+
+        try:
+            key = write_read_only(path, fill)
         except (MissingChunk, OSError) as exc:
             log.info("no backing file for %s yet: %s", path, exc)
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
             return False
-        finally:
-            os.close(fd)
         with self._lock:
             self._checked[path] = key
             self.built += 1
