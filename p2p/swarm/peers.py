@@ -68,7 +68,7 @@ class PeerTable:
             self.avail[chunk] += 1
             if self.avail[chunk] == 1:
                 self.avail_mask |= bit
-        if state.pending:
+        if state.pending and chunk in state.pending:  # (else `withdrawn` does nothing)
             self.withdrawn(state, chunk)
 
     def pending(self, state: PeerState, chunk: int, until: float) -> None:

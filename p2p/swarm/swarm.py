@@ -574,6 +574,8 @@ class Swarm:
             return [abort]
         actions: list[Action] = []
         for peer, state in list(self._peers.items()):
+            if not state.inflight:
+                continue  # (most peers at most wake-ups)
             late = [c for c, (_, deadline) in state.inflight.items() if deadline <= now]
             for chunk in late:
                 self.stats["timeouts"] += 1
