@@ -354,7 +354,8 @@ class Simulation:
         actions = node.core.swarm_event(self.contents[c].id, event, self.loop.now)
         if actions:
             self._node_do(node, actions)
-        if not node.core.timer_kept:
+            self._arm(node)
+        elif not node.core.timer_kept:  # (read at once: `_node_do` may call the core again)
             self._arm(node)
 
     def _execute(self, n: int, c: int, actions: list[Action]) -> None:
@@ -470,7 +471,8 @@ class Simulation:
             actions = other.core.swarm_event(content, event, now)
             if actions:
                 self._node_do(other, actions)
-            if not other.core.timer_kept:  # (else `_arm` would schedule nothing: see there)
+                self._arm(other)
+            elif not other.core.timer_kept:  # (else `_arm` would schedule nothing: see there)
                 self._arm(other)
 
     # ---- transfers -----------------------------------------------------------------
