@@ -13,7 +13,9 @@ Two implementations of `pull` with one contract: `p2p._bytepath` (C, built by
 `make setup` against Debian's libxxhash; the GIL is released for the whole
 call, and the hasher is its own `Xxh3`), and `pull_py` here, which works with
 any hasher (blake3 chunks take it) and is what runs when the extension is not
-built. Tests run both (`use_native`).
+built, or when the environment says BOOTSEER_BYTEPATH=python (to rule the C part
+out when chasing a problem). Tests run both (`use_native`, the `byte_path`
+fixture).
 
 Nothing here verifies: p2p.spool compares the digest before the chunk counts.
 """
@@ -65,7 +67,7 @@ def native() -> bool:
     return native_module is not None and _use_native
 
 
-_use_native = True
+_use_native = os.environ.get("BOOTSEER_BYTEPATH", "c") != "python"
 
 
 @contextlib.contextmanager
@@ -86,11 +88,13 @@ def xxh3_hasher() -> Hasher | None:
 
 def pull(sock_fd: int, buf: memoryview, taken: int, filled: int, stop: int, hasher: Hasher,
          out_fd: int, out_offset: int, *, wake: int, lowat: int,
-         linger_s: float = LINGER_S) -> Pulled:
+         linger_s: float | None = None) -> Pulled:
     """Hash and write `buf[taken:filled]` (at `out_offset` of `out_fd`; -1: do not write),
     then receive into `buf[filled:stop]`, hashing and writing each read (see the module
     docstring). An empty socket is polled once `min(wake, bytes left)` bytes are there
-    (SO_RCVLOWAT, set from `lowat`). OSError as recv(2)."""
+    (SO_RCVLOWAT, set from `lowat`), for `linger_s` (default LINGER_S). OSError as
+    recv(2)."""
+    linger_s = LINGER_S if linger_s is None else linger_s
     if native_module is not None and isinstance(hasher, native_module.Xxh3):
         return Pulled(*native_module.pull(sock_fd, buf, taken, filled, stop, hasher, out_fd,
                                           out_offset, int(linger_s * 1000), wake, lowat))
