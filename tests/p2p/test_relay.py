@@ -207,7 +207,8 @@ async def _ensure(agent: AgentHandle, content: str) -> None:
         await client.ensure(content)
 
 
-async def test_a_chunk_still_arriving_from_a_peer_is_relayed_on(tmp_path: Path) -> None:
+async def test_a_chunk_still_arriving_from_a_peer_is_relayed_on(tmp_path: Path,
+                                                               byte_path: str) -> None:
     """`relay_fetching`: B and C fetch from a slow seed A; each announces what it is
     fetching, and the other asks it to relay those chunks while they arrive. Every copy
     is exact, nothing is rejected, and the origin served the content once (to A)."""
