@@ -5,7 +5,9 @@
  * chunk buffer, the part of it already received, and the part still to come:
  * it first hashes and writes (pwrite) the bytes received but not yet taken,
  * then loops recv(MSG_DONTWAIT) into the buffer -> XXH3-128 update -> pwrite
- * of the same bytes, while they are still in the CPU's cache. When the socket
+ * of the same bytes, TAKE_BYTES at a time (a recv right after a big one brings a
+ * few KiB, and a pwrite of those into new page-cache pages costs nearly as
+ * much as a big one), while they are still in the CPU's cache. When the socket
  * is empty it polls for at most `linger_ms` (waking once `wake` bytes are
  * there, through SO_RCVLOWAT) and returns if nothing came: a slow or silent
  * peer never holds a byte-moving thread for long, and the event loop keeps the
@@ -26,6 +28,7 @@
 #include <xxhash.h>
 
 enum { FILLED = 0, DRAINED = 1, CLOSED = 2 };
+#define TAKE_BYTES (512 * 1024)
 
 typedef struct {
     PyObject_HEAD
@@ -151,14 +154,16 @@ static PyObject *bytepath_pull(PyObject *Py_UNUSED(module), PyObject *args) {
     Py_ssize_t pos = filled;
     int state = FILLED, read_errno = 0, write_errno = 0;
     Py_BEGIN_ALLOW_THREADS
-    take(hasher->state, buf + taken, (size_t)(filled - taken), &out_fd, (off_t)out_offset,
-         &write_errno);
+    Py_ssize_t done = taken; /* bytes hashed and written */
     while (pos < stop) {
         ssize_t n = recv(sock_fd, buf + pos, (size_t)(stop - pos), MSG_DONTWAIT);
         if (n > 0) {
-            take(hasher->state, buf + pos, (size_t)n, &out_fd,
-                 (off_t)(out_offset + (pos - taken)), &write_errno);
             pos += n;
+            if (pos - done >= TAKE_BYTES) {
+                take(hasher->state, buf + done, (size_t)(pos - done), &out_fd,
+                     (off_t)(out_offset + (done - taken)), &write_errno);
+                done = pos;
+            }
             continue;
         }
         if (n == 0) {
@@ -185,6 +190,8 @@ static PyObject *bytepath_pull(PyObject *Py_UNUSED(module), PyObject *args) {
             break;
         }
     }
+    take(hasher->state, buf + done, (size_t)(pos - done), &out_fd,
+         (off_t)(out_offset + (done - taken)), &write_errno);
     Py_END_ALLOW_THREADS
     hasher->busy = 0;
     PyBuffer_Release(&view);

@@ -40,6 +40,10 @@ except ImportError:  # not built (no xxhash.h): the Python twin does the work
 
 FILLED, DRAINED, CLOSED = 0, 1, 2  # how a pull ended (the C module's constants)
 LINGER_S = 0.02  # how long a pull waits on an empty socket before giving its thread back
+# Bytes a pull hashes and writes at once (p2p/_bytepath.c's TAKE_BYTES): a read right
+# after a big one brings a few KiB, and writing those into new page-cache pages one
+# by one cost more system time than the loop's own reads did (ab.py, 8 x 256 MiB).
+TAKE_BYTES = 512 * 1024
 MAX_DATA_WORKERS = 8
 
 T = TypeVar("T")
@@ -109,11 +113,10 @@ def pull_py(sock_fd: int, buf: memoryview, taken: int, filled: int, stop: int, h
     if not 0 <= taken <= filled <= stop <= len(buf) or wake < 1:
         raise ValueError("pull: need 0 <= taken <= filled <= stop <= len, wake >= 1")
     taker = _Taker(hasher, out_fd, out_offset - taken)
-    taker.take(buf, taken, filled)
     sock = socket.socket(fileno=sock_fd)  # a view of the caller's socket, detached below
     poller = select.poll()
     poller.register(sock_fd, select.POLLIN)
-    pos, state = filled, FILLED
+    pos, state, done = filled, FILLED, taken
     try:
         while pos < stop:
             try:
@@ -131,10 +134,13 @@ def pull_py(sock_fd: int, buf: memoryview, taken: int, filled: int, stop: int, h
             if not got:
                 state = CLOSED
                 break
-            taker.take(buf, pos, pos + got)
             pos += got
+            if pos - done >= TAKE_BYTES:
+                taker.take(buf, done, pos)
+                done = pos
     finally:
         sock.detach()
+    taker.take(buf, done, pos)
     return Pulled(pos, state, taker.write_errno, lowat)
 
 
