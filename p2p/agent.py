@@ -86,13 +86,14 @@ class Agent:
         self.sessions = self._sessions.by_content
         self._tasks = Tasks()
         self._origins = OriginPool(config.origin_concurrency)
+        self._workers = Workers(config.data_threads)
         # Chunk buffers kept for reuse: enough for one content's requests and origin
         # reads in flight, since a fresh 4 MiB buffer costs page faults and zeroing.
-        self._workers = Workers(config.data_threads)
         self._intake = Intake(self.store, self.metrics, self.sessions,
                               RateLimiter(config.download_Bps, BURST_BYTES), self._origins,
                               config.swarm.max_inflight + config.swarm.max_origin_inflight,
-                              self._workers, feed=self.feed, stored=self._stored,
+                              self._workers, movers=config.byte_movers,
+                              feed=self.feed, stored=self._stored,
                               failed=self._sessions.failed)
         self._rng = random.Random()
         # Tracker requests leave from our own address, as peer dials do.

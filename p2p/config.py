@@ -44,6 +44,11 @@ class AgentConfig:
     #                   for the peer furthest behind its line rate (p2p.swarm.uploads)
     line_mbps: float | None = None  # the rate our requests' due assumes (MB/s): default
     #                                 download_mbps if set, else 3125 (25 Gbit/s)
+    # Peers' chunk bytes received, hashed and written by data_workers threads, one call
+    # per piece (p2p.bytepath), instead of read by the event loop and written by worker
+    # threads. Off by default: on the 2-core test VM it cost more CPU per GiB (ab.py,
+    # benchmarks/RESULTS.md, issue 31 third pass).
+    byte_movers: bool = False
     data_workers: int = 0  # threads that receive, hash and write chunk bytes beside the
     #                        control loop (p2p.bytepath); 0: the cores the node can spare
     #                        (all but one, at least 1), at most 8

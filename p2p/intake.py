@@ -47,7 +47,8 @@ RELAY_STEP = 1 * MiB  # bytes per byte-mover call for a chunk peers relay while 
 class Intake:
     def __init__(self, store: ChunkStore, metrics: AgentMetrics, sessions: dict[ContentId, Session],
                  download: RateLimiter, origins: OriginPool, keep_buffers: int,
-                 workers: Workers, *, feed: Callable[[Session, Event], None],
+                 workers: Workers, *, movers: bool = False,
+                 feed: Callable[[Session, Event], None],
                  stored: Callable[[Session, int], None],
                  failed: Callable[[Session, str], None]) -> None:
         self.store = store
@@ -57,8 +58,10 @@ class Intake:
         self.origins = origins
         self._buffers = BufferPool(keep_buffers)
         self._parts = Parts(self._buffers.take)
-        self._workers = workers
-        self._spools: dict[PartKey, Spool] = {}  # chunks from peers, written as they come
+        self.workers = workers  # the node's byte movers (p2p.bytepath)
+        self.movers = movers  # peers' chunks read by byte movers, not by the loop
+        # Chunks from peers, written as they come: by movers (Spool) or the loop (Streamer).
+        self._streams: dict[PartKey, Spool | Streamer] = {}
         self._feed, self._stored, self._failed = feed, stored, failed
 
     # ---- from peers ---------------------------------------------------------------
@@ -89,14 +92,7 @@ class Intake:
         except ValueError as exc:
             self._feed(session, ChunkArrived(msg.chunk, link.peer, ok=False))
             raise RemoteProtocolError(str(exc)) from None
-        filling = self._parts.filling(key)  # peers may be relaying it already
-        progress = None if filling is None else functools.partial(_advance_by, filling, msg.off)
-        pull = self._puller(key, session, msg.chunk, msg.off)
-        if pull is None:  # paid for when asked
-            await link.conn.recv_payload_into(view, progress=progress)
-        else:
-            await link.conn.recv_payload_pulled(view, pull, self._workers, progress,
-                                                None if filling is None else RELAY_STEP)
+        await self._receive(link, msg, key, session, view)  # paid for when asked
         if not self._parts.holds(key):  # cancelled while its payload came in
             self._wasted(msg.len)
             return True
@@ -104,9 +100,7 @@ class Intake:
         if buf is None:
             return False  # more Pieces of a relay to come
         filling = self._parts.hand_over(key)
-        spool = self._spools.pop(key, None)
-        commit = None if spool is None else functools.partial(
-            self._workers.run, functools.partial(spool.commit, memoryview(buf)))
+        commit = self._commit(self._streams.pop(key, None), buf)
         try:
             stored = await self._store_chunk(session, msg.chunk, buf, link.peer, commit)
         except asyncio.CancelledError:
@@ -153,29 +147,69 @@ class Intake:
 
     def drop_link(self, link_id: int) -> None:
         """The link closed: its requests' partial chunks are wasted."""
-        for key in [key for key in self._spools if key[0] == link_id]:
-            self._spools.pop(key).abort()
+        for key in [key for key in self._streams if key[0] == link_id]:
+            self._streams.pop(key).abort()
         self._wasted(self._parts.drop_link(link_id))
 
     def _drop(self, key: PartKey) -> int:
-        if (spool := self._spools.pop(key, None)) is not None:
-            spool.abort()
+        if (stream := self._streams.pop(key, None)) is not None:
+            stream.abort()
         return self._parts.drop(key)
+
+    async def _receive(self, link: Link, msg: Piece, key: PartKey, session: Session,
+                       view: memoryview) -> None:
+        """Read a Piece's payload into `view`: by a byte mover (`movers`), else by the
+        loop with a Streamer writing it in worker threads; either writes it to the
+        chunk's temp file as it comes, if the store can start one."""
+        filling = self._parts.filling(key)  # peers may be relaying it already
+        progress = None
+        if self.movers:
+            if filling is not None:
+                progress = functools.partial(_advance, filling, None, msg.off)
+            pull = self._puller(key, session, msg.chunk, msg.off)
+            if pull is not None:
+                await link.conn.recv_payload_pulled(view, pull, self.workers, progress,
+                                                    None if filling is None else RELAY_STEP)
+                return
+        else:
+            entry = self._streams.get(key) if msg.off else self._stream(key, session, msg.chunk)
+            stream = entry if isinstance(entry, Streamer) else None
+            if filling is not None or stream is not None:
+                progress = functools.partial(_advance, filling, stream, msg.off)
+        await link.conn.recv_payload_into(view, progress=progress)
+
+    def _stream(self, key: PartKey, session: Session, chunk: int) -> Streamer | None:
+        """A Streamer writing the chunk `key` brings as it arrives; None if the store cannot
+        start it now (the whole chunk then goes through `put`, which says why)."""
+        try:
+            spool = Spool(self.store, session.content, chunk)
+        except (StoreError, UnknownContent, IndexError):
+            return None
+        stream = self._streams[key] = Streamer(spool, self._parts.buffer(key))
+        return stream
+
+    def _commit(self, stream: Spool | Streamer | None,
+                buf: bytearray) -> Callable[[], Awaitable[None]] | None:
+        """How to verify and store the chunk `stream` wrote as it arrived (None: `put`)."""
+        if isinstance(stream, Spool):
+            return functools.partial(self.workers.run,
+                                     functools.partial(stream.commit, memoryview(buf)))
+        return None if stream is None else stream.commit
 
     def _puller(self, key: PartKey, session: Session, chunk: int, off: int) -> Puller | None:
         """The byte mover that writes the Piece at `off` of the chunk `key` brings into the
         store as it arrives (p2p.spool); None if the store cannot start it now, or the
         chunk's spool lost its place: the whole chunk then goes through `put`, which says
         why."""
-        spool = self._spools.get(key)
+        spool = self._streams.get(key)
         if off == 0 and spool is None:
             try:
-                spool = self._spools[key] = Spool(self.store, session.content, chunk)
+                spool = self._streams[key] = Spool(self.store, session.content, chunk)
             except (StoreError, UnknownContent, IndexError):
                 return None
-        if spool is None or spool.written != off:
+        if not isinstance(spool, Spool) or spool.written != off:
             if spool is not None:
-                self._spools.pop(key).abort()
+                self._streams.pop(key).abort()
             return None
         return functools.partial(_pull, spool, memoryview(self._parts.buffer(key)), off)
 
@@ -298,10 +332,6 @@ def _advance(filling: Filling | None, stream: Streamer | None, offset: int,
         filling.advance(offset + received)
     if stream is not None:
         stream.advance(offset + received)
-
-
-def _advance_by(filling: Filling, offset: int, received: int) -> None:
-    filling.advance(offset + received)
 
 
 def _pull(spool: Spool, chunk: memoryview, off: int, sock_fd: int, filled: int, stop: int,

@@ -219,7 +219,8 @@ async def test_a_chunk_still_arriving_from_a_peer_is_relayed_on(tmp_path: Path,
         await cluster.start_tracker()
         await cluster.start_origin(source.parent, 200.0)
         content = (await cluster.publish(source, CHUNK)).content_id
-        relaying = {"swarm": {"relay_fetching": True}}
+        # ... by the byte movers (p2p.bytepath), in C and in Python
+        relaying = {"swarm": {"relay_fetching": True}, "byte_movers": True}
         seed = await cluster.start_agent(0, "rack0", {**relaying, "upload_mbps": 12.0})
         async with asyncio.timeout(120):
             first = await distribute(cluster, [seed], source, content, 8 * CHUNK,
