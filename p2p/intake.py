@@ -7,9 +7,10 @@ fills a `Filling` instead, which peers' relays read as it arrives. Whatever its
 source, a chunk is verified and written by the store in a worker thread, and
 only then counted, told to the swarm (`ChunkArrived`) and to the node core
 (`stored`, which wakes readers): a byte that did not verify is never served
-or read. A chunk from a peer is received, hashed and written by one call per
-Piece in the node's byte-moving threads (`p2p.bytepath.Workers`, `Spool.pull`;
-a relayed one by one call per RELAY_STEP, so relays see it arrive). Every byte
+or read. With `movers` (the agent's `byte_movers`), a chunk from a peer is
+received, hashed and written by one call per Piece in the node's byte-moving
+threads (`p2p.bytepath.Workers`, `Spool.pull`; a relayed one by one call per
+RELAY_STEP, so relays see it arrive). Every byte
 asked for is paid for at the download limit first, and the chunk buffers are
 reused (`p2p.session.BufferPool`).
 

@@ -17,12 +17,12 @@ hashed are the bytes written (one buffer, not changed once received). If the
 disk refuses the temp file (full, failing), the spool stops writing and the
 commit stores the whole buffer through `put`, which evicts and retries.
 
-A chunk from a peer is taken by `Spool.pull` (p2p.bytepath): one call in a
-byte-moving thread receives the payload from the socket, hashes and writes it,
-so the event loop sees one event per piece instead of one per read (with the C
-byte path, an XXH3-128 chunk's hasher is the C module's own, fed without the
-GIL). A chunk from the origin arrives through aiohttp's reads instead: a
-`Streamer` runs its spool from the event loop: `advance(n)` says the first `n`
+With the agent's `byte_movers` on, a chunk from a peer is taken by `Spool.pull`
+(p2p.bytepath): one call in a byte-moving thread receives the payload from the
+socket, hashes and writes it, so the event loop sees one event per piece instead
+of one per read (with the C byte path, an XXH3-128 chunk's hasher is the C
+module's own, fed without the GIL). Otherwise, and for chunks from the origin
+(aiohttp's reads), a `Streamer` runs the spool from the event loop: `advance(n)` says the first `n`
 bytes are in the buffer; it writes them in a worker thread, at most one write
 of at least STREAM_STEP bytes at a time (the last part may be smaller), so
 when the last byte arrives only the last part is left to write.
