@@ -66,6 +66,7 @@ if TYPE_CHECKING:  # the serving process loads these; the CLI's parser need not
 log = logging.getLogger("bootseer.depsnap")
 KINDS = {"dir": Kind.DIR, "file": Kind.FILE, "symlink": Kind.SYMLINK}
 RECORD_MODES = ("missing", "always", "never")
+SERVERS = ("kernel", "pyfuse3")
 HOT_TIMEOUT_S = 5.0  # how long a mount waits for its hot-frame record
 
 
@@ -99,6 +100,7 @@ class MountOptions:
     record_window_s: float = WINDOW_S
     prefetch: bool = True  # prefetch the recorded frames' chunks
     passthrough: bool = False  # files with a decoded copy read by the kernel (depsnap.backing)
+    server: str = "kernel"  # SERVERS: who answers the kernel's requests
 
     def argv(self) -> list[str]:
         """The `depsnap serve` command line for these options."""
@@ -111,7 +113,7 @@ class MountOptions:
                 *(["--origin-url", self.origin_url] if self.origin_url else []),
                 *(["--origin-dir", str(self.origin_dir)] if self.origin_dir else []),
                 *(["--no-prefetch"] if not self.prefetch else []),
-                *(["--passthrough"] if self.passthrough else []),
+                *(["--passthrough"] if self.passthrough else []), "--server", self.server,
                 *(["--allow-other"] if self.allow_other else [])]
 
 
@@ -133,6 +135,7 @@ async def serve_snapshot(opts: MountOptions, secret: bytes,
         async with TrackerClient(opts.tracker, secret) as tracker:
             tree_id, snapshot = await load_snapshot(tracker, agent, opts.key, opts.origin_url)
         hot = _hot_frames(await reading, snapshot)
+        loaded = time.monotonic()
     except BaseException:
         reading.cancel()
         await agent.close()
@@ -143,11 +146,19 @@ async def serve_snapshot(opts: MountOptions, secret: bytes,
     # The prefetch's round trips to the agent go on while the tree is built in a thread
     # (0.23 s for 10,447 files here); waiting for them first made the mount start later.
     prefetching = asyncio.create_task(_prefetch(source, hot if opts.prefetch else None))
+    # Frames are decoded as their chunks come, from before the mount serves: the first
+    # import then finds most of what it reads decoded and checked (`SnapshotSource.warm`).
+    # Not while recording: a recorder must see the reads' own frames.
+    warming = ([asyncio.create_task(_decode_ahead(source, prefetching, hot))]
+               if hot and opts.prefetch and recorder is None else [])
     try:
         tree = await asyncio.to_thread(snapshot_tree, snapshot, os.getuid(), os.getgid())
+        built = time.monotonic()
         queued = await prefetching
     except BaseException:
-        prefetching.cancel()
+        for task in (prefetching, *warming):
+            task.cancel()
+        await asyncio.gather(prefetching, *warming, return_exceptions=True)
         await source.close()
         raise
     saver = _Saver(opts, snapshot, recorder)
@@ -157,18 +168,22 @@ async def serve_snapshot(opts: MountOptions, secret: bytes,
         on_ready({**info, "key": opts.key, "tree": tree_id, "prefix": snapshot.prefix,
                   "files": len(tree), "packs": [p.content for p in snapshot.packs],
                   "hot_frames": len(hot or ()), "prefetch_chunks": queued,
-                  "recording": recorder is not None})
+                  "recording": recorder is not None,
+                  "phases": {"load_s": round(loaded - started, 3),
+                             "tree_s": round(built - loaded, 3),
+                             "mount_s": round(time.monotonic() - built, 3)}})
 
     # Not a TaskGroup: it would wrap serve's own errors (MountError, ...) in a group.
     window = asyncio.create_task(saver.at_window_end())
-    warming = asyncio.create_task(copies.warm(hot)) if copies is not None and hot else None
+    if copies is not None and hot:
+        warming.append(asyncio.create_task(copies.warm(hot)))
     try:
         await serve(tree, source, opts.mountpoint, opts.read_ahead_kb, opts.allow_other,
-                    ready, whole=copies)
+                    ready, whole=copies, kernel=opts.server == "kernel")
     finally:
-        if warming is not None:
-            warming.cancel()
-            await asyncio.gather(warming, return_exceptions=True)
+        for task in warming:
+            task.cancel()
+        await asyncio.gather(*warming, return_exceptions=True)
         saver.unmounted()
         await window  # at once, or when a save the window's end began is written
         await saver.save()
@@ -200,6 +215,13 @@ async def _prefetch(source: SnapshotSource, hot: list[Frame] | None) -> int:
         log.warning("the recorded frames were not prefetched (reads fetch on demand): %s", exc)
         return 0
     return queued
+
+
+async def _decode_ahead(source: SnapshotSource, prefetching: asyncio.Task[int],
+                        hot: list[Frame]) -> None:
+    """Once the agent has the record's chunks as prefetch lists, decode its frames."""
+    if await asyncio.shield(prefetching):
+        await source.warm(hot)
 
 
 async def _read_hot(opts: MountOptions) -> HotRecord | None:
@@ -305,6 +327,10 @@ def add_mount_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser],
                             "written at a file's first open, and ahead of it for the files "
                             "of a hot-frame record; the copies cost CPU on the node's first "
                             "mount of a key and pay on later ones (benchmarks/RESULTS.md)")
+        m.add_argument("--server", choices=SERVERS, default="kernel",
+                       help="kernel (default): the kernel protocol spoken by this process, "
+                            "with no OPEN round trips (Linux 6.9+ as root; elsewhere "
+                            "pyfuse3); pyfuse3: libfuse's")
         m.add_argument("--origin-dir", type=Path, default=env_path("BOOTSEER_DEPSNAP_ORIGIN_DIR"),
                        help="the snapshot origin directory, where a recorded hot-frame "
                             "record is saved (default: $BOOTSEER_DEPSNAP_ORIGIN_DIR)")
@@ -339,7 +365,7 @@ def _options(args: argparse.Namespace) -> MountOptions:
                         args.tracker, args.api_socket, args.store_dir.absolute(),
                         args.read_timeout_s, args.read_ahead_kb, args.allow_other,
                         origin_url, origin_dir, args.record, args.record_window_s,
-                        args.prefetch, args.passthrough)
+                        args.prefetch, args.passthrough, args.server)
 
 
 def _run_serve(args: argparse.Namespace) -> int:
