@@ -100,7 +100,7 @@ class MountOptions:
     record_window_s: float = WINDOW_S
     prefetch: bool = True  # prefetch the recorded frames' chunks
     passthrough: bool = False  # files with a decoded copy read by the kernel (depsnap.backing)
-    server: str = "kernel"  # SERVERS: who answers the kernel's requests
+    server: str = "pyfuse3"  # SERVERS: who answers the kernel's requests
 
     def argv(self) -> list[str]:
         """The `depsnap serve` command line for these options."""
@@ -146,19 +146,12 @@ async def serve_snapshot(opts: MountOptions, secret: bytes,
     # The prefetch's round trips to the agent go on while the tree is built in a thread
     # (0.23 s for 10,447 files here); waiting for them first made the mount start later.
     prefetching = asyncio.create_task(_prefetch(source, hot if opts.prefetch else None))
-    # Frames are decoded as their chunks come, from before the mount serves: the first
-    # import then finds most of what it reads decoded and checked (`SnapshotSource.warm`).
-    # Not while recording: a recorder must see the reads' own frames.
-    warming = ([asyncio.create_task(_decode_ahead(source, prefetching, hot))]
-               if hot and opts.prefetch and recorder is None else [])
     try:
         tree = await asyncio.to_thread(snapshot_tree, snapshot, os.getuid(), os.getgid())
         built = time.monotonic()
         queued = await prefetching
     except BaseException:
-        for task in (prefetching, *warming):
-            task.cancel()
-        await asyncio.gather(prefetching, *warming, return_exceptions=True)
+        prefetching.cancel()
         await source.close()
         raise
     saver = _Saver(opts, snapshot, recorder)
@@ -175,15 +168,14 @@ async def serve_snapshot(opts: MountOptions, secret: bytes,
 
     # Not a TaskGroup: it would wrap serve's own errors (MountError, ...) in a group.
     window = asyncio.create_task(saver.at_window_end())
-    if copies is not None and hot:
-        warming.append(asyncio.create_task(copies.warm(hot)))
+    warming = asyncio.create_task(copies.warm(hot)) if copies is not None and hot else None
     try:
         await serve(tree, source, opts.mountpoint, opts.read_ahead_kb, opts.allow_other,
                     ready, whole=copies, kernel=opts.server == "kernel")
     finally:
-        for task in warming:
-            task.cancel()
-        await asyncio.gather(*warming, return_exceptions=True)
+        if warming is not None:
+            warming.cancel()
+            await asyncio.gather(warming, return_exceptions=True)
         saver.unmounted()
         await window  # at once, or when a save the window's end began is written
         await saver.save()
@@ -215,13 +207,6 @@ async def _prefetch(source: SnapshotSource, hot: list[Frame] | None) -> int:
         log.warning("the recorded frames were not prefetched (reads fetch on demand): %s", exc)
         return 0
     return queued
-
-
-async def _decode_ahead(source: SnapshotSource, prefetching: asyncio.Task[int],
-                        hot: list[Frame]) -> None:
-    """Once the agent has the record's chunks as prefetch lists, decode its frames."""
-    if await asyncio.shield(prefetching):
-        await source.warm(hot)
 
 
 async def _read_hot(opts: MountOptions) -> HotRecord | None:
@@ -327,10 +312,12 @@ def add_mount_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser],
                             "written at a file's first open, and ahead of it for the files "
                             "of a hot-frame record; the copies cost CPU on the node's first "
                             "mount of a key and pay on later ones (benchmarks/RESULTS.md)")
-        m.add_argument("--server", choices=SERVERS, default="kernel",
-                       help="kernel (default): the kernel protocol spoken by this process, "
-                            "with no OPEN round trips (Linux 6.9+ as root; elsewhere "
-                            "pyfuse3); pyfuse3: libfuse's")
+        m.add_argument("--server", choices=SERVERS, default="pyfuse3",
+                       help="pyfuse3 (default), or kernel: the kernel protocol spoken by this "
+                            "process, with no OPEN, RELEASE or FLUSH round trips and listings "
+                            "that spare lookups (Linux 6.9+ as root; elsewhere pyfuse3). On a "
+                            "first import it made 35%% fewer requests but measured no faster "
+                            "here (benchmarks/RESULTS.md, issue 32, third pass)")
         m.add_argument("--origin-dir", type=Path, default=env_path("BOOTSEER_DEPSNAP_ORIGIN_DIR"),
                        help="the snapshot origin directory, where a recorded hot-frame "
                             "record is saved (default: $BOOTSEER_DEPSNAP_ORIGIN_DIR)")

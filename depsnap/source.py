@@ -54,7 +54,6 @@ from fusefs.source import AgentSource, Buffer, SourceError
 log = logging.getLogger(__name__)
 
 CACHED_FRAMES = 64  # decoded frames kept (1 MiB each): with 32, 15% of decodes were repeats
-WARM_FRAMES = 256  # at most this many more kept while a record's frames are decoded ahead
 
 
 class SnapshotSource:
@@ -73,7 +72,6 @@ class SnapshotSource:
         self._asked: set[tuple[str, int]] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._decoded: OrderedDict[tuple[str, int], bytes] = OrderedDict()
-        self._cache_limit = CACHED_FRAMES
         self._decoding: dict[tuple[str, int], asyncio.Task[bytes]] = {}
         self._zstd = zstandard.ZstdDecompressor()  # decodes run on the event loop's thread
         self._verified: set[tuple[str, int]] = set()  # (pack, member index) whose digest held
@@ -81,57 +79,18 @@ class SnapshotSource:
 
     async def read(self, content: str, offset: int, length: int) -> Buffer:
         self._prefetch_file(content, offset, length)
-        starts, _ = self._members.get(content, ([], ()))
+        starts, members = self._members.get(content, ([], ()))
         index = bisect.bisect_right(starts, offset) - 1
-        if index >= 0 and length:
-            await self._checked(content, index)
+        if index >= 0 and length and (content, index) not in self._verified:
+            key = (content, index)
+            task = self._verifying.get(key)
+            if task is None:
+                task = asyncio.create_task(self._verify(content, members[index]))
+                self._verifying[key] = task
+                task.add_done_callback(lambda _: self._verifying.pop(key, None))
+            await asyncio.shield(task)
+            self._verified.add(key)
         return await self._read_raw(content, offset, length)
-
-    async def _checked(self, content: str, index: int) -> None:
-        """Once member `index` of `content` has matched its digest (one check, shared)."""
-        key = (content, index)
-        if key in self._verified:
-            return
-        task = self._verifying.get(key)
-        if task is None:
-            task = asyncio.create_task(self._verify(content, self._members[content][1][index]))
-            self._verifying[key] = task
-            task.add_done_callback(lambda _: self._verifying.pop(key, None))
-        await asyncio.shield(task)
-        self._verified.add(key)
-
-    async def warm(self, frames: list[Frame]) -> int:
-        """Decode a hot-frame record's frames ahead of the reads, in its order, as the
-        prefetch brings their chunks, in a worker thread (zstd lets go of the GIL: the
-        decoding runs on a core the importer is not using), and check the files they
-        hold whole; the frames decoded. Measured on `import pandas` from a first mount,
-        the handler's READs otherwise spent most of their time decoding and checking
-        on the event loop, one reader's file at a time. A failure only loses the head
-        start: a read decodes and checks for itself, and says what failed."""
-        zstd = zstandard.ZstdDecompressor()  # this loop's own: it is used in a thread
-        self._cache_limit = CACHED_FRAMES + min(len(frames), WARM_FRAMES)
-        decoded, done = 0, set()
-        for pack, index in frames[:WARM_FRAMES]:
-            try:
-                await self._frame(pack, index, zstd)
-                decoded += 1
-                done.add((pack.content, index))
-                for member in self._ending_in(pack, index, done):
-                    await self._checked(pack.content, member)
-            except SourceError as exc:
-                log.info("frame %d of pack %s was not decoded ahead: %s", index, pack.content,
-                         exc)
-        return decoded
-
-    def _ending_in(self, pack: Pack, index: int, decoded: set[tuple[str, int]]) -> list[int]:
-        """The members (by index) whose last byte is in frame `index` and whose first is in
-        a frame already `decoded` (checking one would fetch no chunk the record lacks)."""
-        starts, members = self._members[pack.content]
-        lo, hi = index * pack.frame_bytes, (index + 1) * pack.frame_bytes
-        first = max(bisect.bisect_right(starts, lo) - 1, 0)
-        return [i for i in range(first, bisect.bisect_left(starts, hi))
-                if lo < members[i].offset + members[i].size <= hi
-                and (pack.content, members[i].offset // pack.frame_bytes) in decoded]
 
     async def _verify(self, content: str, member: Member) -> None:
         """Read the member whole and check its digest; SourceError if it does not match."""
@@ -180,10 +139,7 @@ class SnapshotSource:
         await asyncio.gather(*tasks, return_exceptions=True)
         await self.inner.close()
 
-    async def _frame(self, pack: Pack, index: int,
-                     threaded: zstandard.ZstdDecompressor | None = None) -> bytes:
-        """Frame `index` decoded: cached, or being decoded, or decoded now (in a thread
-        with the `threaded` decompressor, else on the event loop)."""
+    async def _frame(self, pack: Pack, index: int) -> bytes:
         key = (pack.content, index)
         raw = self._decoded.get(key)
         if raw is not None:
@@ -191,24 +147,20 @@ class SnapshotSource:
             return raw
         task = self._decoding.get(key)
         if task is None:
-            task = asyncio.create_task(self._decode(pack, index, threaded))
+            task = asyncio.create_task(self._decode(pack, index))
             self._decoding[key] = task
             task.add_done_callback(lambda _: self._decoding.pop(key, None))
         return await asyncio.shield(task)  # one reader's deadline does not cancel another's
 
-    async def _decode(self, pack: Pack, index: int,
-                      threaded: zstandard.ZstdDecompressor | None) -> bytes:
+    async def _decode(self, pack: Pack, index: int) -> bytes:
         start = self._offsets[pack.content][index]
         stored = await self.inner.read(pack.content, start, pack.frames[index])
         try:
-            if threaded is None:
-                raw = decode_frame(pack, index, stored, self._zstd)
-            else:
-                raw = await asyncio.to_thread(decode_frame, pack, index, stored, threaded)
+            raw = decode_frame(pack, index, stored, self._zstd)
         except FrameError as exc:
             raise SourceError(f"{exc} ({pack.content})") from None
         self._decoded[(pack.content, index)] = raw
-        if len(self._decoded) > self._cache_limit:
+        if len(self._decoded) > CACHED_FRAMES:
             self._decoded.popitem(last=False)
         return raw
 

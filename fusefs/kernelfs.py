@@ -37,7 +37,7 @@ import logging
 import os
 import signal
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -102,7 +102,7 @@ class KernelFS:
         self.passthrough = False  # negotiated at INIT
         self.no_open = False  # negotiated at INIT: without passthrough, OPEN is not needed
         self.requests: Counter[int] = Counter()  # by opcode
-        self.request_s: Counter[int] = Counter()  # seconds from reading to answering, by opcode
+        self.request_s: defaultdict[int, float] = defaultdict(float)  # from reading to answer
         self.reads = self.read_bytes = self.failed_reads = 0
         self.passthrough_opens = self.handler_opens = 0
         self._buffer = bytearray(REQUEST_BUFFER)
@@ -114,7 +114,8 @@ class KernelFS:
         self._ops: dict[int, Callable[[P.Header, memoryview], bytes]] = {
             P.Op.LOOKUP: self._lookup, P.Op.GETATTR: self._getattr,
             P.Op.READLINK: self._readlink, P.Op.OPENDIR: self._opendir,
-            P.Op.READDIR: self._readdir, P.Op.RELEASEDIR: lambda h, b: b"",
+            P.Op.READDIR: self._readdir, P.Op.READDIRPLUS: self._readdirplus,
+            P.Op.RELEASEDIR: lambda h, b: b"",
             P.Op.STATFS: self._statfs, P.Op.ACCESS: self._access,
             P.Op.GETXATTR: self._getxattr, P.Op.LISTXATTR: self._listxattr,
             P.Op.RELEASE: self._release, P.Op.FLUSH: self._flush,
@@ -273,6 +274,12 @@ class KernelFS:
         entries = ((os.fsencode(name), node.inode, node.mode, next_off)
                    for name, node, next_off in self.tree.readdir(header.nodeid, args.offset))
         return P.dirents(entries, args.size)
+
+    def _readdirplus(self, header: P.Header, body: memoryview) -> bytes:
+        args = P.read_in(body)
+        entries = ((os.fsencode(name), _attr(node), next_off)
+                   for name, node, next_off in self.tree.readdir(header.nodeid, args.offset))
+        return P.direntplus(entries, args.size, TIMEOUT_S)
 
     def _statfs(self, header: P.Header, body: memoryview) -> bytes:
         return P.statfs_out((self.tree.total_bytes + 4095) // 4096, len(self.tree), NAME_MAX)

@@ -56,6 +56,7 @@ WRITE_OPS = frozenset({Op.SETATTR, Op.SYMLINK, Op.MKNOD, Op.MKDIR, Op.UNLINK, Op
 # INIT flags (bit numbers from linux/fuse.h; flags2 holds bits 32-63)
 ASYNC_READ = 1 << 0
 ATOMIC_O_TRUNC = 1 << 3
+DO_READDIRPLUS = 1 << 13
 NO_OPEN_SUPPORT = 1 << 17
 PARALLEL_DIROPS = 1 << 18
 MAX_PAGES = 1 << 22
@@ -172,7 +173,8 @@ def negotiate(offer: InitIn, want_passthrough: bool, max_pages: int = 256,
     if offer.major != 7 or offer.minor < MIN_MINOR:
         raise ProtocolError(f"kernel FUSE protocol {offer.major}.{offer.minor}; "
                             f"7.{MIN_MINOR} or later needed")
-    wanted = ASYNC_READ | ATOMIC_O_TRUNC | PARALLEL_DIROPS | MAX_PAGES | CACHE_SYMLINKS | INIT_EXT
+    wanted = (ASYNC_READ | ATOMIC_O_TRUNC | PARALLEL_DIROPS | MAX_PAGES | CACHE_SYMLINKS
+              | INIT_EXT | DO_READDIRPLUS)
     if want_passthrough:
         wanted |= PASSTHROUGH
     elif want_no_open:
@@ -292,6 +294,25 @@ def dirents(entries: Iterable[tuple[bytes, int, int, int]], limit: int) -> bytes
         if len(out) + padded > limit:
             break
         out += DIRENT_HEAD.pack(ino, next_off, len(name), (mode >> 12) & 0o17)
+        out += name + bytes(padded - size)
+    return bytes(out)
+
+
+def direntplus(entries: Iterable[tuple[bytes, Attr, int]], limit: int, timeout_s: float
+               ) -> bytes:
+    """READDIRPLUS's answer: each (name, attributes, next offset) as an entry the kernel
+    caches (as a LOOKUP's answer) followed by its dirent, packed while they fit `limit`.
+    A listing then spares the LOOKUP of every name in it (Python's import system lists
+    each package directory, then opens names from it)."""
+    out = bytearray()
+    for name, attr, next_off in entries:
+        size = DIRENT_HEAD.size + len(name)
+        padded = (size + 7) & ~7
+        entry = entry_out(attr, timeout_s)
+        if len(out) + len(entry) + padded > limit:
+            break
+        out += entry
+        out += DIRENT_HEAD.pack(attr.ino, next_off, len(name), (attr.mode >> 12) & 0o17)
         out += name + bytes(padded - size)
     return bytes(out)
 
