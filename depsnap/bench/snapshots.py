@@ -75,6 +75,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import resource
 import shutil
 import statistics
@@ -355,12 +356,22 @@ async def _mount_import(env: dict[str, str], agent: AgentHandle, key: str, mount
                   for p in ready["packs"] if p in contents)
     return {"mount_seconds": round(mounted, 3), "mount_first_import_seconds": round(seconds, 3),
             "mount_fetched_bytes": fetched, "mount_hot_frames": ready["hot_frames"],
-            "mount_prefetch_chunks": ready["prefetch_chunks"],
+            "mount_prefetch_chunks": _prefetched(ready, log), "mount_tree": ready.get("tree_kind"),
+            "mount_phases": ready.get("phases"),
             "mount_server": ready.get("server"), "mount_read_path": read_path(log),
             "mount_import_cpu_seconds": round(import_cpu, 3),
             "mount_server_cpu_seconds": round(server_cpu, 3),
             "mount_account": account(log), "import_ok": proc.returncode == 0,
             **({"import_error": err.decode()[-500:]} if proc.returncode else {})}
+
+
+def _prefetched(ready: dict[str, Any], log: Path) -> int | None:
+    """The chunks the mount handed its agent from the record: in its "mounted" line if the
+    prefetch had asked by then (the mount does not wait for it), else in its last words."""
+    if ready.get("prefetch_chunks") is not None:
+        return int(ready["prefetch_chunks"])
+    found = re.findall(r"'prefetch_chunks': (\d+)", log.read_text(errors="replace"))
+    return int(found[-1]) if found else None
 
 
 async def _unmounted(log: Path, timeout_s: float = 30.0) -> None:
