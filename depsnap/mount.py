@@ -124,7 +124,7 @@ class MountOptions:
     record_window_s: float = WINDOW_S
     prefetch: bool = True  # prefetch the recorded frames' chunks
     passthrough: bool = False  # files with a decoded copy read by the kernel (depsnap.backing)
-    server: str = "pyfuse3"  # SERVERS: who answers the kernel's requests
+    server: str = "kernel"  # SERVERS: who answers the kernel's requests
 
     def argv(self) -> list[str]:
         """The `depsnap serve` command line for these options."""
@@ -346,12 +346,12 @@ def add_mount_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser],
                             "written at a file's first open, and ahead of it for the files "
                             "of a hot-frame record; the copies cost CPU on the node's first "
                             "mount of a key and pay on later ones (benchmarks/RESULTS.md)")
-        m.add_argument("--server", choices=SERVERS, default="pyfuse3",
-                       help="pyfuse3 (default), or kernel: the kernel protocol spoken by this "
-                            "process, with no OPEN, RELEASE or FLUSH round trips and listings "
-                            "that spare lookups (Linux 6.9+ as root; elsewhere pyfuse3). On a "
-                            "first import it made 35%% fewer requests but measured no faster "
-                            "here (benchmarks/RESULTS.md, issue 32, third pass)")
+        m.add_argument("--server", choices=SERVERS, default="kernel",
+                       help="kernel (default): the kernel protocol spoken by this process, "
+                            "with no OPEN, RELEASE or FLUSH round trips and listings that "
+                            "spare lookups (Linux 6.9+ as root; elsewhere pyfuse3, as if "
+                            "asked for); pyfuse3: libfuse's, every open a round trip "
+                            "(benchmarks/RESULTS.md, issue 32, third pass)")
         m.add_argument("--origin-dir", type=Path, default=env_path("BOOTSEER_DEPSNAP_ORIGIN_DIR"),
                        help="the snapshot origin directory, where a recorded hot-frame "
                             "record is saved (default: $BOOTSEER_DEPSNAP_ORIGIN_DIR)")
