@@ -152,8 +152,7 @@ def plot(out: Path) -> list[Path]:
             fig, ax = plt.subplots(figsize=(6, 4))
             _draw(ax, rows, x, other, metric)
             ax.set(xlabel=x.label, ylabel=_metric_label(metric),
-                   title=f"{description['scenario']}: {metric} by {x.key.split('.')[-1]} "
-                         f"({len(description['seeds'])} seeds)")
+                   title=title(description, rows, metric, x))
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
             path = folder / f"{metric}-by-{re.sub(r'[^A-Za-z0-9._-]', '_', x.key)}.png"
@@ -162,6 +161,19 @@ def plot(out: Path) -> list[Path]:
             plt.close(fig)
             paths.append(path)
     return paths
+
+
+def title(description: Mapping[str, Any], rows: Sequence[Mapping[str, Any]], metric: str,
+          x: Axis) -> str:
+    """What is drawn, then what was run: the contents' size and the links' caps, as a
+    run's own plot says them (`report.caption`). Runs kept before captions have none."""
+    said = f"{description['scenario']}: {metric} by {x.key.split('.')[-1]} " \
+           f"({len(description['seeds'])} seeds)"
+    captions = sorted({str(r["caption"]) for r in rows if r.get("caption")})
+    if not captions:
+        return said
+    more = ", ... (varies by run)" if len(captions) > 1 else ""
+    return f"{said}\n{captions[0]}{more}"
 
 
 def _draw(ax: Any, rows: Sequence[Mapping[str, Any]], x: Axis, other: Axis | None,

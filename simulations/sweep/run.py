@@ -83,7 +83,8 @@ def run_point(s: Scenario) -> tuple[dict[str, Any], dict[str, list[Any]]]:
     stop = sim.run()
     result = report.collect(sim, stop, time.perf_counter() - started)
     summary = dict(result.summary, cpu_seconds=round(time.thread_time() - cpu, 3),
-                   engine="compiled" if compiled.active() else "python")
+                   engine="compiled" if compiled.active() else "python",
+                   caption=result.caption)
     return summary, result.columns
 
 

@@ -10,6 +10,9 @@ from matplotlib import pyplot as plt
 from simulations import scenario
 from simulations.report import Result, caption, figures
 from simulations.simulation import Simulation
+from simulations.sweep.data import title
+from simulations.sweep.plan import Axis
+from simulations.sweep.run import run_point
 
 
 def result(**summary: Any) -> Result:
@@ -63,3 +66,17 @@ def test_the_caption_comes_from_the_scenario() -> None:
     spec = sim.scenario.network
     assert f"NIC {spec.nic_down_Bps * 8 / 1e9:.3g} Gbit/s down" in text
     assert text.startswith(f"{sum(c.size for c in sim.contents) / 2**30:.3g} GiB")
+
+
+def test_a_sweep_plot_title_says_what_was_run() -> None:
+    small = scenario.override(scenario.load("small"), nodes=4)
+    summary, _ = run_point(small)
+    assert summary["caption"] == caption(Simulation(small))
+    description = {"scenario": "small", "seeds": [1, 2]}
+    rows = [{"caption": summary["caption"]}, {"caption": summary["caption"]}]
+    axis = Axis("network.racks", (2, 4), None)
+    text = title(description, rows, "p99", axis)
+    assert text == f"small: p99 by racks (2 seeds)\n{summary['caption']}"
+    varied = title(description, [*rows, {"caption": "1 GiB in 1 content(s)"}], "p99", axis)
+    assert varied.endswith("(varies by run)")
+    assert title(description, [{}], "p99", axis) == "small: p99 by racks (2 seeds)"
