@@ -52,10 +52,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from depsnap.mounttree import open_tree, snapshot_tree
 from depsnap.snapshot import Snapshot
 from fusefs.cli import add_serving_flags, add_umount
 from fusefs.record import WINDOW_S, Recorder, RecordError
-from fusefs.tree import Entry, Extent, Kind, Layer, Tree, TreeError, TreeView, build_tree
+from fusefs.tree import Tree
 from p2p.errors import UserError
 
 if TYPE_CHECKING:  # the serving process loads these; the CLI's parser need not
@@ -64,48 +65,9 @@ if TYPE_CHECKING:  # the serving process loads these; the CLI's parser need not
     from depsnap.source import SnapshotSource
 
 log = logging.getLogger("bootseer.depsnap")
-KINDS = {"dir": Kind.DIR, "file": Kind.FILE, "symlink": Kind.SYMLINK}
 RECORD_MODES = ("missing", "always", "never")
 SERVERS = ("kernel", "pyfuse3")
 HOT_TIMEOUT_S = 5.0  # how long a mount waits for its hot-frame record
-
-
-def snapshot_tree(snapshot: Snapshot, uid: int = 0, gid: int = 0) -> Tree:
-    """The snapshot as a fusefs tree: one extent per file, into its pack."""
-    where = snapshot.locations()
-    entries = []
-    for e in snapshot.entries:
-        extents: tuple[Extent, ...] = ()
-        if e.kind == "file":
-            pack, member = where[e.digest]
-            extents = (Extent(pack.content, member.offset, e.size),)
-        entries.append(Entry(e.path, KINDS[e.kind], e.mode, uid, gid, e.mtime_ns, e.size,
-                             extents, e.target))
-    return build_tree([Layer(f"snapshot {snapshot.key}", entries)])
-
-
-def packed_tree(snapshot: Snapshot) -> bytes:
-    """The snapshot's mount tree, packed (`fusefs.packedtree`) and checked whole: made once
-    at capture, so a mount opens it instead of building a tree of 10,000+ Python objects
-    (0.2-0.5 s of a first mount's CPU here). Owners are the mounting user's, set at open."""
-    from fusefs.packedtree import PackedTree, pack_tree
-
-    data = pack_tree(snapshot_tree(snapshot))
-    PackedTree(data).check()
-    return data
-
-
-def open_tree(snapshot: Snapshot, packed: bytes | None, uid: int, gid: int) -> TreeView:
-    """The mount's tree: the published packed one if there is one that opens (its header
-    and digest; nodes are checked at first use), else built from the snapshot."""
-    from fusefs.packedtree import PackedTree
-
-    if packed is not None:
-        try:
-            return PackedTree(packed, f"packed tree of key {snapshot.key}", (uid, gid))
-        except TreeError as exc:
-            log.warning("%s; building the tree", exc)
-    return snapshot_tree(snapshot, uid, gid)
 
 
 @dataclass(frozen=True, slots=True)

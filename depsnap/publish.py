@@ -116,7 +116,7 @@ def capture(prefix: Path, key: str, inputs: KeyInputs, resolved: tuple[str, ...]
             origin_dir: Path, origin_url: str) -> tuple[Snapshot, list[Manifest], int]:
     """Scan `prefix`, write its packs and tree into `origin_dir`: the snapshot, the
     manifests to register (tree last) and the pack bytes that were new."""
-    from depsnap.mount import packed_tree
+    from depsnap.mounttree import packed_tree
 
     entries = scan(prefix)
     written = write_packs(prefix, entries, origin_dir / "packs", origin_url)

@@ -187,7 +187,7 @@ class PackedTree:
         """TreeError (naming `name`) unless `data` has the header, sections and digest of a
         packed tree; the rest is checked as it is used. With `owner` (uid, gid), every
         node shows that owner instead of the packed one (a snapshot mount shows its
-        files as the mounting user's, as `depsnap.mount.snapshot_tree` does)."""
+        files as the mounting user's, as `depsnap.mounttree.snapshot_tree` does)."""
         self.name = name
         self._owner = owner
         if len(data) < HEADER.size:

@@ -122,7 +122,7 @@ def test_a_tree_round_trips_through_json() -> None:
 def test_the_packed_mount_tree_is_the_built_one_with_the_mounting_users_owner() -> None:
     from dataclasses import replace
 
-    from depsnap.mount import open_tree, packed_tree, snapshot_tree
+    from depsnap.mounttree import open_tree, packed_tree, snapshot_tree
 
     snap = tree(d("bin"), f("bin/x"), link("bin/python", "/usr/bin/python3.11"),
                 d("lib"), d("lib/pkg"), f("lib/pkg/mod.py"))
