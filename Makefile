@@ -23,8 +23,9 @@ BIN := $(VENV)/bin
 # test loads and screenshots the page in. redis-server: the Redis that tracker replicas
 # share (tests and `bootseer bench tracker --replicas`). containerd (and its ctr): the
 # unchanged runtime the registry-mirror test and `bootseer bench mirror` pull through;
-# systemd: `systemd-analyze verify` of the units in deploy/.
-DEB_PACKAGES := fuse3 libfuse3-dev pkg-config gcc python3-dev python3-venv \
+# systemd: `systemd-analyze verify` of the units in deploy/. libxxhash-dev: the xxh3
+# header and library the agent's byte path (p2p/_bytepath.c) is built against.
+DEB_PACKAGES := fuse3 libfuse3-dev pkg-config gcc python3-dev python3-venv libxxhash-dev \
 	docker-registry skopeo apache2-utils busybox-static runc bubblewrap umoci debootstrap \
 	openjdk-17-jdk-headless maven iproute2 wrk chromium fonts-dejavu-core redis-server \
 	containerd systemd

@@ -23,7 +23,9 @@ so they are the figure to trust for a cost such as re-verification on a busy
 machine. `--after` defaults to HEAD. Arguments after `--` go to `bootseer bench swarm`
 on both sides; `--before-args` / `--after-args` add arguments to one side
 only, so one revision can be compared with itself under two settings, e.g.
-`--before HEAD --after-args "--digest blake3"`.
+`--before HEAD --after-args "--digest blake3"`. A revision with native parts
+(setup.py) has them built in its exported tree first; the environment passes on, so
+BOOTSEER_BYTEPATH=python measures both sides without the C byte path.
 """
 
 from __future__ import annotations
@@ -55,6 +57,9 @@ def export(rev: str, into: Path) -> Path:
     tar_path.write_bytes(archive)
     with tarfile.open(tar_path) as tar:
         tar.extractall(tree, filter="data")
+    if (tree / "setup.py").exists():  # a revision with a native part: build it in the tree
+        subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=tree,
+                       check=True, capture_output=True)
     return tree
 
 

@@ -52,10 +52,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from depsnap.mounttree import open_tree, snapshot_tree
 from depsnap.snapshot import Snapshot
 from fusefs.cli import add_serving_flags, add_umount
 from fusefs.record import WINDOW_S, Recorder, RecordError
-from fusefs.tree import Entry, Extent, Kind, Layer, Tree, build_tree
+from fusefs.tree import Tree
 from p2p.errors import UserError
 
 if TYPE_CHECKING:  # the serving process loads these; the CLI's parser need not
@@ -64,23 +65,9 @@ if TYPE_CHECKING:  # the serving process loads these; the CLI's parser need not
     from depsnap.source import SnapshotSource
 
 log = logging.getLogger("bootseer.depsnap")
-KINDS = {"dir": Kind.DIR, "file": Kind.FILE, "symlink": Kind.SYMLINK}
 RECORD_MODES = ("missing", "always", "never")
+SERVERS = ("kernel", "pyfuse3")
 HOT_TIMEOUT_S = 5.0  # how long a mount waits for its hot-frame record
-
-
-def snapshot_tree(snapshot: Snapshot, uid: int = 0, gid: int = 0) -> Tree:
-    """The snapshot as a fusefs tree: one extent per file, into its pack."""
-    where = snapshot.locations()
-    entries = []
-    for e in snapshot.entries:
-        extents: tuple[Extent, ...] = ()
-        if e.kind == "file":
-            pack, member = where[e.digest]
-            extents = (Extent(pack.content, member.offset, e.size),)
-        entries.append(Entry(e.path, KINDS[e.kind], e.mode, uid, gid, e.mtime_ns, e.size,
-                             extents, e.target))
-    return build_tree([Layer(f"snapshot {snapshot.key}", entries)])
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +86,7 @@ class MountOptions:
     record_window_s: float = WINDOW_S
     prefetch: bool = True  # prefetch the recorded frames' chunks
     passthrough: bool = False  # files with a decoded copy read by the kernel (depsnap.backing)
+    server: str = "kernel"  # SERVERS: who answers the kernel's requests
 
     def argv(self) -> list[str]:
         """The `depsnap serve` command line for these options."""
@@ -111,7 +99,7 @@ class MountOptions:
                 *(["--origin-url", self.origin_url] if self.origin_url else []),
                 *(["--origin-dir", str(self.origin_dir)] if self.origin_dir else []),
                 *(["--no-prefetch"] if not self.prefetch else []),
-                *(["--passthrough"] if self.passthrough else []),
+                *(["--passthrough"] if self.passthrough else []), "--server", self.server,
                 *(["--allow-other"] if self.allow_other else [])]
 
 
@@ -119,7 +107,7 @@ async def serve_snapshot(opts: MountOptions, secret: bytes,
                          on_ready: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
     """Serve the snapshot of `opts.key` at `opts.mountpoint` until SIGTERM or unmount;
     what was prefetched and recorded."""
-    from depsnap.publish import load_snapshot
+    from depsnap.publish import load_packed_tree, load_snapshot
     from depsnap.source import SnapshotSource
     from fusefs.mount import serve
     from fusefs.source import AgentSource
@@ -129,26 +117,28 @@ async def serve_snapshot(opts: MountOptions, secret: bytes,
     started = time.monotonic()
     agent = AgentClient(opts.api_socket)
     reading = asyncio.create_task(_read_hot(opts))  # beside the tree: both from afar
+    prefetching: asyncio.Task[int] | None = None
     try:
         async with TrackerClient(opts.tracker, secret) as tracker:
             tree_id, snapshot = await load_snapshot(tracker, agent, opts.key, opts.origin_url)
-        hot = _hot_frames(await reading, snapshot)
+            hot = _hot_frames(await reading, snapshot)
+            recorder = _recorder(opts, hot is not None, started)
+            source = SnapshotSource(AgentSource(opts.store_dir, agent, opts.read_timeout_s),
+                                    snapshot, recorder)  # closing it closes the agent client
+            # The prefetch's round trips to the agent (0.2-0.3 s here) go on while the tree
+            # is read, and while the mount starts: nothing here waits for them.
+            prefetching = asyncio.create_task(_prefetch(source, hot if opts.prefetch else None))
+            packed = await load_packed_tree(tracker, agent, snapshot)
+        loaded = time.monotonic()
+        tree = (open_tree(snapshot, packed, os.getuid(), os.getgid()) if packed is not None
+                else await asyncio.to_thread(snapshot_tree, snapshot, os.getuid(), os.getgid()))
+        built = time.monotonic()
     except BaseException:
         reading.cancel()
+        if prefetching is not None:
+            prefetching.cancel()
+            await asyncio.gather(prefetching, return_exceptions=True)
         await agent.close()
-        raise
-    recorder = _recorder(opts, hot is not None, started)
-    source = SnapshotSource(AgentSource(opts.store_dir, agent, opts.read_timeout_s),
-                            snapshot, recorder)  # closing it closes the agent client
-    # The prefetch's round trips to the agent go on while the tree is built in a thread
-    # (0.23 s for 10,447 files here); waiting for them first made the mount start later.
-    prefetching = asyncio.create_task(_prefetch(source, hot if opts.prefetch else None))
-    try:
-        tree = await asyncio.to_thread(snapshot_tree, snapshot, os.getuid(), os.getgid())
-        queued = await prefetching
-    except BaseException:
-        prefetching.cancel()
-        await source.close()
         raise
     saver = _Saver(opts, snapshot, recorder)
     copies = _copies(opts, snapshot, source, recorder)
@@ -156,23 +146,28 @@ async def serve_snapshot(opts: MountOptions, secret: bytes,
     def ready(info: dict[str, Any]) -> None:
         on_ready({**info, "key": opts.key, "tree": tree_id, "prefix": snapshot.prefix,
                   "files": len(tree), "packs": [p.content for p in snapshot.packs],
-                  "hot_frames": len(hot or ()), "prefetch_chunks": queued,
-                  "recording": recorder is not None})
+                  "hot_frames": len(hot or ()), "prefetch_chunks": _queued(prefetching),
+                  "recording": recorder is not None,
+                  "tree_kind": "built" if isinstance(tree, Tree) else "packed",
+                  "phases": {"load_s": round(loaded - started, 3),
+                             "tree_s": round(built - loaded, 3),
+                             "mount_s": round(time.monotonic() - built, 3)}})
 
     # Not a TaskGroup: it would wrap serve's own errors (MountError, ...) in a group.
     window = asyncio.create_task(saver.at_window_end())
     warming = asyncio.create_task(copies.warm(hot)) if copies is not None and hot else None
     try:
         await serve(tree, source, opts.mountpoint, opts.read_ahead_kb, opts.allow_other,
-                    ready, whole=copies)
+                    ready, whole=copies, kernel=opts.server == "kernel")
     finally:
-        if warming is not None:
-            warming.cancel()
-            await asyncio.gather(warming, return_exceptions=True)
+        for task in (warming, prefetching):
+            if task is not None and not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         saver.unmounted()
         await window  # at once, or when a save the window's end began is written
         await saver.save()
-    return {"key": opts.key, "prefetch_chunks": queued, **saver.summary}
+    return {"key": opts.key, "prefetch_chunks": _queued(prefetching), **saver.summary}
 
 
 def _copies(opts: MountOptions, snapshot: Snapshot, source: SnapshotSource,
@@ -184,6 +179,14 @@ def _copies(opts: MountOptions, snapshot: Snapshot, source: SnapshotSource,
     from depsnap.backing import MemberFiles
 
     return MemberFiles(opts.store_dir, snapshot, source)
+
+
+def _queued(prefetching: asyncio.Task[int]) -> int | None:
+    """The chunks the prefetch asked for, once it has (None while it is still asking, or
+    if it never finished)."""
+    if not prefetching.done() or prefetching.cancelled() or prefetching.exception():
+        return None
+    return prefetching.result()
 
 
 async def _prefetch(source: SnapshotSource, hot: list[Frame] | None) -> int:
@@ -305,6 +308,12 @@ def add_mount_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser],
                             "written at a file's first open, and ahead of it for the files "
                             "of a hot-frame record; the copies cost CPU on the node's first "
                             "mount of a key and pay on later ones (benchmarks/RESULTS.md)")
+        m.add_argument("--server", choices=SERVERS, default="kernel",
+                       help="kernel (default): the kernel protocol spoken by this process, "
+                            "with no OPEN, RELEASE or FLUSH round trips and listings that "
+                            "spare lookups (Linux 6.9+ as root; elsewhere pyfuse3, as if "
+                            "asked for); pyfuse3: libfuse's, every open a round trip "
+                            "(benchmarks/RESULTS.md, issue 32, third pass)")
         m.add_argument("--origin-dir", type=Path, default=env_path("BOOTSEER_DEPSNAP_ORIGIN_DIR"),
                        help="the snapshot origin directory, where a recorded hot-frame "
                             "record is saved (default: $BOOTSEER_DEPSNAP_ORIGIN_DIR)")
@@ -339,7 +348,7 @@ def _options(args: argparse.Namespace) -> MountOptions:
                         args.tracker, args.api_socket, args.store_dir.absolute(),
                         args.read_timeout_s, args.read_ahead_kb, args.allow_other,
                         origin_url, origin_dir, args.record, args.record_window_s,
-                        args.prefetch, args.passthrough)
+                        args.prefetch, args.passthrough, args.server)
 
 
 def _run_serve(args: argparse.Namespace) -> int:

@@ -28,7 +28,8 @@ tree must say it is the snapshot of the key asked for.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from depsnap.capture import publish_file, scan, write_packs
@@ -40,7 +41,9 @@ from p2p.content import ContentId, Manifest
 from p2p.errors import UserError
 from p2p.tracker_client import TrackerClient, TrackerError
 
+log = logging.getLogger("bootseer.depsnap")
 TREES = "trees"
+PACKED_KIND = "depsnap-packed-tree"
 
 
 class SnapshotNotFound(UserError):
@@ -91,16 +94,38 @@ async def load_snapshot(tracker: TrackerClient, agent: AgentClient, key: str,
     return tree, snapshot
 
 
+async def load_packed_tree(tracker: TrackerClient, agent: AgentClient, snapshot: Snapshot
+                           ) -> bytes | None:
+    """The bytes of the snapshot's packed mount tree, through the agent (verified against
+    the manifest its id pins); None if it has none or it cannot be had (the mount then
+    builds the tree itself: slower, never wrong)."""
+    if not snapshot.packed_tree:
+        return None
+    content = ContentId(snapshot.packed_tree)
+    try:
+        manifest = await tracker.get_manifest(content)
+        await agent.ensure(content)
+        return bytes(await agent.read(content, 0, manifest.size))
+    except (AgentError, TrackerError) as exc:
+        log.warning("the packed tree %s of key %s cannot be read (%s); building the tree",
+                    content, snapshot.key, exc)
+        return None
+
+
 def capture(prefix: Path, key: str, inputs: KeyInputs, resolved: tuple[str, ...],
             origin_dir: Path, origin_url: str) -> tuple[Snapshot, list[Manifest], int]:
     """Scan `prefix`, write its packs and tree into `origin_dir`: the snapshot, the
     manifests to register (tree last) and the pack bytes that were new."""
+    from depsnap.mounttree import packed_tree
+
     entries = scan(prefix)
     written = write_packs(prefix, entries, origin_dir / "packs", origin_url)
     snapshot = Snapshot(key, str(prefix), inputs.interpreter.executable, tuple(entries),
                         written.packs, inputs.describe(), resolved)
+    packed = publish_file(packed_tree(snapshot), origin_dir, origin_url, PACKED_KIND, TREES)
+    snapshot = replace(snapshot, packed_tree=packed.content_id)
     tree = publish_file(snapshot.to_json(), origin_dir, origin_url, KIND, TREES)
-    return snapshot, [*written.manifests, tree], written.new_bytes
+    return snapshot, [*written.manifests, packed, tree], written.new_bytes
 
 
 async def publish(tracker: TrackerClient, snapshot: Snapshot, manifests: list[Manifest],

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from depsnap.publish import TREES
+from depsnap.publish import PACKED_KIND, TREES
 from fusefs.image.artifact import tag_artifact
 from p2p.content import Manifest
 from p2p.origin.oci import RegistryClient, sha256_digest
@@ -28,6 +28,7 @@ from p2p.origin.oci_ref import ImageRef
 SNAPSHOT_TYPE = "application/vnd.bootseer.depsnap.v1"
 TREE_TYPE = "application/vnd.bootseer.depsnap-tree.v1+json"
 PACK_TYPE = "application/vnd.bootseer.depsnap-pack.v1"
+PACKED_TREE_TYPE = "application/vnd.bootseer.depsnap-packed-tree.v1"
 TAG_HEX = 40
 
 
@@ -45,12 +46,14 @@ async def push_snapshot(client: RegistryClient, repo: ImageRef, key: str, stagin
     new_bytes = 0
     for manifest in manifests:
         is_tree = manifest is manifests[-1]
-        data = (staging / (TREES if is_tree else "packs") / manifest.content_id).read_bytes()
-        if not is_tree and not await client.has_blob(repo, sha256_digest(data), push=True):
+        is_pack = not is_tree and manifest.kind != PACKED_KIND  # the packed mount tree
+        data = (staging / ("packs" if is_pack else TREES) / manifest.content_id).read_bytes()
+        if is_pack and not await client.has_blob(repo, sha256_digest(data), push=True):
             new_bytes += len(data)
         digest = await client.push_blob(repo, data)
         pushed.append(replace(manifest, origin=blob_url(repo, digest)))
-        layers.append((TREE_TYPE if is_tree else PACK_TYPE, digest, manifest.size))
+        kind = TREE_TYPE if is_tree else PACK_TYPE if is_pack else PACKED_TREE_TYPE
+        layers.append((kind, digest, manifest.size))
     layers.insert(0, layers.pop())  # the tree first: what a reader of the tag wants
     await tag_artifact(client, repo.with_tag(snapshot_tag(key)), SNAPSHOT_TYPE, layers)
     return pushed, new_bytes

@@ -138,6 +138,9 @@ class Snapshot:
     packs: tuple[Pack, ...]
     inputs: dict[str, Any] = field(default_factory=dict)  # KeyInputs.describe()
     resolved: tuple[str, ...] = ()  # what the installer reports after the install
+    # The content id of this snapshot's mount tree, packed (`fusefs.packedtree`) at
+    # capture; "" for snapshots made before there was one (a mount then builds it).
+    packed_tree: str = ""
 
     def __post_init__(self) -> None:
         check_entries(self.entries, self.interpreter)
@@ -162,6 +165,7 @@ class Snapshot:
             "resolved": list(self.resolved),
             "entries": [_entry_row(e) for e in self.entries],
             "packs": [_pack_dict(p) for p in self.packs],
+            **({"packed_tree": self.packed_tree} if self.packed_tree else {}),
         }, separators=(",", ":")).encode()
 
     @classmethod
@@ -181,7 +185,8 @@ class Snapshot:
                            tuple(_pack_from_dict(p) for p in _typed(raw["packs"], list)),
                            _typed(raw.get("inputs", {}), dict),
                            tuple(_typed(s, str) for s in _typed(raw.get("resolved", []),
-                                                                 list)))
+                                                                 list)),
+                           _typed(raw.get("packed_tree", ""), str))
         except (KeyError, TypeError, ValueError, UnicodeDecodeError) as exc:
             if isinstance(exc, SnapshotError):
                 raise

@@ -1,6 +1,6 @@
 """The lazy mount's byte source: compressed packs decoded, files prefetched whole.
 
-The mount's tree (`depsnap.mount.snapshot_tree`) gives every file one extent
+The mount's tree (`depsnap.mounttree.snapshot_tree`) gives every file one extent
 in its pack's *raw* bytes; `SnapshotSource` turns a read of raw bytes into a
 read of the content the pack is stored as, through `fusefs.source.AgentSource`
 (local chunks straight from the agent's store, missing ones through the

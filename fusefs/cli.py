@@ -47,6 +47,10 @@ def add_mount(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="the local agent's chunk store directory")
     add_serving_flags(m)
     add_passthrough_flag(m)
+    m.add_argument("--no-open", dest="no_open", action="store_true",
+                   help="no passthrough, and no OPEN round trip per file: the kernel-protocol "
+                        "server asks the kernel to open files itself (for many small "
+                        "files read once; Linux 6.9+ as root, elsewhere pyfuse3)")
     m.add_argument("--log-level", dest="log_level", default="INFO", type=str.upper,
                    choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="stderr log level")
     m.set_defaults(run=run_mount)
@@ -155,9 +159,9 @@ async def _serve(tree: Any, args: argparse.Namespace) -> None:
         log.info("serving %d nodes (%d bytes in files) at %s, read-ahead %s KiB",
                  len(tree), tree.total_bytes, info["mountpoint"], info["read_ahead_kb"])
 
-    whole = WholeFiles(Path(args.store_dir)) if args.passthrough else None
+    whole = WholeFiles(Path(args.store_dir)) if args.passthrough and not args.no_open else None
     await serve(tree, source, Path(args.mountpoint), args.read_ahead_kb, args.allow_other,
-                ready, whole=whole)
+                ready, whole=whole, kernel=args.no_open)
 
 
 def _check_dir(path: str, what: str) -> None:

@@ -32,9 +32,12 @@ from __future__ import annotations
 import asyncio
 import errno
 import fcntl
+import json
 import logging
 import os
 import signal
+import time
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -97,6 +100,9 @@ class KernelFS:
         self.path = path
         self.want_passthrough = want_passthrough and backing is not None
         self.passthrough = False  # negotiated at INIT
+        self.no_open = False  # negotiated at INIT: without passthrough, OPEN is not needed
+        self.requests: Counter[int] = Counter()  # by opcode
+        self.request_s: defaultdict[int, float] = defaultdict(float)  # from reading to answer
         self.reads = self.read_bytes = self.failed_reads = 0
         self.passthrough_opens = self.handler_opens = 0
         self._buffer = bytearray(REQUEST_BUFFER)
@@ -108,11 +114,12 @@ class KernelFS:
         self._ops: dict[int, Callable[[P.Header, memoryview], bytes]] = {
             P.Op.LOOKUP: self._lookup, P.Op.GETATTR: self._getattr,
             P.Op.READLINK: self._readlink, P.Op.OPENDIR: self._opendir,
-            P.Op.READDIR: self._readdir, P.Op.RELEASEDIR: lambda h, b: b"",
+            P.Op.READDIR: self._readdir, P.Op.READDIRPLUS: self._readdirplus,
+            P.Op.RELEASEDIR: lambda h, b: b"",
             P.Op.STATFS: self._statfs, P.Op.ACCESS: self._access,
             P.Op.GETXATTR: self._getxattr, P.Op.LISTXATTR: self._listxattr,
-            P.Op.RELEASE: self._release, P.Op.FLUSH: lambda h, b: b"",
-            P.Op.DESTROY: lambda h, b: b""}
+            P.Op.RELEASE: self._release, P.Op.FLUSH: self._flush,
+            P.Op.OPEN: self._no_open, P.Op.DESTROY: lambda h, b: b""}
 
     # ---- the device ---------------------------------------------------------------------
 
@@ -164,30 +171,41 @@ class KernelFS:
 
     def _handle(self, header: P.Header, body: memoryview) -> None:
         op = header.opcode
+        self.requests[op] += 1
         if op in P.NO_REPLY:
             return  # forgets: the tree is immutable, nothing to free; interrupts: reads end
+        started = time.perf_counter()
         if op == P.Op.INIT:
             self._reply(header.unique, self._init(body))
             self._initialised()
             return
-        if op in (P.Op.OPEN, P.Op.READ):
+        if op in (P.Op.OPEN, P.Op.READ) and not (op == P.Op.OPEN and self.no_open):
             body = memoryview(bytes(body))  # the buffer is reused by the next request
             job = self._open(header, body) if op == P.Op.OPEN else self._read(header, body)
             task = asyncio.get_running_loop().create_task(job)
             self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            task.add_done_callback(lambda t: self._finished(t, op, started))
             return
         handler = self._ops.get(op)
-        if handler is None:
-            self._error(header.unique, errno.EROFS if op in P.WRITE_OPS else errno.ENOSYS)
-            return
         try:
+            if handler is None:
+                raise FuseReply(errno.EROFS if op in P.WRITE_OPS else errno.ENOSYS)
             self._reply(header.unique, handler(header, body))
         except FuseReply as exc:
             self._error(header.unique, exc.code)
         except TreeError as exc:  # a packed tree's fault, found at its first use
             log.warning("%s: EIO", exc)
             self._error(header.unique, errno.EIO)
+        self.request_s[op] += time.perf_counter() - started
+
+    def _finished(self, task: asyncio.Task[None], op: int, started: float) -> None:
+        self._tasks.discard(task)
+        self.request_s[op] += time.perf_counter() - started
+
+    def account(self) -> dict[str, list[float]]:
+        """Requests by opcode name: [count, seconds from reading each to answering it]."""
+        return {P.NAMES.get(op, str(op)): [n, round(self.request_s[op], 4)]
+                for op, n in self.requests.most_common()}
 
     def _reply(self, unique: int, payload: bytes | memoryview) -> None:
         self._write([P.reply_header(unique, len(payload)), payload])
@@ -206,11 +224,21 @@ class KernelFS:
 
     def _init(self, body: memoryview) -> bytes:
         offer = P.init_in(body)
-        answer = P.negotiate(offer, self.want_passthrough)
-        self.passthrough = answer.passthrough
-        log.info("FUSE %d.%d, passthrough %s", offer.major, answer.minor,
-                 "on" if self.passthrough else "off")
+        answer = P.negotiate(offer, self.want_passthrough, want_no_open=self.backing is None)
+        self.passthrough, self.no_open = answer.passthrough, answer.no_open
+        log.info("FUSE %d.%d, passthrough %s, no-open %s", offer.major, answer.minor,
+                 "on" if self.passthrough else "off", "on" if self.no_open else "off")
         return P.init_out(answer)
+
+    def _flush(self, header: P.Header, body: memoryview) -> bytes:
+        # Nothing is ever written: ENOSYS makes the kernel stop sending FLUSH at each close.
+        raise FuseReply(errno.ENOSYS)
+
+    def _no_open(self, header: P.Header, body: memoryview) -> bytes:
+        """OPEN with no-open on: ENOSYS, and the kernel opens every file by itself from
+        now on, with no OPEN or RELEASE round trip (a read-only mount: the VFS refuses
+        writes before they get here). Only the first open of the mount comes here."""
+        raise FuseReply(errno.ENOSYS)
 
     def _node(self, inode: int) -> Node:
         try:
@@ -235,6 +263,8 @@ class KernelFS:
         return os.fsencode(node.target)
 
     def _opendir(self, header: P.Header, body: memoryview) -> bytes:
+        if self.no_open:
+            raise FuseReply(errno.ENOSYS)  # as `_no_open`, for directories
         if self._node(header.nodeid).kind is not Kind.DIR:
             raise FuseReply(errno.ENOTDIR)
         return P.open_out(header.nodeid, P.FOPEN_KEEP_CACHE | P.FOPEN_CACHE_DIR)
@@ -244,6 +274,12 @@ class KernelFS:
         entries = ((os.fsencode(name), node.inode, node.mode, next_off)
                    for name, node, next_off in self.tree.readdir(header.nodeid, args.offset))
         return P.dirents(entries, args.size)
+
+    def _readdirplus(self, header: P.Header, body: memoryview) -> bytes:
+        args = P.read_in(body)
+        entries = ((os.fsencode(name), _attr(node), next_off)
+                   for name, node, next_off in self.tree.readdir(header.nodeid, args.offset))
+        return P.direntplus(entries, args.size, TIMEOUT_S)
 
     def _statfs(self, header: P.Header, body: memoryview) -> bytes:
         return P.statfs_out((self.tree.total_bytes + 4095) // 4096, len(self.tree), NAME_MAX)
@@ -344,14 +380,14 @@ class KernelFS:
         self.reads += 1
         self.read_bytes += args.size
         try:
-            extents = self.tree.map_range(args.fh, args.offset, args.size)
+            extents = self.tree.map_range(header.nodeid, args.offset, args.size)
             parts = [await self.source.read(e.content, e.offset, e.length) for e in extents]
         except KeyError:
             self._error(header.unique, errno.ENOENT)
             return
         except (SourceError, TreeError) as exc:
             self.failed_reads += 1
-            log.warning("read of inode %d, %d bytes at %d: EIO: %s", args.fh, args.size,
+            log.warning("read of inode %d, %d bytes at %d: EIO: %s", header.nodeid, args.size,
                         args.offset, exc)
             self._error(header.unique, errno.EIO)
             return
@@ -382,13 +418,15 @@ def _sized(value: bytes, size: int) -> bytes:
     return value
 
 
-async def serve_kernel(tree: TreeView, source: Source, backing: Backing, path: str,
+async def serve_kernel(tree: TreeView, source: Source, backing: Backing | None, path: str,
                        read_ahead_kb: int, allow_other: bool,
                        on_ready: Callable[[dict[str, Any]], None] | None) -> None:
-    """Mount at `path` with passthrough, serve until SIGTERM/SIGINT or unmount, then
-    unmount and close `source`. PassthroughUnavailable, with nothing mounted and
-    `source` still open, if this node cannot (no privilege, or the kernel did not
-    take passthrough at INIT): the caller serves another way."""
+    """Mount at `path`, serve until SIGTERM/SIGINT or unmount, then unmount and close
+    `source`. With a `backing`, files it has are read by passthrough; without one, the
+    mount asks for no-open (every read through the handler, no OPEN or RELEASE round
+    trips). PassthroughUnavailable, with nothing mounted and `source` still open, if
+    this node cannot (no privilege, or, with a backing, the kernel did not take
+    passthrough at INIT): the caller serves another way."""
     from fusefs.mountinfo import set_read_ahead
 
     fd = mount_device(path, allow_other)
@@ -397,12 +435,13 @@ async def serve_kernel(tree: TreeView, source: Source, backing: Backing, path: s
     refused: list[str] = []
 
     def initialised() -> None:
-        if not fs.passthrough:
+        if backing is not None and not fs.passthrough:
             refused.append("the kernel did not take FUSE passthrough at INIT")
             fs.stop()
         elif on_ready is not None:
             on_ready({"mountpoint": path, "read_ahead_kb": set_read_ahead(path, read_ahead_kb),
-                      "server": "kernel", "passthrough": True})
+                      "server": "kernel", "passthrough": fs.passthrough,
+                      "no_open": fs.no_open})
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, fs.stop)
@@ -418,5 +457,6 @@ async def serve_kernel(tree: TreeView, source: Source, backing: Backing, path: s
     if refused:
         raise PassthroughUnavailable(refused[0])
     log.info("unmounted %s: %d passthrough opens, %d handler opens, %d handler reads of %d "
-             "bytes, %d failed, %d whole files built", path, fs.passthrough_opens,
-             fs.handler_opens, fs.reads, fs.read_bytes, fs.failed_reads, backing.built)
+             "bytes, %d failed, %d whole files built; requests %s", path,
+             fs.passthrough_opens, fs.handler_opens, fs.reads, fs.read_bytes, fs.failed_reads,
+             0 if backing is None else backing.built, json.dumps(fs.account()))

@@ -68,7 +68,7 @@ def check_fuse() -> None:
 async def serve(tree: Any, source: Any, mountpoint: Path, read_ahead_kb: int = READ_AHEAD_KB,
                 allow_other: bool = False,
                 on_ready: Callable[[dict[str, Any]], None] | None = None,
-                whole: Any = None) -> None:
+                whole: Any = None, kernel: bool = False) -> None:
     """Mount `tree` at `mountpoint`, serve until SIGTERM/SIGINT, then unmount and close
     `source`. `on_ready` gets {"mountpoint", "read_ahead_kb", "server", "passthrough"}
     once the mount works.
@@ -76,10 +76,13 @@ async def serve(tree: Any, source: Any, mountpoint: Path, read_ahead_kb: int = R
     With `whole` (a `fusefs.backing.WholeFiles` of the source's store, or any
     `fusefs.kernelfs.Backing`) files with a verified backing file are read by FUSE
     passthrough (`fusefs.kernelfs`), where the kernel and our privilege allow it;
-    elsewhere, and without `whole`, the pyfuse3 shell serves every read."""
+    elsewhere, and without `whole`, the pyfuse3 shell serves every read. With `kernel`
+    and no `whole`, the kernel-protocol server serves where it can, with no-open
+    (`fusefs.kernelfs.serve_kernel`): many small files opened once each cost two round
+    trips fewer per file than through pyfuse3."""
     keep_reply_buffers_on_the_heap()
     path = os.path.realpath(mountpoint)  # before the mount: never stat our own mount
-    if whole is not None:
+    if whole is not None or kernel:
         from fusefs.backing import WholeBacking, WholeFiles
         from fusefs.kernelfs import serve_kernel
         from fusefs.kernelmount import PassthroughUnavailable, kernel_supports_passthrough

@@ -182,10 +182,14 @@ def _decode(raw: bytes | memoryview) -> str:
 class PackedTree:
     """A `fusefs.tree.TreeView` over packed bytes (see the module docstring)."""
 
-    def __init__(self, data: bytes, name: str = "packed tree") -> None:
+    def __init__(self, data: bytes, name: str = "packed tree",
+                 owner: tuple[int, int] | None = None) -> None:
         """TreeError (naming `name`) unless `data` has the header, sections and digest of a
-        packed tree; the rest is checked as it is used."""
+        packed tree; the rest is checked as it is used. With `owner` (uid, gid), every
+        node shows that owner instead of the packed one (a snapshot mount shows its
+        files as the mounting user's, as `depsnap.mounttree.snapshot_tree` does)."""
         self.name = name
+        self._owner = owner
         if len(data) < HEADER.size:
             raise TreeError(name, "", "shorter than a packed tree's header")
         magic, digest, total, *counts = HEADER.unpack_from(data)
@@ -298,7 +302,8 @@ class PackedTree:
             case Kind.DIR:
                 if first + count > self._counts.children:
                     raise self._bad(inode, "children out of range")
-        return Node(inode, kind, mode, c["uid"][row], c["gid"][row], c["mtime"][row], size,
+        uid, gid = self._owner or (c["uid"][row], c["gid"][row])
+        return Node(inode, kind, mode, uid, gid, c["mtime"][row], size,
                     c["nlink"][row], target, extents, self._xattrs(inode, row))
 
     def _extents(self, inode: int, first: int, count: int, size: int) -> tuple[Extent, ...]:

@@ -42,6 +42,10 @@ class Op:
     STATFS, RELEASE, FSYNC, SETXATTR, GETXATTR, LISTXATTR = 17, 18, 20, 21, 22, 23
     REMOVEXATTR, FLUSH, INIT, OPENDIR, READDIR, RELEASEDIR = 24, 25, 26, 27, 28, 29
     ACCESS, CREATE, INTERRUPT, DESTROY, BATCH_FORGET, RENAME2, TMPFILE = 34, 35, 36, 38, 42, 45, 51
+    IOCTL, READDIRPLUS = 39, 44
+
+
+NAMES = {value: name for name, value in vars(Op).items() if name.isupper()}
 
 
 NO_REPLY = frozenset({Op.FORGET, Op.BATCH_FORGET, Op.INTERRUPT})
@@ -52,9 +56,12 @@ WRITE_OPS = frozenset({Op.SETATTR, Op.SYMLINK, Op.MKNOD, Op.MKDIR, Op.UNLINK, Op
 # INIT flags (bit numbers from linux/fuse.h; flags2 holds bits 32-63)
 ASYNC_READ = 1 << 0
 ATOMIC_O_TRUNC = 1 << 3
+DO_READDIRPLUS = 1 << 13
+NO_OPEN_SUPPORT = 1 << 17
 PARALLEL_DIROPS = 1 << 18
 MAX_PAGES = 1 << 22
 CACHE_SYMLINKS = 1 << 23
+NO_OPENDIR_SUPPORT = 1 << 24
 INIT_EXT = 1 << 30
 PASSTHROUGH = 1 << 37
 
@@ -146,27 +153,36 @@ def init_in(body: memoryview) -> InitIn:
 
 @dataclass(frozen=True, slots=True)
 class InitOut:
-    """What we answer INIT with; `passthrough` tells the shell whether it may use it."""
+    """What we answer INIT with; `passthrough` tells the shell whether it may use it,
+    `no_open` whether it may answer OPEN and OPENDIR with ENOSYS (the kernel then stops
+    sending them, and their RELEASEs, for the rest of the mount)."""
 
     minor: int
     flags: int
     max_readahead: int
     max_pages: int
     passthrough: bool
+    no_open: bool = False
 
 
-def negotiate(offer: InitIn, want_passthrough: bool, max_pages: int = 256) -> InitOut:
+def negotiate(offer: InitIn, want_passthrough: bool, max_pages: int = 256,
+              want_no_open: bool = False) -> InitOut:
     """The flags we take from the kernel's offer. ProtocolError for a kernel too old for
-    the layouts encoded here (major 7, minor >= MIN_MINOR)."""
+    the layouts encoded here (major 7, minor >= MIN_MINOR). No-open and passthrough
+    exclude each other: passthrough is chosen in OPEN's reply."""
     if offer.major != 7 or offer.minor < MIN_MINOR:
         raise ProtocolError(f"kernel FUSE protocol {offer.major}.{offer.minor}; "
                             f"7.{MIN_MINOR} or later needed")
-    wanted = ASYNC_READ | ATOMIC_O_TRUNC | PARALLEL_DIROPS | MAX_PAGES | CACHE_SYMLINKS | INIT_EXT
+    wanted = (ASYNC_READ | ATOMIC_O_TRUNC | PARALLEL_DIROPS | MAX_PAGES | CACHE_SYMLINKS
+              | INIT_EXT | DO_READDIRPLUS)
     if want_passthrough:
         wanted |= PASSTHROUGH
+    elif want_no_open:
+        wanted |= NO_OPEN_SUPPORT | NO_OPENDIR_SUPPORT
     flags = offer.flags & wanted
+    no_open = flags & (NO_OPEN_SUPPORT | NO_OPENDIR_SUPPORT) == NO_OPEN_SUPPORT | NO_OPENDIR_SUPPORT
     return InitOut(min(offer.minor, OUR_MINOR), flags, min(offer.max_readahead, MAX_READAHEAD),
-                   max_pages, bool(flags & PASSTHROUGH))
+                   max_pages, bool(flags & PASSTHROUGH), no_open)
 
 
 def init_out(reply: InitOut) -> bytes:
@@ -278,6 +294,25 @@ def dirents(entries: Iterable[tuple[bytes, int, int, int]], limit: int) -> bytes
         if len(out) + padded > limit:
             break
         out += DIRENT_HEAD.pack(ino, next_off, len(name), (mode >> 12) & 0o17)
+        out += name + bytes(padded - size)
+    return bytes(out)
+
+
+def direntplus(entries: Iterable[tuple[bytes, Attr, int]], limit: int, timeout_s: float
+               ) -> bytes:
+    """READDIRPLUS's answer: each (name, attributes, next offset) as an entry the kernel
+    caches (as a LOOKUP's answer) followed by its dirent, packed while they fit `limit`.
+    A listing then spares the LOOKUP of every name in it (Python's import system lists
+    each package directory, then opens names from it)."""
+    out = bytearray()
+    for name, attr, next_off in entries:
+        size = DIRENT_HEAD.size + len(name)
+        padded = (size + 7) & ~7
+        entry = entry_out(attr, timeout_s)
+        if len(out) + len(entry) + padded > limit:
+            break
+        out += entry
+        out += DIRENT_HEAD.pack(attr.ino, next_off, len(name), (attr.mode >> 12) & 0o17)
         out += name + bytes(padded - size)
     return bytes(out)
 

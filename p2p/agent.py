@@ -29,6 +29,7 @@ from typing import Any, assert_never
 
 from p2p import wire
 from p2p.announcer import Announcer
+from p2p.bytepath import Workers
 from p2p.config import AgentConfig
 from p2p.content import ContentId, Manifest, PeerId
 from p2p.intake import Intake
@@ -85,11 +86,13 @@ class Agent:
         self.sessions = self._sessions.by_content
         self._tasks = Tasks()
         self._origins = OriginPool(config.origin_concurrency)
+        self._workers = Workers(config.data_threads)
         # Chunk buffers kept for reuse: enough for one content's requests and origin
         # reads in flight, since a fresh 4 MiB buffer costs page faults and zeroing.
         self._intake = Intake(self.store, self.metrics, self.sessions,
                               RateLimiter(config.download_Bps, BURST_BYTES), self._origins,
                               config.swarm.max_inflight + config.swarm.max_origin_inflight,
+                              self._workers, movers=config.byte_movers,
                               feed=self.feed, stored=self._stored,
                               failed=self._sessions.failed)
         self._rng = random.Random()
@@ -139,6 +142,7 @@ class Agent:
         self._conns.close()
         await self._origins.close()
         await self.tracker.close()
+        self._workers.close()
 
     def now(self) -> float:
         return self._loop.time()

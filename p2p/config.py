@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from p2p.bytepath import default_data_workers
 from p2p.configfile import apply, read_toml
 from p2p.swarm import SwarmConfig
 from p2p.swarm.node import DEFAULT_LINE_BPS
@@ -43,6 +44,14 @@ class AgentConfig:
     #                   for the peer furthest behind its line rate (p2p.swarm.uploads)
     line_mbps: float | None = None  # the rate our requests' due assumes (MB/s): default
     #                                 download_mbps if set, else 3125 (25 Gbit/s)
+    # Peers' chunk bytes received, hashed and written by data_workers threads, one call
+    # per piece (p2p.bytepath), instead of read by the event loop and written by worker
+    # threads. Off by default: on the 2-core test VM it cost more CPU per GiB (ab.py,
+    # benchmarks/RESULTS.md, issue 31 third pass).
+    byte_movers: bool = False
+    data_workers: int = 0  # threads that receive, hash and write chunk bytes beside the
+    #                        control loop (p2p.bytepath); 0: the cores the node can spare
+    #                        (all but one, at least 1), at most 8
     max_connections: int = 1024  # peer connections, authenticating or not, at once
     max_handshakes: int = 64  # unauthenticated peer connections at once (8 per address)
     announce_interval_s: float = 2.0  # until the tracker says otherwise
@@ -54,6 +63,9 @@ class AgentConfig:
         if self.upload_order not in UPLOAD_ORDERS:
             raise ValueError(f"upload_order {self.upload_order!r} is not one of "
                              f"{', '.join(UPLOAD_ORDERS)}")
+        if self.data_workers < 0:
+            raise ValueError(f"data_workers must be 0 (as many as the cores allow) or more, "
+                             f"got {self.data_workers}")
         if self.line_mbps is not None and not self.line_mbps > 0:
             raise ValueError(f"line_mbps must be positive, got {self.line_mbps}")
 
@@ -62,6 +74,11 @@ class AgentConfig:
         """The line rate our requests' due assumes (p2p.swarm.node.Node.due)."""
         rate = self.line_mbps or self.download_mbps
         return rate * 1e6 if rate else DEFAULT_LINE_BPS
+
+    @property
+    def data_threads(self) -> int:
+        """The byte-moving threads to run: `data_workers`, or what the cores allow."""
+        return self.data_workers or default_data_workers()
 
     @property
     def upload_Bps(self) -> float | None:

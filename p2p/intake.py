@@ -7,8 +7,12 @@ fills a `Filling` instead, which peers' relays read as it arrives. Whatever its
 source, a chunk is verified and written by the store in a worker thread, and
 only then counted, told to the swarm (`ChunkArrived`) and to the node core
 (`stored`, which wakes readers): a byte that did not verify is never served
-or read. Every byte asked for is paid for at the download limit first, and the
-chunk buffers are reused (`p2p.session.BufferPool`).
+or read. With `movers` (the agent's `byte_movers`), a chunk from a peer is
+received, hashed and written by one call per Piece in the node's byte-moving
+threads (`p2p.bytepath.Workers`, `Spool.pull`; a relayed one by one call per
+RELAY_STEP, so relays see it arrive). Every byte
+asked for is paid for at the download limit first, and the chunk buffers are
+reused (`p2p.session.BufferPool`).
 
 The agent owns the sessions and hands the intake three callbacks: `feed` (an
 event for a session's swarm), `stored` (a chunk of a session is in the store)
@@ -20,26 +24,31 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
+from p2p.bytepath import Pulled, Workers
 from p2p.content import ContentId, PeerId
 from p2p.link import Link
 from p2p.metrics import AgentMetrics
 from p2p.origin import OriginError, OriginPool
-from p2p.peer import RateLimiter
+from p2p.peer import Puller, RateLimiter
 from p2p.relay import Filling, PartKey, Parts
 from p2p.session import BufferPool, Session
 from p2p.spool import Spool, Streamer
 from p2p.store import ChunkStore, CorruptChunk, StoreError, StoreFullError, UnknownContent
 from p2p.swarm.events import ChunkArrived, ChunkFailed, Event
+from p2p.units import MiB
 from p2p.wire import Piece, RemoteProtocolError
 
 log = logging.getLogger(__name__)
 
+RELAY_STEP = 1 * MiB  # bytes per byte-mover call for a chunk peers relay while it arrives
+
 
 class Intake:
     def __init__(self, store: ChunkStore, metrics: AgentMetrics, sessions: dict[ContentId, Session],
-                 download: RateLimiter, origins: OriginPool, keep_buffers: int, *,
+                 download: RateLimiter, origins: OriginPool, keep_buffers: int,
+                 workers: Workers, *, movers: bool = False,
                  feed: Callable[[Session, Event], None],
                  stored: Callable[[Session, int], None],
                  failed: Callable[[Session, str], None]) -> None:
@@ -50,7 +59,10 @@ class Intake:
         self.origins = origins
         self._buffers = BufferPool(keep_buffers)
         self._parts = Parts(self._buffers.take)
-        self._streams: dict[PartKey, Streamer] = {}  # chunks from peers, written as they come
+        self.workers = workers  # the node's byte movers (p2p.bytepath)
+        self.movers = movers  # peers' chunks read by byte movers, not by the loop
+        # Chunks from peers, written as they come: by movers (Spool) or the loop (Streamer).
+        self._streams: dict[PartKey, Spool | Streamer] = {}
         self._feed, self._stored, self._failed = feed, stored, failed
 
     # ---- from peers ---------------------------------------------------------------
@@ -81,12 +93,7 @@ class Intake:
         except ValueError as exc:
             self._feed(session, ChunkArrived(msg.chunk, link.peer, ok=False))
             raise RemoteProtocolError(str(exc)) from None
-        filling = self._parts.filling(key)  # peers may be relaying it already
-        stream = self._streams.get(key) if msg.off else self._stream(key, session, msg.chunk)
-        progress = None
-        if filling is not None or stream is not None:
-            progress = functools.partial(_advance, filling, stream, msg.off)
-        await link.conn.recv_payload_into(view, progress=progress)  # paid for when asked
+        await self._receive(link, msg, key, session, view)  # paid for when asked
         if not self._parts.holds(key):  # cancelled while its payload came in
             self._wasted(msg.len)
             return True
@@ -94,9 +101,9 @@ class Intake:
         if buf is None:
             return False  # more Pieces of a relay to come
         filling = self._parts.hand_over(key)
-        stream = self._streams.pop(key, None)
+        commit = self._commit(self._streams.pop(key, None), buf)
         try:
-            stored = await self._store_chunk(session, msg.chunk, buf, link.peer, stream)
+            stored = await self._store_chunk(session, msg.chunk, buf, link.peer, commit)
         except asyncio.CancelledError:
             if filling is not None:
                 filling.abandon()  # the store thread may still read the buffer
@@ -150,16 +157,62 @@ class Intake:
             stream.abort()
         return self._parts.drop(key)
 
+    async def _receive(self, link: Link, msg: Piece, key: PartKey, session: Session,
+                       view: memoryview) -> None:
+        """Read a Piece's payload into `view`: by a byte mover (`movers`), else by the
+        loop with a Streamer writing it in worker threads; either writes it to the
+        chunk's temp file as it comes, if the store can start one."""
+        filling = self._parts.filling(key)  # peers may be relaying it already
+        progress = None
+        if self.movers:
+            if filling is not None:
+                progress = functools.partial(_advance, filling, None, msg.off)
+            pull = self._puller(key, session, msg.chunk, msg.off)
+            if pull is not None:
+                await link.conn.recv_payload_pulled(view, pull, self.workers, progress,
+                                                    None if filling is None else RELAY_STEP)
+                return
+        else:
+            entry = self._streams.get(key) if msg.off else self._stream(key, session, msg.chunk)
+            stream = entry if isinstance(entry, Streamer) else None
+            if filling is not None or stream is not None:
+                progress = functools.partial(_advance, filling, stream, msg.off)
+        await link.conn.recv_payload_into(view, progress=progress)
+
     def _stream(self, key: PartKey, session: Session, chunk: int) -> Streamer | None:
-        """Write the chunk `key` brings into the store as it arrives (p2p.spool); None if
-        the store cannot start it now (the whole chunk then goes through `put`, which
-        says why)."""
+        """A Streamer writing the chunk `key` brings as it arrives; None if the store cannot
+        start it now (the whole chunk then goes through `put`, which says why)."""
         try:
             spool = Spool(self.store, session.content, chunk)
         except (StoreError, UnknownContent, IndexError):
             return None
         stream = self._streams[key] = Streamer(spool, self._parts.buffer(key))
         return stream
+
+    def _commit(self, stream: Spool | Streamer | None,
+                buf: bytearray) -> Callable[[], Awaitable[None]] | None:
+        """How to verify and store the chunk `stream` wrote as it arrived (None: `put`)."""
+        if isinstance(stream, Spool):
+            return functools.partial(self.workers.run,
+                                     functools.partial(stream.commit, memoryview(buf)))
+        return None if stream is None else stream.commit
+
+    def _puller(self, key: PartKey, session: Session, chunk: int, off: int) -> Puller | None:
+        """The byte mover that writes the Piece at `off` of the chunk `key` brings into the
+        store as it arrives (p2p.spool); None if the store cannot start it now, or the
+        chunk's spool lost its place: the whole chunk then goes through `put`, which says
+        why."""
+        spool = self._streams.get(key)
+        if off == 0 and spool is None:
+            try:
+                spool = self._streams[key] = Spool(self.store, session.content, chunk)
+            except (StoreError, UnknownContent, IndexError):
+                return None
+        if not isinstance(spool, Spool) or spool.written != off:
+            if spool is not None:
+                self._streams.pop(key).abort()
+            return None
+        return functools.partial(_pull, spool, memoryview(self._parts.buffer(key)), off)
 
     def _wasted(self, nbytes: int) -> None:
         if nbytes:
@@ -177,7 +230,8 @@ class Intake:
         stream = self._origin_stream(session, chunk, filling)
         try:
             if await self._read_origin(session, chunk, filling, stream):
-                if await self._store_chunk(session, chunk, filling.buf, None, stream):
+                commit = None if stream is None else stream.commit
+                if await self._store_chunk(session, chunk, filling.buf, None, commit):
                     filling.verified()
             elif stream is not None:
                 stream.abort()
@@ -232,17 +286,19 @@ class Intake:
     # ---- into the store ---------------------------------------------------------------
 
     async def _store_chunk(self, session: Session, chunk: int, data: bytearray,
-                           source: PeerId | None, stream: Streamer | None = None) -> bool:
-        """Verify and store a chunk (written already as it arrived, if `stream`), count its
+                           source: PeerId | None,
+                           commit: Callable[[], Awaitable[None]] | None = None) -> bool:
+        """Verify and store a chunk (written already as it arrived, if `commit`: that
+        verifies and stores it, as p2p.spool.Spool.commit), count its
         bytes, and tell the swarm; whether it is stored. Bytes are counted once verified,
         so the byte counters and `chunks_verified` agree at every moment (a relay cut
         short is wasted)."""
         try:
-            if stream is None:
+            if commit is None:
                 await asyncio.to_thread(self.store.put, session.content, chunk,
                                         memoryview(data))
             else:
-                await stream.commit()
+                await commit()
         except UnknownContent:
             return False  # the session failed or was evicted while the chunk was written
         except CorruptChunk:
@@ -277,3 +333,10 @@ def _advance(filling: Filling | None, stream: Streamer | None, offset: int,
         filling.advance(offset + received)
     if stream is not None:
         stream.advance(offset + received)
+
+
+def _pull(spool: Spool, chunk: memoryview, off: int, sock_fd: int, filled: int, stop: int,
+          wake: int, lowat: int) -> Pulled:
+    """A Piece's bytes `filled:stop` pulled into the chunk's buffer, at `off` in it."""
+    pulled = spool.pull(sock_fd, chunk, off + filled, off + stop, wake=wake, lowat=lowat)
+    return Pulled(pulled.filled - off, pulled.state, pulled.write_errno, pulled.lowat)

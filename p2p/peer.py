@@ -14,6 +14,10 @@ through Python objects:
   WAKE_BYTES have arrived (SO_RCVLOWAT, set back to 1 for headers). Only the
   few KiB that a header read may have pulled in past the header are copied
   from the buffer.
+- Or a payload is read by a byte mover (`recv_payload_pulled`): one call in
+  one of the node's byte-moving threads (p2p.bytepath) receives, hashes and
+  writes as much of it as keeps coming, so the loop runs once per piece, not
+  once per read; when the socket stays empty the loop waits for it as above.
 - A payload is sent with `os.sendfile` from the caller's file descriptor
   until the socket buffer is full (BlockingIOError), then the task waits
   for writability with `loop.add_writer` and a future. uvloop has no
@@ -50,6 +54,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import socket
 from collections.abc import Awaitable, Callable, Coroutine
@@ -58,6 +63,7 @@ from types import TracebackType
 from typing import Any
 
 from p2p import wire
+from p2p.bytepath import CLOSED, DRAINED, Pulled, Workers
 from p2p.content import PeerId
 from p2p.handshake import (
     AUTH_FAILED,
@@ -74,7 +80,7 @@ from p2p.units import KiB, MiB
 from p2p.wire import LocalProtocolError, Message, Piece, RemoteProtocolError, normal_ip
 
 __all__ = ["AUTH_FAILED", "ConnectionClosed", "IdentityError", "PeerConnection", "PeerIdle",
-           "PeerInfo", "RateLimiter", "Timeouts", "WrongPeer", "accept", "connect",
+           "PeerInfo", "Puller", "RateLimiter", "Timeouts", "WrongPeer", "accept", "connect",
            "listen_socket"]
 
 SLICE_BYTES = 256 * KiB  # payload bytes per limiter grant
@@ -83,8 +89,16 @@ HEADER_READ_BYTES = 16 * KiB  # most bytes one header read asks for: bounds payl
 # pair over loopback, per-segment wake-ups sent an ACK, and ran the sender's transmit,
 # for every 240 KiB read on average (perf: 10% of the agents' samples; strace).
 WAKE_BYTES = 512 * KiB
+# A byte mover's poll wakes later: each wake is a context switch of its thread
+# (finish_task_switch 9% of the agents' samples at 512 KiB, one pair).
+MOVER_WAKE_BYTES = 2 * MiB
 _BUFFER_BYTES = wire.PREFIX_SIZE + wire.MAX_HEADER + HEADER_READ_BYTES
 HANDSHAKE_BUFFER_BYTES = 2 * KiB  # the largest handshake message is about 900 bytes
+
+
+# A byte mover (p2p.spool.Spool.pull): (socket fd, bytes of the payload in the buffer,
+# where to stop, SO_RCVLOWAT to wait for, SO_RCVLOWAT now) -> how far it got.
+Puller = Callable[[int, int, int, int, int], Pulled]
 
 
 class ConnectionClosed(Exception):
@@ -429,14 +443,57 @@ class PeerConnection:
         `limiter.acquire` once it has arrived. With `progress`, it is called with the
         bytes in so far after each slice (a chunk relayed while it arrives: p2p.relay).
         """
-        view = memoryview(view).cast("B")
-        if len(view) != self._payload_left or not self._payload_left or view.readonly:
-            raise LocalProtocolError(f"the pending payload is {self._payload_left} bytes, the "
-                                     f"buffer {len(view)} (read-only: {view.readonly})")
+        view = self._payload_view(view)
         with self._io(cancel_breaks=True):
             await self._recv_exact(view, _limiting(limiter), self._payload_budget(len(view)),
                                    progress)
             self._payload_left = 0
+
+    async def recv_payload_pulled(self, view: memoryview, pull: Puller, workers: Workers,
+                                  progress: Callable[[int], None] | None = None,
+                                  step: int | None = None) -> None:
+        """Read the payload of the Piece just received into `view` by `pull` in `workers`
+        threads (see Puller), each call going at most `step` bytes further if given; with
+        `progress`, it is called with the bytes in so far after each call. The time limits
+        are those of `recv_payload_into` (no limiter: pay when asking)."""
+        view = self._payload_view(view)
+        with self._io(cancel_breaks=True):
+            pos = min(len(view), self._end - self._start)
+            view[:pos] = self._view[self._start:self._start + pos]
+            self._start += pos
+            try:
+                async with asyncio.timeout(self._payload_budget(len(view))):
+                    await self._pull(view, pos, pull, workers, progress, step)
+            except TimeoutError:
+                raise RemoteProtocolError(
+                    f"piece payload slower than {self._t.min_payload_rate_bps:.0f} B/s") from None
+            finally:
+                self._wake_at(1)
+            self._payload_left = 0
+
+    async def _pull(self, view: memoryview, pos: int, pull: Puller, workers: Workers,
+                    progress: Callable[[int], None] | None, step: int | None) -> None:
+        end, first = len(view), True
+        while first or pos < end:  # the first call takes the bytes the header read brought
+            first = False
+            stop = end if step is None else min(end, pos + step)
+            pulled = await workers.run(functools.partial(pull, self._fd, pos, stop,
+                                                         MOVER_WAKE_BYTES, self._lowat))
+            self._lowat, pos = pulled.lowat, pulled.filled
+            if pulled.state == CLOSED:
+                raise ConnectionClosed("peer closed the connection")
+            if progress is not None:
+                progress(pos)
+            if pulled.state == DRAINED:
+                self._wake_at(min(MOVER_WAKE_BYTES, end - pos))
+                await self._readable()
+
+    def _payload_view(self, view: memoryview) -> memoryview:
+        view = memoryview(view).cast("B")
+        if len(view) != self._payload_left or not self._payload_left or view.readonly:
+            raise LocalProtocolError(f"the pending payload is {self._payload_left} bytes, the "
+                                     f"buffer {len(view)} (read-only: {view.readonly})")
+        return view
 
     async def discard_payload(self, n: int) -> None:
         """Read and drop the `n`-byte payload of the Piece just received."""

@@ -17,7 +17,12 @@ hashed are the bytes written (one buffer, not changed once received). If the
 disk refuses the temp file (full, failing), the spool stops writing and the
 commit stores the whole buffer through `put`, which evicts and retries.
 
-A `Streamer` runs a spool from the event loop: `advance(n)` says the first `n`
+With the agent's `byte_movers` on, a chunk from a peer is taken by `Spool.pull`
+(p2p.bytepath): one call in a byte-moving thread receives the payload from the
+socket, hashes and writes it, so the event loop sees one event per piece instead
+of one per read (with the C byte path, an XXH3-128 chunk's hasher is the C
+module's own, fed without the GIL). Otherwise, and for chunks from the origin
+(aiohttp's reads), a `Streamer` runs the spool from the event loop: `advance(n)` says the first `n`
 bytes are in the buffer; it writes them in a worker thread, at most one write
 of at least STREAM_STEP bytes at a time (the last part may be smaller), so
 when the last byte arrives only the last part is left to write.
@@ -28,7 +33,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import threading
 
+from p2p import bytepath
+from p2p.bytepath import Hasher, Pulled
 from p2p.content import ContentId
 from p2p.store import ChunkStore, CorruptChunk, write_all
 from p2p.units import KiB
@@ -39,15 +47,22 @@ STREAM_STEP = 512 * KiB  # bytes per write job: 8 thread trips per 4 MiB chunk
 class Spool:
     """One chunk written to a temp file as it arrives (see the module docstring).
 
-    Not thread-safe: one `write` at a time, in order; then `commit` or `abort`."""
+    One `write` or `pull` at a time, in order (never both kinds: `pull` writes with
+    pwrite, `write` at the file's position); then `commit` or `abort`. `abort` may come
+    from another thread while a `pull` runs: the file is closed and removed when it
+    returns."""
 
     def __init__(self, store: ChunkStore, content: ContentId, index: int) -> None:
         """UnknownContent, IndexError, StoreError as `ChunkStore.temp_file`."""
         self._store, self.content, self.index = store, content, index
         self._manifest, self._fd, self._tmp = store.temp_file(content, index)
-        self._hasher = self._manifest.hasher()
+        native = bytepath.xxh3_hasher() if self._manifest.digest == "xxh3-128" else None
+        self._hasher: Hasher = native or self._manifest.hasher()
         self.written = 0
         self.error: OSError | None = None  # the disk refused the temp file: `put` at the end
+        self._guard = threading.Lock()  # _fd, _pulling, _abort_due between threads
+        self._pulling = False
+        self._abort_due = False
 
     def write(self, data: memoryview) -> None:
         """Hash the next `len(data)` bytes of the chunk and write them to the temp file."""
@@ -58,6 +73,29 @@ class Spool:
             except OSError as exc:
                 self.error = exc
         self.written += len(data)
+
+    def pull(self, sock_fd: int, buf: memoryview, filled: int, stop: int, *, wake: int,
+             lowat: int) -> Pulled:
+        """Take `buf[written:filled]` (the chunk's bytes in so far, the start of `buf` at
+        offset 0 of the chunk), then receive from the socket into `buf[filled:stop]`,
+        hashing and writing as it comes (`p2p.bytepath.pull`; for a byte-moving thread).
+        OSError as recv(2); a refused write is kept for `commit`, as in `write`."""
+        with self._guard:
+            out_fd = self._fd if self.error is None else -1
+            self._pulling = True
+        try:
+            pulled = bytepath.pull(sock_fd, buf, self.written, filled, stop, self._hasher,
+                                   out_fd, self.written, wake=wake, lowat=lowat)
+        finally:
+            with self._guard:
+                self._pulling = False
+                due, self._abort_due = self._abort_due, False
+            if due:
+                self.abort()
+        self.written = pulled.filled
+        if pulled.write_errno and self.error is None:
+            self.error = OSError(pulled.write_errno, os.strerror(pulled.write_errno))
+        return pulled
 
     def commit(self, whole: memoryview) -> None:
         """Store the chunk if the bytes written are it. `whole` is the same bytes, stored
@@ -76,15 +114,20 @@ class Spool:
             self._store.adopt(self.content, self.index, self._tmp, self.written)
 
     def abort(self) -> None:
-        """Remove the temp file (idempotent)."""
+        """Remove the temp file (idempotent); once the `pull` under way, if any, returns."""
+        with self._guard:
+            if self._pulling:
+                self._abort_due = True
+                return
         self._close()
         with contextlib.suppress(OSError):  # gone with its directory, or the like
             os.unlink(self._tmp)
 
     def _close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        with self._guard:
+            fd, self._fd = self._fd, -1
+        if fd >= 0:
+            os.close(fd)
 
 
 class Streamer:

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import os
 import secrets
-from collections.abc import AsyncIterator
+import socket
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,8 @@ FAST_MODULES = frozenset({
     "test_core_imports.py", "test_layering.py",
     "test_configfile.py", "test_content.py", "test_links.py", "test_node.py",
     "test_oci_core.py", "test_origin.py",
-    "test_peer.py", "test_spool.py", "test_swarm.py", "test_swarm_lazy.py", "test_units.py",
+    "test_bytepath.py", "test_peer.py", "test_spool.py", "test_swarm.py", "test_swarm_lazy.py",
+    "test_units.py",
     "test_upload_gate.py", "test_wire.py",
     "test_tracker_batched.py",
     "test_fusefs_tree.py", "test_packed_tree.py", "test_image_record.py", "test_launch_plan.py",
@@ -40,6 +42,32 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.path.name not in FAST_MODULES:
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(params=["c", "python"])
+def byte_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Each test that takes it runs twice: with the C byte path (p2p._bytepath) and with
+    its pure-Python twin, in this process and in the agents it starts."""
+    from p2p import bytepath
+    if request.param == "c" and bytepath.native_module is None:
+        pytest.fail("p2p._bytepath is not built: run `make setup` (it needs libxxhash-dev)")
+    monkeypatch.setenv("BOOTSEER_BYTEPATH", request.param)
+    with bytepath.use_native(request.param == "c"):
+        yield request.param
+
+
+@pytest.fixture
+def tcp_pair() -> Iterator[tuple[socket.socket, socket.socket]]:
+    """(sender, receiver): a connected TCP pair on 127.0.0.1, the receiver non-blocking."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        sender = socket.create_connection(server.getsockname())
+        receiver, _ = server.accept()
+    receiver.setblocking(False)
+    try:
+        yield sender, receiver
+    finally:
+        sender.close()
+        receiver.close()
 
 
 @pytest.fixture(scope="session")

@@ -30,12 +30,16 @@ case on a fresh prefix and with an empty cache, on loopback agents
   so each has the seed as its only peer. E mounts as D did but without the
   mount server (`mount_direct_import_seconds`). `mount_prefetch_chunks`: the
   chunks D's mount handed its agent from the record before anything was read.
-  D mounts with `--passthrough`: the files it has decoded, checked copies of
-  are read by the kernel (`depsnap.backing`: the recorded big files, written
-  while the mount starts); F mounts as D did without it, every read through
-  the handler (`mount_handler_import_seconds`), the baseline measured in the
-  same run. Each then mounts the key again (`mount_again_*`,
-  `mount_handler_again_*`): the chunks local now, and D's copies written.
+  D mounts as a node does by default: the kernel-protocol server with no-open
+  (`fusefs.kernelfs`; `mount_server` says which served) and the tree packed at
+  capture (`mount_tree`); F mounts the same with `--server pyfuse3`, every open
+  and release a round trip (`mount_handler_*`, the baseline measured in the same
+  run; `mount_over_handler` and `mount_cpu_over_handler`, the importer's and
+  the serving process's CPU together, compare them); G with `--passthrough`
+  (`mount_passthrough_*`: decoded, checked copies of the recorded big files
+  written while the mount starts, `depsnap.backing`). Each then mounts the key
+  again (`mount_again_*`, `mount_handler_again_*`,
+  `mount_passthrough_again_*`): the chunks local now, and G's copies written.
   `mount_read_path` and `mount_account` say what served, by the serving
   process's own account (passthrough opens, handler opens and reads);
   `mount_import_cpu_seconds` and `mount_server_cpu_seconds` are the CPU
@@ -75,6 +79,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import resource
 import shutil
 import statistics
@@ -213,22 +218,31 @@ async def _cases(cluster: LocalCluster, work: Path, wheels: Path, packages: list
                                          work / "mount.sock")
         await c.child.stop()  # D's only peer is the seed, as C's was: like against like
         out.update(await _mount_import(env, d, created["key"], work / "mnt",
-                                       work / "mount.sock", "--passthrough"))
+                                       work / "mount.sock"))
         again = await _mount_import(env, d, created["key"], work / "mnt-again",
-                                    work / "mount.sock", "--passthrough")
+                                    work / "mount.sock")
         await d.child.stop()
         f = await cluster.start_agent(7, "r1", name="f")
         handler = await _mount_import(env, f, created["key"], work / "mnt-handler",
-                                      work / "mount.sock")
+                                      work / "mount.sock", "--server", "pyfuse3")
         handler_again = await _mount_import(env, f, created["key"],
-                                            work / "mnt-handler-again", work / "mount.sock")
+                                            work / "mnt-handler-again", work / "mount.sock",
+                                            "--server", "pyfuse3")
         await f.child.stop()
+        g = await cluster.start_agent(6, "r1", name="g")
+        copies = await _mount_import(env, g, created["key"], work / "mnt-copies",
+                                     work / "mount.sock", "--passthrough")
+        copies_again = await _mount_import(env, g, created["key"], work / "mnt-copies-again",
+                                           work / "mount.sock", "--passthrough")
+        await g.child.stop()
     finally:
         await server.stop()
     for name, case in (("mount_handler_", handler), ("mount_again_", again),
-                       ("mount_handler_again_", handler_again)):
+                       ("mount_handler_again_", handler_again),
+                       ("mount_passthrough_", copies), ("mount_passthrough_again_", copies_again)):
         out[f"{name}import_seconds"] = case["mount_first_import_seconds"]
-        for field in ("import_cpu_seconds", "server_cpu_seconds", "read_path", "account"):
+        for field in ("seconds", "import_cpu_seconds", "server_cpu_seconds", "read_path",
+                      "account", "phases"):
             out[name + field] = case[f"mount_{field}"]
     e = await cluster.start_agent(8, "r1", name="e")
     direct = await _mount_import(env, e, created["key"], work / "mnt-direct", None)
@@ -238,7 +252,12 @@ async def _cases(cluster: LocalCluster, work: Path, wheels: Path, packages: list
     out["mount_direct_seconds"] = direct["mount_seconds"]
     out["mount_direct_import_seconds"] = direct["mount_first_import_seconds"]
     out["import_ok"] = all(r["import_ok"] for r in (out, unrecorded, direct, handler, again,
-                                                   handler_again))
+                                                   handler_again, copies, copies_again))
+    out["mount_over_handler"] = round(out["mount_first_import_seconds"]
+                                      / handler["mount_first_import_seconds"], 3)
+    out["mount_cpu_over_handler"] = round(
+        (out["mount_server_cpu_seconds"] + out["mount_import_cpu_seconds"])
+        / (handler["mount_server_cpu_seconds"] + handler["mount_import_cpu_seconds"]), 3)
     rate = out["snapshot_bytes"] / out["transfer_seconds"]
     out["mount_target_seconds"] = round(1 + out["mount_fetched_bytes"] / rate, 3)
 
@@ -355,12 +374,22 @@ async def _mount_import(env: dict[str, str], agent: AgentHandle, key: str, mount
                   for p in ready["packs"] if p in contents)
     return {"mount_seconds": round(mounted, 3), "mount_first_import_seconds": round(seconds, 3),
             "mount_fetched_bytes": fetched, "mount_hot_frames": ready["hot_frames"],
-            "mount_prefetch_chunks": ready["prefetch_chunks"],
+            "mount_prefetch_chunks": _prefetched(ready, log), "mount_tree": ready.get("tree_kind"),
+            "mount_phases": ready.get("phases"),
             "mount_server": ready.get("server"), "mount_read_path": read_path(log),
             "mount_import_cpu_seconds": round(import_cpu, 3),
             "mount_server_cpu_seconds": round(server_cpu, 3),
             "mount_account": account(log), "import_ok": proc.returncode == 0,
             **({"import_error": err.decode()[-500:]} if proc.returncode else {})}
+
+
+def _prefetched(ready: dict[str, Any], log: Path) -> int | None:
+    """The chunks the mount handed its agent from the record: in its "mounted" line if the
+    prefetch had asked by then (the mount does not wait for it), else in its last words."""
+    if ready.get("prefetch_chunks") is not None:
+        return int(ready["prefetch_chunks"])
+    found = re.findall(r"'prefetch_chunks': (\d+)", log.read_text(errors="replace"))
+    return int(found[-1]) if found else None
 
 
 async def _unmounted(log: Path, timeout_s: float = 30.0) -> None:

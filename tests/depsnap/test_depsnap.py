@@ -421,7 +421,7 @@ async def test_a_snapshot_pushed_to_a_registry_restores_from_its_blobs(
         tmp_path: Path, wheels: Path) -> None:
     from helpers.registry import running_registry
 
-    from depsnap.registry import PACK_TYPE, SNAPSHOT_TYPE, TREE_TYPE, snapshot_tag
+    from depsnap.registry import PACK_TYPE, PACKED_TREE_TYPE, SNAPSHOT_TYPE, TREE_TYPE, snapshot_tag
     from p2p.origin.oci import RegistryClient
 
     with running_registry(tmp_path / "registry") as registry:
@@ -437,7 +437,7 @@ async def test_a_snapshot_pushed_to_a_registry_restores_from_its_blobs(
                                                                 snapshot_tag(created["key"])))
             assert pulled.manifest.artifact_type == SNAPSHOT_TYPE
             assert [la.media_type for la in pulled.manifest.layers] == \
-                [TREE_TYPE] + [PACK_TYPE] * created["packs"]
+                [TREE_TYPE] + [PACK_TYPE] * created["packs"] + [PACKED_TREE_TYPE]
 
             status, _, err = await depsnap(b, "restore", "--json", created["key"],
                                            "--prefix", str(tmp_path / "r"), cwd=tmp_path)

@@ -119,6 +119,25 @@ def test_a_tree_round_trips_through_json() -> None:
     assert Snapshot.from_json(snap.to_json()) == snap
 
 
+def test_the_packed_mount_tree_is_the_built_one_with_the_mounting_users_owner() -> None:
+    from dataclasses import replace
+
+    from depsnap.mounttree import open_tree, packed_tree, snapshot_tree
+
+    snap = tree(d("bin"), f("bin/x"), link("bin/python", "/usr/bin/python3.11"),
+                d("lib"), d("lib/pkg"), f("lib/pkg/mod.py"))
+    snap = replace(snap, packed_tree="c1-" + "1" * 64)
+    assert Snapshot.from_json(snap.to_json()).packed_tree == snap.packed_tree
+    built = snapshot_tree(snap, 1000, 1001)
+    packed = open_tree(snap, packed_tree(snap), 1000, 1001)
+    assert type(packed).__name__ == "PackedTree"
+    assert list(packed.walk()) == list(built.walk())
+    # A packed tree that does not open (damaged bytes) is built instead, never served.
+    bad = bytearray(packed_tree(snap))
+    bad[-1] ^= 1
+    assert list(open_tree(snap, bytes(bad), 1000, 1001).walk()) == list(built.walk())
+
+
 @pytest.mark.parametrize(("entries", "why"), [
     ((f("../x"),), "'..'"),
     ((f("/etc/passwd"),), "relative"),

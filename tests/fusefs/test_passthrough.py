@@ -26,6 +26,7 @@ directory entry packing.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -153,6 +154,35 @@ async def test_a_damaged_whole_file_is_never_handed_to_the_kernel(tmp_path: Path
     assert "fails its check" in (tmp_path / "mount.log").read_text()
 
 
+def requests(log: Path) -> dict[str, int]:
+    """Requests by opcode, from the kernel-protocol server's account at unmount."""
+    found = re.findall(r"requests (\{.*\})", log.read_text())
+    assert found, f"no request account in the mount's log:\n{log.read_text()[-1500:]}"
+    return {op: n for op, (n, _) in json.loads(found[-1]).items()}
+
+
+async def test_no_open_reads_every_file_with_no_open_or_release_round_trip(
+        tmp_path: Path) -> None:
+    manifest, data = make_store(tmp_path / "store")
+    async with await mounted(tmp_path, manifest, "--no-open") as mount:
+        assert mount.ready["server"] == "kernel" and mount.ready["no_open"] is True
+        assert sorted(os.listdir(mount.mountpoint)) == ["again", "part", "whole"]
+        assert sorted(os.listdir(mount.mountpoint)) == ["again", "part", "whole"]
+        for _ in range(3):
+            assert read(mount.mountpoint / "whole") == data
+            assert read(mount.mountpoint / "part") == data[PART[0]:PART[0] + PART[1]]
+        with pytest.raises(OSError):
+            os.close(os.open(mount.mountpoint / "whole", os.O_RDWR))
+    got = requests(tmp_path / "mount.log")
+    # The first open is answered ENOSYS; the kernel opens every later file, and every
+    # directory, by itself, and asks for no FLUSH after the first close. The listing
+    # (READDIRPLUS) gave the kernel every entry: no name was looked up after it.
+    assert got.get("OPEN") == 1 and got.get("OPENDIR") == 1, got
+    assert "RELEASE" not in got and "RELEASEDIR" not in got and got.get("FLUSH", 0) <= 1, got
+    assert got["READDIRPLUS"] >= 1 and "LOOKUP" not in got, got
+    assert got["READ"] > 0, got
+
+
 async def test_no_passthrough_serves_every_read_by_pyfuse3(tmp_path: Path) -> None:
     manifest, data = make_store(tmp_path / "store")
     assert WholeFiles(tmp_path / "store").build(manifest)
@@ -166,6 +196,14 @@ async def test_no_passthrough_serves_every_read_by_pyfuse3(tmp_path: Path) -> No
 
 def offer(flags: int, minor: int = 41) -> P.InitIn:
     return P.InitIn(7, minor, 128 * 1024, flags)
+
+
+def test_no_open_is_asked_for_only_without_passthrough_and_when_offered() -> None:
+    both = P.NO_OPEN_SUPPORT | P.NO_OPENDIR_SUPPORT
+    assert P.negotiate(offer(both | P.PASSTHROUGH), False, want_no_open=True).no_open
+    assert not P.negotiate(offer(both), False).no_open
+    assert not P.negotiate(offer(both | P.PASSTHROUGH), True, want_no_open=True).no_open
+    assert not P.negotiate(offer(P.NO_OPEN_SUPPORT), False, want_no_open=True).no_open
 
 
 def test_passthrough_is_taken_only_when_offered_and_wanted() -> None:

@@ -18,9 +18,11 @@ from typing import Any
 import msgpack
 import pytest
 import uvloop
+import xxhash
 
-from p2p import wire
+from p2p import bytepath, wire
 from p2p.auth import AuthError, handshake_mac
+from p2p.bytepath import Workers
 from p2p.content import ContentId, PeerId
 from p2p.link import Link, UploadGate
 from p2p.peer import (
@@ -647,4 +649,95 @@ def test_a_request_cancelled_while_it_waits_for_budget_never_goes_out_and_refund
         finally:
             link.close("test over")
             theirs.close()
+    run(scenario)
+
+
+class FilePuller:
+    """A byte mover into `buf` and the file `fd`, hashing as it goes (as p2p.spool's)."""
+
+    def __init__(self, buf: bytearray, fd: int) -> None:
+        self.buf, self.fd, self.taken = memoryview(buf), fd, 0
+        self.hasher = bytepath.xxh3_hasher() or xxhash.xxh3_128()
+        self.calls = 0
+
+    def __call__(self, sock_fd: int, filled: int, stop: int, wake: int,
+                 lowat: int) -> bytepath.Pulled:
+        self.calls += 1
+        pulled = bytepath.pull(sock_fd, self.buf, self.taken, filled, stop, self.hasher,
+                               self.fd, self.taken, wake=wake, lowat=lowat)
+        self.taken = pulled.filled
+        return pulled
+
+
+def test_a_piece_pulled_by_a_byte_mover_arrives_intact(run: Run, byte_path: str,
+                                                       tmp_path: Path) -> None:
+    path = tmp_path / "chunk"
+    path.write_bytes(os.urandom(8 * MiB))
+    payload = path.read_bytes()
+
+    async def scenario() -> None:
+        server, client = await pair()
+        fd = os.open(path, os.O_RDONLY)
+        out = os.open(tmp_path / "copy", os.O_RDWR | os.O_CREAT)
+        workers = Workers(2)
+        try:
+            send = asyncio.create_task(client.send_piece(C, 3, 7, fd, 0, len(payload)))
+            assert await server.recv() == Piece(C, 3, 7, 0, len(payload))
+            buf, seen = bytearray(len(payload)), []
+            puller = FilePuller(buf, out)
+            await server.recv_payload_pulled(memoryview(buf), puller, workers,
+                                             progress=seen.append, step=1 * MiB)
+            await send
+            await client.send(Have(C, 9))  # the stream goes on after the payload
+            assert await server.recv() == Have(C, 9)
+        finally:
+            os.close(fd)
+            os.close(out)
+            workers.close()
+        assert buf == payload and (tmp_path / "copy").read_bytes() == payload
+        assert puller.hasher.digest() == xxhash.xxh3_128(payload).digest()
+        assert seen == sorted(seen) and seen[-1] == len(payload) and len(seen) >= 8
+
+    run(scenario)
+
+
+def test_slow_drip_payload_into_a_byte_mover_is_a_protocol_error(run: Run,
+                                                                 byte_path: str) -> None:
+    async def scenario() -> None:
+        timeouts = Timeouts(idle_s=5.0, frame_s=0.5, min_payload_rate_bps=1000)
+        server, sock = await with_raw_client(timeouts)
+        workers = Workers(1)
+        with sock:
+            loop = asyncio.get_running_loop()
+            await loop.sock_sendall(sock, Piece(C, 0, 0, 0, 1000).encode() + b"x" * 100)
+            assert isinstance(await server.recv(), Piece)
+            dripper = asyncio.create_task(drip(sock, b"y" * 900, 0.2))
+            buf = bytearray(1000)
+            with pytest.raises(RemoteProtocolError, match="payload"):
+                await server.recv_payload_pulled(memoryview(buf), FilePuller(buf, -1), workers)
+            dripper.cancel()
+            assert server.closed
+        workers.close()
+
+    run(scenario)
+
+
+def test_close_wakes_a_reader_whose_payload_a_byte_mover_pulls(run: Run,
+                                                               byte_path: str) -> None:
+    async def scenario() -> None:
+        server, sock = await with_raw_client(FAST)
+        workers = Workers(1)
+        with sock:
+            loop = asyncio.get_running_loop()
+            await loop.sock_sendall(sock, Piece(C, 0, 0, 0, MiB).encode() + b"x" * 100)
+            assert isinstance(await server.recv(), Piece)
+            buf = bytearray(MiB)
+            reader = asyncio.create_task(
+                server.recv_payload_pulled(memoryview(buf), FilePuller(buf, -1), workers))
+            await asyncio.sleep(0.1)
+            server.close()
+            with pytest.raises(ConnectionClosed):
+                await reader
+        workers.close()
+
     run(scenario)

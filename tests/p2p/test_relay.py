@@ -207,7 +207,8 @@ async def _ensure(agent: AgentHandle, content: str) -> None:
         await client.ensure(content)
 
 
-async def test_a_chunk_still_arriving_from_a_peer_is_relayed_on(tmp_path: Path) -> None:
+async def test_a_chunk_still_arriving_from_a_peer_is_relayed_on(tmp_path: Path,
+                                                               byte_path: str) -> None:
     """`relay_fetching`: B and C fetch from a slow seed A; each announces what it is
     fetching, and the other asks it to relay those chunks while they arrive. Every copy
     is exact, nothing is rejected, and the origin served the content once (to A)."""
@@ -218,7 +219,8 @@ async def test_a_chunk_still_arriving_from_a_peer_is_relayed_on(tmp_path: Path) 
         await cluster.start_tracker()
         await cluster.start_origin(source.parent, 200.0)
         content = (await cluster.publish(source, CHUNK)).content_id
-        relaying = {"swarm": {"relay_fetching": True}}
+        # ... by the byte movers (p2p.bytepath), in C and in Python
+        relaying = {"swarm": {"relay_fetching": True}, "byte_movers": True}
         seed = await cluster.start_agent(0, "rack0", {**relaying, "upload_mbps": 12.0})
         async with asyncio.timeout(120):
             first = await distribute(cluster, [seed], source, content, 8 * CHUNK,

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
+from p2p import bytepath
 from p2p import spool as spool_module
 from p2p.content import Manifest, ManifestBuilder
 from p2p.spool import Spool, Streamer
@@ -144,3 +148,64 @@ async def test_an_aborted_streamer_removes_its_file(tmp_path: Path) -> None:
         await asyncio.sleep(0.01)
     assert files(tmp_path, manifest) == []
     assert not store.has(manifest.content_id, 0)
+
+
+def pull_all(spool: Spool, receiver: socket.socket, buf: bytearray, n: int) -> None:
+    while spool.written < n:
+        pulled = spool.pull(receiver.fileno(), memoryview(buf), spool.written, n,
+                            wake=64 * KiB, lowat=1)
+        assert pulled.state != 2  # CLOSED
+
+
+def test_a_chunk_pulled_from_a_socket_is_stored_once_it_verifies(
+        byte_path: str, tcp_pair: tuple[socket.socket, socket.socket], tmp_path: Path) -> None:
+    sender, receiver = tcp_pair
+    manifest, data = make()
+    store = ChunkStore(tmp_path, 1 << 30)
+    store.attach(manifest)
+    chunk, buf = data[CHUNK:2 * CHUNK], bytearray(CHUNK)
+    spool = Spool(store, manifest.content_id, 1)
+    sender.sendall(chunk)
+    pull_all(spool, receiver, buf, CHUNK)
+    assert not store.has(manifest.content_id, 1)  # written, not stored: never served yet
+    spool.commit(memoryview(buf))
+    assert store.read(manifest.content_id, CHUNK, CHUNK) == chunk
+    assert files(tmp_path, manifest) == ["1.chunk"]
+
+
+def test_pulled_bytes_that_do_not_verify_are_never_stored(
+        byte_path: str, tcp_pair: tuple[socket.socket, socket.socket], tmp_path: Path) -> None:
+    sender, receiver = tcp_pair
+    manifest, data = make()
+    store = ChunkStore(tmp_path, 1 << 30)
+    store.attach(manifest)
+    bad = bytearray(data[:CHUNK])
+    bad[CHUNK - 1] ^= 1
+    buf = bytearray(CHUNK)
+    spool = Spool(store, manifest.content_id, 0)
+    sender.sendall(bad)
+    pull_all(spool, receiver, buf, CHUNK)
+    with pytest.raises(CorruptChunk):
+        spool.commit(memoryview(buf))
+    assert not store.has(manifest.content_id, 0)
+    assert store.used_bytes == 0 and files(tmp_path, manifest) == []
+
+
+def test_an_abort_during_a_pull_removes_the_file_once_the_pull_returns(
+        byte_path: str, tcp_pair: tuple[socket.socket, socket.socket], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    sender, receiver = tcp_pair
+    manifest, data = make()
+    store = ChunkStore(tmp_path, 1 << 30)
+    store.attach(manifest)
+    spool = Spool(store, manifest.content_id, 0)
+    sender.sendall(data[:1000])
+    puller = threading.Thread(target=lambda: spool.pull(
+        receiver.fileno(), memoryview(bytearray(CHUNK)), 0, CHUNK, wake=64 * KiB, lowat=1))
+    monkeypatch.setattr(bytepath, "LINGER_S", 0.5)
+    puller.start()
+    time.sleep(0.2)  # the pull is polling the silent socket, its file open
+    spool.abort()
+    assert len(files(tmp_path, manifest)) == 1  # not closed under the pull's feet
+    puller.join()
+    assert files(tmp_path, manifest) == []
