@@ -280,7 +280,12 @@ class Simulation:
 
     def _arm(self, node: SimNode) -> None:
         """Schedule a wake-up for the node if its core's next timer is earlier than every
-        one pending."""
+        one pending.
+
+        Called after every call into the core that may have moved its timer. After a
+        swarm call that kept it (`Node.timer_kept`) it is not: the last `_arm` saw the
+        same timer and left a wake-up at it or earlier, and a wake-up that runs is
+        followed by an `_arm` of its own, so this one would schedule nothing."""
         when = node.core.next_timer()
         if when is not None and (not node.wakes or when < min(node.wakes)):
             node.wakes.add(when)
@@ -349,7 +354,9 @@ class Simulation:
         actions = node.core.swarm_event(self.contents[c].id, event, self.loop.now)
         if actions:
             self._node_do(node, actions)
-        self._arm(node)
+            self._arm(node)
+        elif not node.core.timer_kept:  # (read at once: `_node_do` may call the core again)
+            self._arm(node)
 
     def _execute(self, n: int, c: int, actions: list[Action]) -> None:
         for action in actions:
@@ -464,7 +471,9 @@ class Simulation:
             actions = other.core.swarm_event(content, event, now)
             if actions:
                 self._node_do(other, actions)
-            self._arm(other)
+                self._arm(other)
+            elif not other.core.timer_kept:  # (else `_arm` would schedule nothing: see there)
+                self._arm(other)
 
     # ---- transfers -----------------------------------------------------------------
 

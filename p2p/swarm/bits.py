@@ -7,7 +7,7 @@ iterating a set yields indices in ascending order, so runs are reproducible.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 
 
 def from_bools(flags: Sequence[bool]) -> int:
@@ -31,12 +31,27 @@ def from_indices(indices: Iterable[int]) -> int:
     return mask
 
 
-def indices(mask: int) -> Iterator[int]:
-    """Set bits in ascending order."""
-    while mask:
-        low = mask & -mask
-        yield low.bit_length() - 1
-        mask ^= low
+# Below this a mask is a machine word where the core is compiled (mypyc's tagged ints);
+# above it every step of the bit loop would make a new int object.
+_WORD = 1 << 62
+
+
+def indices(mask: int) -> list[int]:
+    """Set bits in ascending order (a list, not a generator: most callers walk a
+    whole mask, and a generator is an object and a call per step)."""
+    found: list[int] = []
+    if mask < _WORD:
+        while mask:
+            low = mask & -mask
+            found.append(low.bit_length() - 1)
+            mask ^= low
+        return found
+    text = format(mask, "b")  # one pass over a wide mask's digits, highest first
+    top = len(text) - 1
+    for i in range(top, -1, -1):
+        if text[i] == "1":
+            found.append(top - i)
+    return found
 
 
 def count(mask: int) -> int:

@@ -252,6 +252,10 @@ class Node:
         # Each swarm's cached next timer, in the order they were set: ties run in it.
         self._swarm_due: dict[ContentId, float] = {}
         self.swarm_calls = 0
+        # Whether the last `swarm_event` left `next_timer` as it was: a caller that
+        # re-arms its timer after every call may skip asking (most haves of a big
+        # simulation; the agent re-arms anyway).
+        self.timer_kept = False
 
     # ---- contents ---------------------------------------------------------------
 
@@ -357,16 +361,20 @@ class Node:
         return actions
 
     def swarm_event(self, content: ContentId, event: Event, now: float) -> list[NodeAction]:
-        """Hand `event` to the swarm of `content`; nothing if the node has none."""
+        """Hand `event` to the swarm of `content`; nothing if the node has none.
+        Afterwards `timer_kept` says whether `next_timer` is sure to be what it was."""
         swarm = self._swarms.get(content)
         if swarm is None:
+            self.timer_kept = True
             return []
         self.swarm_calls += 1
         actions = swarm.handle(event, now)
         advance = type(event) in _MAY_ADVANCE_TIMER
         if not actions and not advance and self._slack_s is not None \
                 and content in self._swarm_due:
+            self.timer_kept = True
             return []  # most events of a big simulation: nothing to do, timer kept
+        self.timer_kept = False
         return self._swarm_did(content, swarm, actions, advance, now)
 
     def _swarm_did(self, content: ContentId, swarm: Swarm, actions: list[Action],

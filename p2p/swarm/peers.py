@@ -62,10 +62,13 @@ class PeerTable:
             self.pending(state, chunk, until)
 
     def has(self, state: PeerState, chunk: int) -> None:
-        if not state.have >> chunk & 1:
-            state.have |= 1 << chunk
-            self._add_avail(chunk)
-        if state.pending:
+        bit = 1 << chunk  # (once: past 62 chunks each mask operation makes an int)
+        if not state.have & bit:
+            state.have |= bit
+            self.avail[chunk] += 1
+            if self.avail[chunk] == 1:
+                self.avail_mask |= bit
+        if state.pending and chunk in state.pending:  # (else `withdrawn` does nothing)
             self.withdrawn(state, chunk)
 
     def pending(self, state: PeerState, chunk: int, until: float) -> None:
@@ -163,7 +166,3 @@ class PeerTable:
         expiry = self.pending_expiry()
         if expiry is not None:
             yield expiry
-
-    def _add_avail(self, chunk: int) -> None:
-        self.avail[chunk] += 1
-        self.avail_mask |= 1 << chunk

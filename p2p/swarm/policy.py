@@ -109,8 +109,15 @@ class RackAware:
     """Same rack first, then fewest requests in flight, fewest failures, fastest."""
 
     def choose(self, holders: Sequence[PeerLoad], rng: random.Random) -> PeerId:
-        best = min(holders, key=lambda h: (not h.same_rack, h.inflight, h.failures, -h.rate,
-                                           rng.random()))
+        # `min` with a key, written out (one key and one draw per holder, in order; the
+        # first of equal keys wins): the swarm asks this for every request, and a key
+        # function is a call per holder even where the core is compiled.
+        best = holders[0]
+        best_key = (not best.same_rack, best.inflight, best.failures, -best.rate, rng.random())
+        for h in holders[1:]:
+            key = (not h.same_rack, h.inflight, h.failures, -h.rate, rng.random())
+            if key < best_key:
+                best, best_key = h, key
         return best.peer
 
 

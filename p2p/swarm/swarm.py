@@ -291,7 +291,8 @@ class Swarm:
             return self._on_chunk_lost(event.chunk, now)
         if self._finished and not isinstance(event, _REOPENING):
             return []  # what is wanted is still recorded: a lost chunk may reopen the swarm
-        if type(event) is PeerHas:
+        kind = type(event)
+        if kind is PeerHas:
             assert isinstance(event, PeerHas)
             state = self._peers.get(event.peer)
             chunk = event.chunk
@@ -301,9 +302,19 @@ class Swarm:
                 # can be asked of this peer, so skip the scheduling pass.
                 self._table.has(state, chunk)
                 return []
-        if isinstance(event, PeerPending) and not self._may_relay(event.peer, event.chunk, now):
-            # Someone else fetching a chunk can only take work off our hands.
-            return self._on_peer_pending(event.peer, event.chunk, now)
+        elif kind is PeerPending:
+            assert isinstance(event, PeerPending)
+            state = self._peers.get(event.peer)
+            chunk = event.chunk
+            if state is None:
+                return []  # (what `_on_peer_pending` does for a peer we do not know)
+            if not 0 <= chunk < self.chunks:
+                return self._on_peer_pending(event.peer, chunk, now)  # (hostile: Disconnect)
+            if not self._may_relay(state, chunk, now):
+                # Someone else fetching a chunk can only take work off our hands.
+                if not self._have >> chunk & 1:  # a mark of a held chunk is moot
+                    self._table.pending(state, chunk, now + self.config.pending_ttl_s)
+                return []
         actions: list[Action] = []
         match event:
             case PeersFound():
@@ -423,11 +434,10 @@ class Swarm:
         return (bool(self._miss >> chunk & 1) and self._has_room(state, now)
                 and (not self._table.requested >> chunk & 1 or self._end_game()))
 
-    def _may_relay(self, peer: PeerId, chunk: int, now: float) -> bool:
-        """Could a pending mark of `chunk` from `peer` lead to a relay request right now?"""
-        state = self._peers.get(peer)
-        return (self.config.relay_pending and state is not None and 0 <= chunk < self.chunks
-                and bool(self._missing() >> chunk & 1)
+    def _may_relay(self, state: PeerState, chunk: int, now: float) -> bool:
+        """Could a pending mark of `chunk` (in range) from the peer of `state` lead to a
+        relay request right now?"""
+        return (self.config.relay_pending and bool(self._miss >> chunk & 1)
                 and not self._table.requested >> chunk & 1 and self._has_room(state, now))
 
     def _has_room(self, state: PeerState, now: float) -> bool:
@@ -564,6 +574,8 @@ class Swarm:
             return [abort]
         actions: list[Action] = []
         for peer, state in list(self._peers.items()):
+            if not state.inflight:
+                continue  # (most peers at most wake-ups)
             late = [c for c, (_, deadline) in state.inflight.items() if deadline <= now]
             for chunk in late:
                 self.stats["timeouts"] += 1

@@ -22,6 +22,7 @@ from p2p.swarm.events import (
     Connect,
     Disconnect,
     FetchFromOrigin,
+    PeerHas,
     PeerHint,
     PeerJoined,
     PeerLost,
@@ -404,6 +405,28 @@ def test_a_swarm_timer_is_no_further_ahead_than_the_slack() -> None:
     n.swarm_event(X, found(A), 1.0)
     assert s.next_timer() == 1.5
     assert n.next_timer() == 1.1
+
+
+def test_a_have_that_changes_nothing_keeps_the_timer_and_says_so() -> None:
+    n = Node(100.0, now=0.0, timer_slack_s=5.0)
+    n.add(X, swarm("10"), 0.0)
+    fire(n)
+    n.handle(Announced(100.0), 0.0)
+    n.swarm_event(X, found(A), 1.0)
+    n.swarm_event(X, PeerJoined(A, "r1", (False, False)), 1.0)
+    before = n.next_timer()
+    assert n.swarm_event(X, PeerHas(A, 0), 1.2) == []  # a chunk we hold: availability only
+    assert n.timer_kept and n.next_timer() == before
+    n.swarm_event(X, PeerLost(A, "gone"), 1.3)  # a lost peer may bring a deadline forward
+    assert not n.timer_kept
+
+
+def test_without_slack_every_swarm_call_may_move_the_timer() -> None:
+    n = quiet(node(x=swarm("10")))
+    n.swarm_event(X, found(A), 1.0)
+    n.swarm_event(X, PeerJoined(A, "r1", (False, False)), 1.0)
+    n.swarm_event(X, PeerHas(A, 0), 1.2)
+    assert not n.timer_kept  # the agent asks its swarm again after every call
 
 
 def test_a_swarm_that_aborts_is_left_by_the_node() -> None:

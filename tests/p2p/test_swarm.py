@@ -7,7 +7,7 @@ import random
 import pytest
 
 from p2p.content import PeerId
-from p2p.swarm import Swarm, SwarmConfig
+from p2p.swarm import Swarm, SwarmConfig, bits
 from p2p.swarm.events import (
     Abort,
     Advertise,
@@ -694,3 +694,10 @@ def test_deadline_names_the_peers_tried_and_restarts_on_progress() -> None:
     assert now == 50.0
     (abort,) = [a for a in acts if isinstance(a, Abort)]
     assert "2 of 3 chunks missing" in abort.reason and "asked peers a" in abort.reason
+
+
+@pytest.mark.parametrize("width", [0, 1, 61, 62, 63, 64, 65, 200])
+def test_bits_indices_lists_set_bits_in_ascending_order_at_every_width(width: int) -> None:
+    rng = random.Random(width)
+    for mask in [0, (1 << width) - 1, *(rng.getrandbits(width) for _ in range(50))]:
+        assert bits.indices(mask) == [i for i in range(width) if mask >> i & 1]
