@@ -209,7 +209,9 @@ def test_the_same_command_resumes_and_report_redraws(
 
 def test_ctrl_c_stops_the_sweep_leaving_whole_runs_that_the_same_command_completes(
         tmp_path: Path) -> None:
-    sweep = _sweep(tmp_path, 'seeds = {start = 1, stop = 8}\n[vary]\n"run.nodes" = [32]\n')
+    # Runs of about a second each (96 nodes): the interrupt must find runs still to do.
+    # At 32 nodes a quiet machine finished all eight before the signal came (CI, stop 40).
+    sweep = _sweep(tmp_path, 'seeds = {start = 1, stop = 8}\n[vary]\n"run.nodes" = [96]\n')
     out = tmp_path / "out"
     bootseer = Path(sys.executable).with_name("bootseer")
     argv = [str(bootseer), "sim", "sweep", str(sweep), "--out", str(out), "--workers", "2",
@@ -229,7 +231,7 @@ def test_ctrl_c_stops_the_sweep_leaving_whole_runs_that_the_same_command_complet
     kept = data.done(out)
     assert 0 < len(kept) < 8
     for name in kept:  # every run there is whole
-        assert data.read_nodes(out, name).num_rows == 32
+        assert data.read_nodes(out, name).num_rows == 96
     again = subprocess.run(argv, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr
     resumed = json.loads(again.stdout.strip().splitlines()[-1])
