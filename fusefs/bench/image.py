@@ -39,7 +39,11 @@ fresh agent, an empty store, a new scratch directory):
   `mounted_s` (from `image run`'s start to the mount serving) and the mount's
   `open_image_s` and `tree_s`, medians; `prefetch_tree` and `prefetch_server`
   say which tree and which server (kernel: passthrough for plain layers'
-  files; pyfuse3: the handler) the prefetched launch had.
+  files and decoded copies of gzip layers' hot files; pyfuse3: the handler)
+  the prefetched launch had, and `prefetch_backing` which path served its
+  files (`copy_opens`: opens of gzip layers' files read by passthrough from a
+  decoded copy; `copy_misses`: such files, big enough for a copy, opened
+  before their spans were decoded, so served by the handler; `plain_opens`).
 
 The JSON line also gives `image_bytes` (compressed layers), `hot_bytes` (the
 record's chunks), `startup_fetched_bytes` (layer bytes B received during its
@@ -189,6 +193,10 @@ async def _cases(args: argparse.Namespace, cluster: Any, proxy: Any, ref: str, w
     out["prefetch_chunks"] = warm.get("prefetch_chunks")
     out["prefetch_mounted_s"], out["prefetch_tree"] = warm.get("mounted_s"), warm.get("tree")
     out["prefetch_server"] = warm.get("server")
+    # Which path served the prefetched launch's files: opens answered by passthrough (gzip
+    # layers' decoded copies, plain layers' ranges), and gzip files worth a copy that were
+    # not decoded yet at their open (the handler served them).
+    out["prefetch_backing"] = warm.get("backing")
     out["lazy_timeline"], out["prefetch_timeline"] = lazy, warm
     log("local: launches on the second agent, the tree packed at index vs merged at mount")
     out |= await _tree_cases(cluster, b, ref, argv, args.runtime)

@@ -56,6 +56,7 @@ class ImageBacking:
         self.plain = WholeBacking(WholeFiles(self.store_dir, only=plain)) if plain else None
         self.copies = 0  # decoded copies this process wrote
         self.copy_opens = 0  # opens of gzip layers' files answered with a copy
+        self.copy_misses = 0  # opens of gzip layers' files worth a copy, not decoded yet
         self.plain_opens = 0  # opens of plain layers' files answered with a backing file
         self._written: dict[Path, StatKey] = {}
 
@@ -65,8 +66,8 @@ class ImageBacking:
 
     def account(self) -> dict[str, Any]:
         """What this backing gave the kernel: for the launch's timeline."""
-        return {"copy_opens": self.copy_opens, "decoded_copies": self.copies,
-                "plain_opens": self.plain_opens}
+        return {"copy_opens": self.copy_opens, "copy_misses": self.copy_misses,
+                "decoded_copies": self.copies, "plain_opens": self.plain_opens}
 
     def path(self, extent: Extent) -> Path:
         return self.store_dir / extent.content / f"tar-{extent.offset}-{extent.length}.whole"
@@ -91,6 +92,7 @@ class ImageBacking:
             if fd is not None:
                 return fd
         if not self.source.decoded(extent.content, extent.offset, extent.length):
+            self.copy_misses += 1
             return None
         try:
             data = await self.source.read(extent.content, extent.offset, extent.length)
