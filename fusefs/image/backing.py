@@ -9,13 +9,15 @@ ignores the name and removes it with the layer), written with
 decoded from verified chunks, each span checked against the layer index's
 sha256.
 
-When. At the file's open, if every span under it is decoded in memory already:
-the mount's warm-up decodes the spans a recorded launch read, in its order, as
-the prefetch brings their chunks, so the hot files of a prefetched launch are.
-The copy then costs one write into the page cache, and the kernel reads it by
-itself instead of sending each read to the handler. A file not decoded yet is
-served by the handler: copying it at its open would make the agent fetch and
-decode the whole file, which a lazy launch may never read.
+When. At the file's open, if every span under it is decoded in memory already
+(the mount's warm-up decodes the spans a recorded launch read, in its order, as
+the prefetch brings their chunks), or if every blob chunk its decode reads is
+in the hot-block record (`hot`: the prefetch is bringing them; the open waits
+for them and decodes, as the handler's first read would have): the hot files
+of a prefetched launch. The copy then costs one write into the page cache, and
+the kernel reads it by itself instead of sending each read to the handler. Any
+other file is served by the handler: copying it at its open would make the
+agent fetch and decode the whole file, which a launch may never read.
 
 Trust. A copy is handed to the kernel only if this process wrote it and it
 keeps the stat it was written with (the store's rule, as in `fusefs.backing`).
@@ -49,10 +51,12 @@ class ImageBacking:
     decoded copies of gzip layers' files (see the module docstring)."""
 
     def __init__(self, store_dir: Path, source: ImageSource, plain: frozenset[str],
-                 gzip: frozenset[str]) -> None:
+                 gzip: frozenset[str], hot: frozenset[tuple[str, int]] = frozenset()) -> None:
+        """`hot`: the hot-block record's (layer content, chunk)s, being prefetched."""
         self.store_dir = Path(store_dir)
         self.source = source
         self.gzip = gzip
+        self.hot = hot
         self.plain = WholeBacking(WholeFiles(self.store_dir, only=plain)) if plain else None
         self.copies = 0  # decoded copies this process wrote
         self.copy_opens = 0  # opens of gzip layers' files answered with a copy
@@ -91,7 +95,8 @@ class ImageBacking:
             fd = await asyncio.to_thread(self._open_written, path)
             if fd is not None:
                 return fd
-        if not self.source.decoded(extent.content, extent.offset, extent.length):
+        if not (self.source.decoded(extent.content, extent.offset, extent.length)
+                or await self._hot(extent)):
             self.copy_misses += 1
             return None
         try:
@@ -102,6 +107,10 @@ class ImageBacking:
         if len(data) != extent.length:
             return None
         return await asyncio.to_thread(self._write, path, data)
+
+    async def _hot(self, extent: Extent) -> bool:
+        chunks = await self.source.blob_chunks(extent.content, extent.offset, extent.length)
+        return bool(chunks) and all((extent.content, c) in self.hot for c in chunks)
 
     def _open_written(self, path: Path) -> int | None:
         """An fd of the copy this process wrote at `path`, if it is still the file written."""

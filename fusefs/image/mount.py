@@ -80,15 +80,17 @@ class MountOptions:
 
 
 def _passthrough(opts: MountOptions, image: Image, source: ImageSource,
-                 recorder: Recorder | None) -> ImageBacking | None:
+                 recorder: Recorder | None, hot: list[tuple[str, int]]) -> ImageBacking | None:
     """Backing files for passthrough (`fusefs.image.backing`): plain layers' files once
-    their chunks are local, gzip layers' files once decoded (the hot ones, by the
-    warm-up). Not while recording: the kernel's reads would not be seen."""
+    their chunks are local, gzip layers' hot files (`hot`: the record's (layer digest,
+    chunk)s) decoded. Not while recording: the kernel's reads would not be seen."""
     if not opts.passthrough or recorder is not None:
         return None
     plain = frozenset(la.content_id for la in image.layers if not la.index.compressed)
     gzip = frozenset(la.content_id for la in image.layers if la.index.compressed)
-    return ImageBacking(opts.store_dir, source, plain, gzip)
+    contents = {la.digest: la.content_id for la in image.layers}
+    return ImageBacking(opts.store_dir, source, plain, gzip,
+                        frozenset((contents[digest], chunk) for digest, chunk in hot))
 
 
 def image_tree(image: Image) -> TreeView:
@@ -143,7 +145,7 @@ async def serve_image(opts: MountOptions, secret: bytes, ref: ImageRef,
                      image.ref, len(image.layers), len(tree), info["mountpoint"], queued,
                      phases)
 
-        backing = _passthrough(opts, image, source, recorder)
+        backing = _passthrough(opts, image, source, recorder, hot)
         try:
             await serve(tree, source, opts.mountpoint, opts.read_ahead_kb, opts.allow_other,
                         ready, whole=backing)
