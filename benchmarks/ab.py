@@ -63,6 +63,13 @@ def export(rev: str, into: Path) -> Path:
     return tree
 
 
+def commit_of(rev: str) -> str:
+    """The commit `rev` names now: the JSON line says which code ran, even if the
+    revision was a name like HEAD that moves on afterwards."""
+    return subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", f"{rev}^{{commit}}"],
+                          check=True, capture_output=True, text=True).stdout.strip()
+
+
 def bench(tree: Path, bench_args: list[str]) -> dict[str, Any]:
     """One `bootseer bench swarm --json` run of the code in `tree` (no baseline round),
     with `cpu_seconds`: user + system CPU of the whole run (bench, tracker, origin and
@@ -98,9 +105,9 @@ def main() -> None:
     bench_args = [a for a in args.bench_args if a != "--"]
     capped = "--node-cap" in bench_args or "--origin-cap" in bench_args
     figure = "seconds_over_bound" if capped else "aggregate_mbps"
+    commits = {"before": commit_of(args.before), "after": commit_of(args.after)}
     with tempfile.TemporaryDirectory(prefix="bootseer-ab-") as tmp:
-        trees = {side: export(rev, Path(tmp) / side) for side, rev in
-                 (("before", args.before), ("after", args.after))}
+        trees = {side: export(rev, Path(tmp) / side) for side, rev in commits.items()}
         extra = {"before": shlex.split(args.before_args), "after": shlex.split(args.after_args)}
         runs: dict[str, list[dict[str, Any]]] = {"before": [], "after": []}
         for side, tree in trees.items():  # warm-up, not counted: the first runs are slow
@@ -116,7 +123,8 @@ def main() -> None:
     per_gib = {side: statistics.median(r["agent_cpu_s_per_gib"] for r in rs)
                for side, rs in runs.items()}
     print(json.dumps({
-        "bench": "ab", "before": args.before, "after": args.after, "args": bench_args,
+        "bench": "ab", "before": args.before, "after": args.after,
+        "before_commit": commits["before"], "after_commit": commits["after"], "args": bench_args,
         "before_args": args.before_args, "after_args": args.after_args,
         "figure": figure, "rounds": args.rounds,
         "before_values": [r[figure] for r in runs["before"]],

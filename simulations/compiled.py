@@ -20,12 +20,15 @@ goes on in plain Python.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 PACKAGES = ("p2p", "tracker", "simulations")
@@ -88,24 +91,33 @@ def build(root: Path | None = None, cache: Path | None = None) -> Path:
     done = cache / key
     if (done / ".complete").exists():
         return done
-    print(f"bootseer sim: compiling the simulator's cores with mypyc into {done} "
-          "(once per source version, about a minute)", file=sys.stderr, flush=True)
     try:
         cache.mkdir(parents=True, exist_ok=True)
-        work = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=cache))
-        try:
-            _compile(root, work)
+        with _building(cache / f".{key}.lock"):
+            if (done / ".complete").exists():  # made while this run waited for the lock
+                return done
+            print(f"bootseer sim: compiling the simulator's cores with mypyc into {done} "
+                  "(once per source version, about a minute)", file=sys.stderr, flush=True)
+            work = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=cache))
             try:
+                _compile(root, work)
                 work.rename(done)
-            except OSError:
-                if not (done / ".complete").exists():  # not a build made at the same time
-                    raise
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
     except OSError as exc:
         raise BuildError(f"cannot write the build in {cache}: {exc.strerror or exc}") from None
     _prune(cache, keep=done)
     return done
+
+
+@contextlib.contextmanager
+def _building(lock: Path) -> Iterator[None]:
+    """One build of a key at a time on this machine: runs started together (a sweep's
+    workers, a test session beside a study) wait for the first one's build, not make
+    their own on the same cores. The lock goes when its holder's process does."""
+    with open(lock, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
 
 
 def _compile(root: Path, work: Path) -> None:
@@ -130,6 +142,7 @@ def _prune(cache: Path, keep: Path, builds: int = 3) -> None:
                   key=lambda p: p.stat().st_mtime, reverse=True)
     for old in made[builds - 1:]:
         shutil.rmtree(old, ignore_errors=True)
+        (cache / f".{old.name}.lock").unlink(missing_ok=True)
 
 
 def run_child(build_dir: Path, argv: list[str]) -> int:

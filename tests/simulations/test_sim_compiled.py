@@ -6,8 +6,10 @@ serves every test of the module.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -107,3 +109,25 @@ def test_an_unwritable_cache_is_said_and_the_run_goes_on_as_python(
     assert summary["engine"] == "python"
     assert f"cannot write the build in {tmp_path / 'file'}" in err
     assert "Traceback" not in err
+
+
+def test_runs_started_together_make_one_build(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sweep's workers or a test beside a study: one compiles, the others wait for it.
+    (The compile step is replaced by a slow one that counts: what is tested is the
+    waiting, and a real compile takes a minute.)"""
+    made: list[Path] = []
+
+    def slow_compile(root: Path, work: Path) -> None:
+        made.append(work)
+        time.sleep(0.5)
+        (work / ".complete").touch()
+
+    monkeypatch.setattr(compiled, "_compile", slow_compile)
+    (tmp_path / "src" / "p2p").mkdir(parents=True)
+    (tmp_path / "src" / "p2p" / "a.py").write_text("x = 1\n")
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        builds = list(pool.map(lambda _: compiled.build(tmp_path / "src", tmp_path / "cache"),
+                               range(3)))
+    assert len(made) == 1
+    assert len(set(builds)) == 1 and (builds[0] / ".complete").exists()
