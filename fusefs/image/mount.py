@@ -63,7 +63,7 @@ class MountOptions:
     read_ahead_kb: int = READ_AHEAD_KB
     allow_other: bool = False
     record_missing: bool = False  # record this launch if the image has no record yet
-    passthrough: bool = True  # plain layers' files read by the kernel once local (kernelfs)
+    passthrough: bool = True  # local files read by the kernel (kernelfs; fusefs.image.backing)
 
     def argv(self) -> list[str]:
         """The `bootseer image serve` command line for these options."""
