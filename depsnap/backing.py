@@ -40,14 +40,12 @@ import blake3
 from depsnap.hot import Frame
 from depsnap.snapshot import Member, Snapshot
 from depsnap.source import SnapshotSource
-from fusefs.backing import write_read_only
+from fusefs.backing import MIN_COPY_BYTES, write_read_only
 from fusefs.source import Buffer, SourceError
 from fusefs.tree import Extent
 from p2p.chunkfile import StatKey, stat_key
 
 log = logging.getLogger(__name__)
-
-MIN_COPY_BYTES = 128 << 10
 
 
 class MemberFiles:

@@ -46,6 +46,10 @@ log = logging.getLogger(__name__)
 
 WHOLE_NAME = "content.whole"
 TEMP_SUFFIX = ".tmp"  # the store deletes `.<name>.tmp` files it finds at start
+# A decoded copy (of a snapshot file, of a file of a gzip image layer) only for files at
+# least this large: a smaller file is one READ through the handler, and its copy would
+# cost a file creation on the node's disk for at most that round trip.
+MIN_COPY_BYTES = 128 << 10
 
 
 def write_read_only(path: Path, fill: Callable[[int], None]) -> StatKey:
@@ -273,6 +277,7 @@ def _pieces(manifest: Manifest, offset: int, length: int) -> list[tuple[int, int
     return out
 
 
-def _write_all(fd: int, data: memoryview) -> None:
+def write_all(fd: int, data: memoryview) -> None:
+    """Write all of `data` at `fd` (a decoded copy's bytes, into `write_read_only`'s file)."""
     while data:
         data = data[os.write(fd, data):]

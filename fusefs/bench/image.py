@@ -17,6 +17,9 @@ fresh agent, an empty store, a new scratch directory):
   registry (no record exists yet); the launch is recorded;
 - `prefetch_seconds`: `bootseer image run` on a fresh agent B while A is up:
   B prefetches the recorded hot set, from A;
+- `prefetch_handler_seconds`: the same on a third fresh agent C with
+  `--no-passthrough` (pyfuse3 serves every read: the path before gzip layers'
+  hot files had decoded copies), the baseline of `prefetch_seconds` in the run;
 - `fuse_read_gbps` / `handler_fuse_read_gbps` / `direct_read_gbps`: a second
   image with a large file (`--big-file-mb`, default 1 GiB of incompressible
   bytes in a plain tar layer of its own, as incompressible contents should be
@@ -39,7 +42,11 @@ fresh agent, an empty store, a new scratch directory):
   `mounted_s` (from `image run`'s start to the mount serving) and the mount's
   `open_image_s` and `tree_s`, medians; `prefetch_tree` and `prefetch_server`
   say which tree and which server (kernel: passthrough for plain layers'
-  files; pyfuse3: the handler) the prefetched launch had.
+  files and decoded copies of gzip layers' hot files; pyfuse3: the handler)
+  the prefetched launch had, and `prefetch_backing` which path served its
+  files (`copy_opens`: opens of gzip layers' files read by passthrough from a
+  decoded copy; `copy_misses`: such files, big enough for a copy, opened
+  before their spans were decoded, so served by the handler; `plain_opens`).
 
 The JSON line also gives `image_bytes` (compressed layers), `hot_bytes` (the
 record's chunks), `startup_fetched_bytes` (layer bytes B received during its
@@ -189,7 +196,17 @@ async def _cases(args: argparse.Namespace, cluster: Any, proxy: Any, ref: str, w
     out["prefetch_chunks"] = warm.get("prefetch_chunks")
     out["prefetch_mounted_s"], out["prefetch_tree"] = warm.get("mounted_s"), warm.get("tree")
     out["prefetch_server"] = warm.get("server")
+    # Which path served the prefetched launch's files: opens answered by passthrough (gzip
+    # layers' decoded copies, plain layers' ranges), and gzip files worth a copy that were
+    # not decoded yet at their open (the handler served them).
+    out["prefetch_backing"] = warm.get("backing")
     out["lazy_timeline"], out["prefetch_timeline"] = lazy, warm
+    log("prefetch, handler: the same on a third fresh agent with --no-passthrough")
+    c = await cluster.start_agent(3, "rack0", config=caps)
+    out["prefetch_handler_seconds"], handler = await _launch(cluster, c, ref, argv,
+                                                             args.runtime, "--no-passthrough")
+    out["prefetch_handler_server"] = handler.get("server")
+    out["prefetch_handler_timeline"] = handler
     log("local: launches on the second agent, the tree packed at index vs merged at mount")
     out |= await _tree_cases(cluster, b, ref, argv, args.runtime)
     return out
@@ -397,6 +414,8 @@ def _ratios(r: dict[str, Any]) -> dict[str, Any]:
 
     r["prefetch_over_full_pull"] = ratio("prefetch_seconds", "full_pull_seconds")
     r["prefetch_over_lazy"] = ratio("prefetch_seconds", "lazy_seconds")
+    r["prefetch_handler_over_lazy"] = ratio("prefetch_handler_seconds", "lazy_seconds")
+    r["prefetch_over_prefetch_handler"] = ratio("prefetch_seconds", "prefetch_handler_seconds")
     r["startup_fetched_over_hot"] = ratio("startup_fetched_bytes", "hot_bytes")
     r["fuse_over_direct"] = ratio("fuse_read_gbps", "direct_read_gbps")
     r["passthrough_over_handler"] = ratio("fuse_read_gbps", "handler_fuse_read_gbps")

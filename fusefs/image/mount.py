@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from fusefs.backing import WholeFiles
+from fusefs.image.backing import ImageBacking
 from fusefs.image.catalog import Image, load_record, open_image, save_record
 from fusefs.image.forked import ForkedMount
 from fusefs.image.record import WINDOW_S, Record, Recorder
@@ -63,7 +63,7 @@ class MountOptions:
     read_ahead_kb: int = READ_AHEAD_KB
     allow_other: bool = False
     record_missing: bool = False  # record this launch if the image has no record yet
-    passthrough: bool = True  # plain layers' files read by the kernel once local (kernelfs)
+    passthrough: bool = True  # local files read by the kernel (kernelfs; fusefs.image.backing)
 
     def argv(self) -> list[str]:
         """The `bootseer image serve` command line for these options."""
@@ -79,16 +79,18 @@ class MountOptions:
         return args + [flag for flag, on in flags.items() if on]
 
 
-def _passthrough(opts: MountOptions, image: Image, recorder: Recorder | None
-                 ) -> WholeFiles | None:
-    """Backing files for the files of plain (uncompressed) layers: their tar bytes are
-    the blob's bytes. Not while recording: the kernel's reads would not be seen. Files
-    of gzip layers are decoded by the handler (a decoded copy per hot file is not built
-    yet)."""
+def _passthrough(opts: MountOptions, image: Image, source: ImageSource,
+                 recorder: Recorder | None, hot: list[tuple[str, int]]) -> ImageBacking | None:
+    """Backing files for passthrough (`fusefs.image.backing`): plain layers' files once
+    their chunks are local, gzip layers' hot files (`hot`: the record's (layer digest,
+    chunk)s) decoded. Not while recording: the kernel's reads would not be seen."""
     if not opts.passthrough or recorder is not None:
         return None
     plain = frozenset(la.content_id for la in image.layers if not la.index.compressed)
-    return WholeFiles(opts.store_dir, only=plain) if plain else None
+    gzip = frozenset(la.content_id for la in image.layers if la.index.compressed)
+    contents = {la.digest: la.content_id for la in image.layers}
+    return ImageBacking(opts.store_dir, source, plain, gzip,
+                        frozenset((contents[digest], chunk) for digest, chunk in hot))
 
 
 def image_tree(image: Image) -> TreeView:
@@ -143,13 +145,15 @@ async def serve_image(opts: MountOptions, secret: bytes, ref: ImageRef,
                      image.ref, len(image.layers), len(tree), info["mountpoint"], queued,
                      phases)
 
+        backing = _passthrough(opts, image, source, recorder, hot)
         try:
             await serve(tree, source, opts.mountpoint, opts.read_ahead_kb, opts.allow_other,
-                        ready, whole=_passthrough(opts, image, recorder))
+                        ready, whole=backing)
         finally:
             warming.cancel()
         summary: dict[str, Any] = {"image": image.digest, "prefetch_chunks": queued,
-                                   "recording": recorder is not None}
+                                   "recording": recorder is not None,
+                                   "backing": None if backing is None else backing.account()}
         if recorder is not None and len(recorder):
             try:
                 merged = await save_record(registry, image, recorder.record())
@@ -235,6 +239,7 @@ async def _run(mount: ForkedMount, argv: list[str] | None, runtime: str, started
             log.warning("the mount process exited with %d; its log: %s", stopped,
                         mount.log_path)
     timeline["record"] = {key: mount.ended[key] for key in RECORD_KEYS if key in mount.ended}
+    timeline["backing"] = mount.ended.get("backing")  # what passthrough served, if any
     timeline["seconds"] = round(time.monotonic() - started, 3)
     return status, timeline
 

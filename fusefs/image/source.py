@@ -107,6 +107,23 @@ class ImageSource:
             raise SourceError(f"layer {layer.digest}: blob bytes for tar bytes {offset}+"
                               f"{length} did not arrive in time") from None
 
+    def decoded(self, content: str, offset: int, length: int) -> bool:
+        """Whether tar bytes [offset, +length) of gzip layer `content` are decoded and
+        checked in memory now (a read of them fetches and decodes nothing)."""
+        layer = self._layers.get(content)
+        return (layer is not None and layer.index.compressed and layer.reader is not None
+                and layer.reader.cached(offset, length))
+
+    async def blob_chunks(self, content: str, offset: int, length: int) -> range:
+        """The chunks of gzip layer `content` that decoding tar bytes [offset, +length)
+        reads (empty for any other content)."""
+        layer = self._layers.get(content)
+        if layer is None or not layer.index.compressed:
+            return range(0)
+        start, end = layer.index.compressed_range(offset, length)
+        chunk = (await self.inner.manifest(content)).chunk_size
+        return range(start // chunk, (end - 1) // chunk + 1) if end > start else range(0)
+
     async def warm(self, hot: Sequence[tuple[str, int]], hold_s: float = WARM_HOLD_S,
                    budget: int = WARM_BYTES) -> int:
         """Decode, ahead of the launch and in its order, the spans a recorded launch read:
