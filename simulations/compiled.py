@@ -101,7 +101,11 @@ def build(root: Path | None = None, cache: Path | None = None) -> Path:
             work = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=cache))
             try:
                 _compile(root, work)
-                work.rename(done)
+                try:
+                    work.rename(done)
+                except OSError:
+                    if not (done / ".complete").exists():  # not a build made beside it
+                        raise
             finally:
                 shutil.rmtree(work, ignore_errors=True)
     except OSError as exc:
@@ -114,10 +118,16 @@ def build(root: Path | None = None, cache: Path | None = None) -> Path:
 def _building(lock: Path) -> Iterator[None]:
     """One build of a key at a time on this machine: runs started together (a sweep's
     workers, a test session beside a study) wait for the first one's build, not make
-    their own on the same cores. The lock goes when its holder's process does."""
+    their own on the same cores."""
     with open(lock, "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
-        yield
+        try:
+            yield
+        finally:
+            # Gone once its build is made or has failed: nothing is left beside the builds.
+            # A run still waiting on it wakes to a made build, or builds (a rare second
+            # build of one key is then renamed over, see `build`).
+            lock.unlink(missing_ok=True)
 
 
 def _compile(root: Path, work: Path) -> None:
@@ -142,7 +152,6 @@ def _prune(cache: Path, keep: Path, builds: int = 3) -> None:
                   key=lambda p: p.stat().st_mtime, reverse=True)
     for old in made[builds - 1:]:
         shutil.rmtree(old, ignore_errors=True)
-        (cache / f".{old.name}.lock").unlink(missing_ok=True)
 
 
 def run_child(build_dir: Path, argv: list[str]) -> int:

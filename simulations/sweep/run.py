@@ -19,7 +19,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Iterator, Sequence
@@ -150,33 +152,62 @@ def _first_on_path(build: Path | None) -> Iterator[None]:
 
 def execute(loaded: Loaded, out: Path, client: Any, progress: Progress | None) -> Outcome:
     """Run what `out` lacks of `loaded` on `client`, writing each result as it comes."""
-    as_completed = _distributed().as_completed
+    wait = _distributed().wait
     out.mkdir(parents=True, exist_ok=True)
     data.write_description(out, data.describe(loaded.sweep, loaded.runs))
     have = data.done(out)
     todo = [p for p in loaded.runs if p.name not in have]
     outcome = Outcome(planned=len(loaded.runs), skipped=len(loaded.runs) - len(todo))
     by_key: dict[str, Point] = {}
-    futures = []
+    pending = set()
     for point in todo:
         future = client.submit(run_tables, *loaded.tasks[point.name], key=f"sim-{point.name}")
         by_key[future.key] = point
-        futures.append(future)
+        pending.add(future)
     if progress is not None:
         progress.start(len(todo))
-    try:
-        for future in as_completed(futures):
-            _collect(future, by_key[future.key], loaded, out, outcome)
-            future.release()
-            if progress is not None:
-                progress.step(len(outcome.failed))
-    except KeyboardInterrupt:
-        outcome.interrupted = True
-        client.cancel(futures)
-    finally:
-        if progress is not None:
-            progress.end()
+    with _ctrl_c() as stop:
+        while pending and not stop.is_set():
+            try:
+                done, pending = wait(pending, timeout=WAIT_STEP_S, return_when="FIRST_COMPLETED")
+            except TimeoutError:
+                continue
+            for future in done:
+                _collect(future, by_key[future.key], loaded, out, outcome)
+                future.release()
+                if progress is not None:
+                    progress.step(len(outcome.failed))
+        if pending:
+            outcome.interrupted = True
+            client.cancel(list(pending))
+    if progress is not None:
+        progress.end()
     return outcome
+
+
+# How often the wait for runs looks at Ctrl-C.
+WAIT_STEP_S = 0.2
+
+
+@contextlib.contextmanager
+def _ctrl_c() -> Iterator[threading.Event]:
+    """An event set by Ctrl-C while the block runs. A KeyboardInterrupt raised wherever the
+    main thread happened to be could land inside Dask's own code, which may swallow it:
+    a sweep then ran to its end after a Ctrl-C (seen in CI). A SIGINT that was ignored
+    when the sweep started (a job started with `&` by a script) stays ignored."""
+    stop = threading.Event()
+    try:
+        if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+            yield stop
+            return
+        previous = signal.signal(signal.SIGINT, lambda signum, frame: stop.set())
+    except ValueError:  # not the main thread: Ctrl-C is not this call's to take
+        yield stop
+        return
+    try:
+        yield stop
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _collect(future: Any, point: Point, loaded: Loaded, out: Path, outcome: Outcome) -> None:

@@ -216,14 +216,17 @@ def test_ctrl_c_stops_the_sweep_leaving_whole_runs_that_the_same_command_complet
     bootseer = Path(sys.executable).with_name("bootseer")
     argv = [str(bootseer), "sim", "sweep", str(sweep), "--out", str(out), "--workers", "2",
             "--json"]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # As from a terminal: a test run started in the background by a non-interactive shell
+    # (`.ci/run &`) has SIGINT ignored, and its children would inherit that.
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 300
     while not data.done(out) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
     assert proc.poll() is None, "the sweep ended before it could be interrupted"
     proc.send_signal(signal.SIGINT)  # what Ctrl-C sends the foreground process
     stdout, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == 130, stderr
+    assert proc.returncode == 130, (stdout[-2000:], stderr[-2000:])
     assert "Traceback" not in stderr
     assert "the same command runs the rest" in stderr
     line = json.loads(stdout.strip().splitlines()[-1])
