@@ -40,11 +40,9 @@ def packed_tree(snapshot: Snapshot) -> bytes:
     """The snapshot's mount tree, packed (`fusefs.packedtree`) and checked whole: made once
     at capture, so a mount opens it instead of building a tree of 10,000+ Python objects
     (0.2-0.5 s of a first mount's CPU here). Owners are the mounting user's, set at open."""
-    from fusefs.packedtree import PackedTree, pack_tree
+    from fusefs.packedtree import pack_checked
 
-    data = pack_tree(snapshot_tree(snapshot))
-    PackedTree(data).check()
-    return data
+    return pack_checked(snapshot_tree(snapshot), f"packed tree of key {snapshot.key}")
 
 
 def open_tree(snapshot: Snapshot, packed: bytes | None, uid: int, gid: int) -> TreeView:

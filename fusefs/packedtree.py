@@ -168,6 +168,15 @@ def pack_tree(tree: Tree) -> bytes:
     return header + body
 
 
+def pack_checked(tree: Tree, name: str) -> bytes:
+    """`pack_tree`, then every node of what was packed checked (`PackedTree.check`): what a
+    publisher does before it names a packed tree (an image's at index, a snapshot's at
+    capture), so a fault shows there, not at a mount."""
+    data = pack_tree(tree)
+    PackedTree(data, name).check()
+    return data
+
+
 def _encode(name: str) -> bytes:
     return name.encode("utf-8", "surrogateescape")
 

@@ -68,7 +68,7 @@ from fusefs.image.gzindex import build_index
 from fusefs.image.layerindex import LayerIndex
 from fusefs.image.record import MAX_RECORD_BYTES, Record
 from fusefs.image.toc import LayerError
-from fusefs.packedtree import PackedTree, pack_tree
+from fusefs.packedtree import PackedTree, pack_checked
 from fusefs.tree import Layer, TreeError, build_tree
 from p2p.agentclient import AgentClient
 from p2p.content import DEFAULT_DIGEST, ContentId, Manifest, ManifestBuilder
@@ -211,13 +211,9 @@ async def _publish_tree(client: RegistryClient, tracker: TrackerClient,
                                                                  layer.digest)
         layers.append(Layer(layer.digest, index.entries(bound[layer.digest].layer)))
 
-    def packed() -> bytes:
-        data = pack_tree(build_tree(layers))
-        PackedTree(data, f"tree of {pulled.ref}").check()
-        return data
-
     try:
-        data = await asyncio.to_thread(packed)
+        data = await asyncio.to_thread(lambda: pack_checked(build_tree(layers),
+                                                            f"tree of {pulled.ref}"))
     except TreeError as exc:
         raise ImageError(f"image {pulled.ref}: {exc}") from None
     manifest = await publish_artifact(client, pulled.ref, tree_tag(pulled.digest), TREE_TYPE,

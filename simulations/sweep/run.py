@@ -166,22 +166,25 @@ def execute(loaded: Loaded, out: Path, client: Any, progress: Progress | None) -
         pending.add(future)
     if progress is not None:
         progress.start(len(todo))
-    with _ctrl_c() as stop:
-        while pending and not stop.is_set():
-            try:
-                done, pending = wait(pending, timeout=WAIT_STEP_S, return_when="FIRST_COMPLETED")
-            except TimeoutError:
-                continue
-            for future in done:
-                _collect(future, by_key[future.key], loaded, out, outcome)
-                future.release()
-                if progress is not None:
-                    progress.step(len(outcome.failed))
-        if pending:
-            outcome.interrupted = True
-            client.cancel(list(pending))
-    if progress is not None:
-        progress.end()
+    try:
+        with _ctrl_c() as stop:
+            while pending and not stop.is_set():
+                try:
+                    done, pending = wait(pending, timeout=WAIT_STEP_S,
+                                         return_when="FIRST_COMPLETED")
+                except TimeoutError:
+                    continue
+                for future in done:
+                    _collect(future, by_key[future.key], loaded, out, outcome)
+                    future.release()
+                    if progress is not None:
+                        progress.step(len(outcome.failed))
+            if pending:
+                outcome.interrupted = True
+                client.cancel(list(pending))
+    finally:  # the bar's line ends, even if a result could not be written
+        if progress is not None:
+            progress.end()
     return outcome
 
 
