@@ -1,5 +1,5 @@
 """Child processes, one way: a tool found on PATH (or the Debian package named that has
-it), a free port to give a child, a child's CPU seconds, and stopping a child in bounded
+it), a free port to give a child, a child's CPU seconds and age, and stopping a child in bounded
 time. Every command, test fixture and benchmark that starts or measures a process uses
 these, so a missing tool reads the same everywhere and no stop can hang.
 """
@@ -14,6 +14,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -59,6 +60,17 @@ def cpu_split(pid: int) -> tuple[float, float]:
         tick = os.sysconf("SC_CLK_TCK")
         return int(fields[11]) / tick, int(fields[12]) / tick
     return 0.0, 0.0
+
+
+def age_seconds(pid: int | None = None) -> float | None:
+    """Seconds since the process `pid` (this one by default) started, to the kernel's tick
+    (10 ms); None where /proc cannot say."""
+    with contextlib.suppress(OSError, IndexError, ValueError):
+        # Field 22 of /proc/PID/stat: the start, in ticks after boot (CLOCK_BOOTTIME).
+        stat = Path(f"/proc/{pid or os.getpid()}/stat").read_text()
+        started = int(stat.rpartition(")")[2].split()[19]) / os.sysconf("SC_CLK_TCK")
+        return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - started)
+    return None
 
 
 def cpu_seconds_of(pids: Iterable[int]) -> float:

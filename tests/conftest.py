@@ -23,7 +23,7 @@ FAST_MODULES = frozenset({
     "test_oci_core.py", "test_origin.py",
     "test_bytepath.py", "test_peer.py", "test_spool.py", "test_swarm.py", "test_swarm_lazy.py",
     "test_units.py",
-    "test_upload_gate.py", "test_wire.py",
+    "test_upload_gate.py", "test_wire.py", "test_process.py",
     "test_tracker_batched.py",
     "test_fusefs_tree.py", "test_packed_tree.py", "test_image_record.py", "test_launch_plan.py",
     "test_depsnap_core.py", "test_depsnap_source.py",

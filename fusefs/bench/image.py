@@ -48,6 +48,11 @@ fresh agent, an empty store, a new scratch directory):
   decoded copy; `copy_misses`: such files, big enough for a copy, opened
   before their spans were decoded, so served by the handler; `plain_opens`).
 
+Each launch's `*_timeline` is `image run --json`'s own: its clock starts once the
+process has started Python, imported its modules and read its arguments (`startup_s`,
+from the process's start time in /proc) and ends before the process exits
+(`exit_s`, added here: what is left of this bench's clock of the launch).
+
 The JSON line also gives `image_bytes` (compressed layers), `hot_bytes` (the
 record's chunks), `startup_fetched_bytes` (layer bytes B received during its
 launch, from peers and from the registry), the registry's own egress per
@@ -268,6 +273,8 @@ async def _launch(cluster: Any, agent: Any, ref: str, argv: list[str], runtime: 
     seconds = round(time.monotonic() - started, 3)
     timeline = json.loads(out.splitlines()[-1])
     _check_status(timeline["exit_status"], f"the launch on {agent.child.name}")
+    if timeline.get("startup_s") is not None:  # the rest of this clock: the process's end
+        timeline["exit_s"] = round(seconds - timeline["startup_s"] - timeline["seconds"], 3)
     return seconds, timeline
 
 

@@ -42,6 +42,7 @@ from fusefs.tree import Layer, TreeView, build_tree
 from p2p.agentclient import AgentClient
 from p2p.origin.oci import RegistryClient, RegistryError
 from p2p.origin.oci_ref import ImageRef
+from p2p.process import age_seconds
 from p2p.progress import totals
 from p2p.tracker_client import TrackerClient
 
@@ -199,14 +200,16 @@ def launch(opts: MountOptions, secret: bytes, ref: ImageRef, argv: list[str] | N
     """`bootseer image run`: mount the image (a forked serving process), run `argv` (or the
     image's own command) in it, stop the mount (which writes the record); (exit status,
     timeline). Call from a process with no event loop and no threads yet: it forks."""
-    started = time.monotonic()
+    started, startup = time.monotonic(), age_seconds()
     scratch = Path(tempfile.mkdtemp(prefix="bootseer-run-"))
     opts = replace(opts, mountpoint=scratch / "rootfs")
     opts.mountpoint.mkdir()
     mount = ForkedMount.start(lambda ready: serve_image(opts, secret, ref, ready),
                               opts.mountpoint, scratch / "mount.log", expected)
     try:
-        return asyncio.run(_run(mount, argv, runtime, started, opts))
+        status, timeline = asyncio.run(_run(mount, argv, runtime, started, opts))
+        # Before the clock: the interpreter's start, imports and arguments (benchmarks/RESULTS.md).
+        return status, {**timeline, "startup_s": None if startup is None else round(startup, 3)}
     finally:
         if not is_mounted(opts.mountpoint):
             shutil.rmtree(scratch, ignore_errors=True)
