@@ -35,7 +35,6 @@ import fcntl
 import json
 import logging
 import os
-import signal
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
@@ -44,6 +43,7 @@ from typing import Any, Protocol
 
 from fusefs import protocol as P
 from fusefs.kernelmount import PassthroughUnavailable, mount_device, unmount
+from fusefs.mountstop import stopped_by
 from fusefs.source import Source, SourceError
 from fusefs.tree import Extent, Kind, Node, TreeError, TreeView
 
@@ -63,6 +63,11 @@ class Backing(Protocol):
     @property
     def built(self) -> int:
         """Backing files this process wrote."""
+
+    @property
+    def checked(self) -> int:
+        """Backing files this mount hashed at an open (files the process's memory of
+        checked stats did not vouch for: `fusefs.backing.CheckedFiles`)."""
 
     async def open(self, extent: Extent) -> int | None:
         """An fd of a checked backing file holding exactly `extent`'s bytes, for the caller
@@ -143,7 +148,7 @@ class KernelFS:
             self._close_backing()
 
     def stop(self) -> None:
-        """Unmount (lazily if files are open) and stop serving: SIGTERM's handler. Requests
+        """Unmount (lazily if files are open) and stop serving: the mount's stop. Requests
         still in the kernel fail with ENOTCONN once the device is closed."""
         unmount(self.path)
         if self._done is not None and not self._done.done():
@@ -421,7 +426,8 @@ def _sized(value: bytes, size: int) -> bytes:
 async def serve_kernel(tree: TreeView, source: Source, backing: Backing | None, path: str,
                        read_ahead_kb: int, allow_other: bool,
                        on_ready: Callable[[dict[str, Any]], None] | None) -> None:
-    """Mount at `path`, serve until SIGTERM/SIGINT or unmount, then unmount and close
+    """Mount at `path`, serve until stopped (`fusefs.mountstop.stopped_by`: SIGTERM/SIGINT, or
+    the mount server's stop of this mount) or unmounted, then unmount and close
     `source`. With a `backing`, files it has are read by passthrough; without one, the
     mount asks for no-open (every read through the handler, no OPEN or RELEASE round
     trips). PassthroughUnavailable, with nothing mounted and `source` still open, if
@@ -431,7 +437,6 @@ async def serve_kernel(tree: TreeView, source: Source, backing: Backing | None, 
 
     fd = mount_device(path, allow_other)
     fs = KernelFS(tree, source, backing, fd, path)
-    loop = asyncio.get_running_loop()
     refused: list[str] = []
 
     def initialised() -> None:
@@ -443,13 +448,10 @@ async def serve_kernel(tree: TreeView, source: Source, backing: Backing | None, 
                       "server": "kernel", "passthrough": fs.passthrough,
                       "no_open": fs.no_open})
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, fs.stop)
     try:
-        await fs.serve(initialised)
+        with stopped_by(fs.stop):
+            await fs.serve(initialised)
     finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
         unmount(path)
         os.close(fd)
         if not refused:
@@ -457,6 +459,7 @@ async def serve_kernel(tree: TreeView, source: Source, backing: Backing | None, 
     if refused:
         raise PassthroughUnavailable(refused[0])
     log.info("unmounted %s: %d passthrough opens, %d handler opens, %d handler reads of %d "
-             "bytes, %d failed, %d whole files built; requests %s", path,
-             fs.passthrough_opens, fs.handler_opens, fs.reads, fs.read_bytes, fs.failed_reads,
-             0 if backing is None else backing.built, json.dumps(fs.account()))
+             "bytes, %d failed, %d whole files built, %d backing files checked; requests %s",
+             path, fs.passthrough_opens, fs.handler_opens, fs.reads, fs.read_bytes,
+             fs.failed_reads, 0 if backing is None else backing.built,
+             0 if backing is None else backing.checked, json.dumps(fs.account()))

@@ -1,17 +1,21 @@
-"""The mount server (`bootseer fs server`): serving processes forked from a started one.
+"""The mount server (`bootseer fs server`): mounts served by one process, or forked.
 
-A real server process on a unix socket, real `fusefs mount` serving processes
-over a real agent, and a real FUSE mount read from this process. What is
-proved:
+A real server process on a unix socket, real serving commands over a real
+agent, real FUSE mounts read by other processes (`sha256sum`). What is proved:
 
 - with BOOTSEER_MOUNT_SERVER set, `start_detached` (every `mount` command)
-  gets its serving process from the server (its parent is the server), with
-  the caller's stdout and stderr: the mount serves the tree's bytes, and a
-  serving command that fails reports its own error through the log it was
-  given;
-- mounts outlive the server; the server removes its socket when it stops;
-  a socket nobody answers on makes `start_detached` say so and start the
-  process itself;
+  gets a kernel-protocol mount served by the server's host: two mounts, one
+  serving process; each has a handle process of its own, and SIGTERM to one
+  handle stops that mount only; the host hashes a backing file once for both
+  mounts of it (its own account in each mount's log); SIGTERM to the server
+  unmounts every hosted mount and ends their handles;
+- a host killed (SIGKILL) leaves no mount behind (the handles unmount them)
+  and the next mount gets a new host;
+- a pyfuse3 mount (--no-passthrough) is forked by the server, with the
+  caller's stdout and stderr, and outlives it; a serving command that fails
+  reports its own error through the log it was given; the server removes its
+  socket when it stops; a socket nobody answers on makes `start_detached` say
+  so and start the process itself;
 - the server runs serving commands only, refuses malformed requests and goes
   on serving, listens at mode 0600, and will not start over a live server.
 
@@ -22,24 +26,28 @@ package to install; it does not skip them.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import signal
 import socket
 import stat
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from fusefs.mount import MountError, start_detached
+from fusefs.backing import WholeFiles
+from fusefs.bench.readpath import account
+from fusefs.mount import LOG_DIR_ENV, MountError, start_detached
 from fusefs.mountinfo import is_mounted
-from fusefs.server import SERVER_ENV, ServerRefused, fork_serving
+from fusefs.request import SERVER_ENV, ServerRefused, fork_serving
 from fusefs.tree import Entry, Extent, Kind, Layer, build_tree
 from p2p.testing.localcluster import LocalCluster, write_random_file
 from p2p.units import MiB
+from tests.helpers.waiting import until
 
 pytestmark = pytest.mark.usefixtures("fuse_ready")
 SIZE = 3 * MiB + 5
@@ -47,8 +55,9 @@ BOUND_S = 30.0
 
 
 class Server:
-    def __init__(self, proc: asyncio.subprocess.Process, socket_path: Path) -> None:
-        self.proc, self.socket = proc, socket_path
+    def __init__(self, proc: asyncio.subprocess.Process, socket_path: Path,
+                 host_pid: int | None) -> None:
+        self.proc, self.socket, self.host_pid = proc, socket_path, host_pid
 
     async def stop(self) -> int:
         if self.proc.returncode is None:
@@ -59,11 +68,12 @@ class Server:
 async def start_server(socket_path: Path, env: dict[str, str] | None = None) -> Server:
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "fusefs", "server", "--socket", str(socket_path),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env)
+        stdout=asyncio.subprocess.PIPE, env=env)
     assert proc.stdout is not None
     line = await asyncio.wait_for(proc.stdout.readline(), BOUND_S)
-    assert json.loads(line)["event"] == "serving", line
-    return Server(proc, socket_path)
+    serving = json.loads(line)
+    assert serving["event"] == "serving", line
+    return Server(proc, socket_path, serving["host_pid"])
 
 
 @pytest.fixture
@@ -79,68 +89,170 @@ def parent_of(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
+def alive(pid: int) -> bool:
+    return Path(f"/proc/{pid}").exists()
+
+
+async def gone(pid: int, what: str) -> None:
+    async def ended() -> bool:
+        return not alive(pid)
+    await until(ended, what, BOUND_S)
+
+
+async def unmounted(where: Path, what: str) -> None:
+    async def done() -> bool:
+        return not is_mounted(where)
+    await until(done, what, BOUND_S)
+
+
 async def stop_mount(pid: int, mountpoint: Path) -> None:
     os.kill(pid, signal.SIGTERM)
-    for _ in range(int(BOUND_S / 0.05)):
-        if not is_mounted(mountpoint):
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"{mountpoint} still mounted {BOUND_S} s after SIGTERM")
+    await unmounted(mountpoint, f"{mountpoint} unmounted after SIGTERM")
 
 
-async def test_mounts_come_from_the_server_and_outlive_it(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
-        ) -> None:
-    cluster = LocalCluster(tmp_path / "cluster")
-    mounts: list[tuple[int, Path]] = []
-    try:
-        origin = tmp_path / "origin"
+async def sha256_by_another_process(path: Path) -> str:
+    proc = await asyncio.create_subprocess_exec("sha256sum", str(path),
+                                                stdout=asyncio.subprocess.PIPE)
+    out, _ = await asyncio.wait_for(proc.communicate(), BOUND_S)
+    assert proc.returncode == 0
+    return out.split()[0].decode()
+
+
+class Node:
+    """An agent holding one published file whole (its chunks and its backing file), a
+    tree file of it, and the mounts made through `mount` (stopped at the end)."""
+
+    def __init__(self, tmp_path: Path, cluster: LocalCluster) -> None:
+        self.tmp_path, self.cluster = tmp_path, cluster
+        self.mounts: list[tuple[int, Path]] = []
+
+    async def start(self) -> None:
+        origin = self.tmp_path / "origin"
         await asyncio.to_thread(write_random_file, origin / "layer.bin", SIZE, 7)
-        await cluster.start_tracker()
-        await cluster.start_origin(origin)
-        agent = await cluster.start_agent(0, "rack0")
-        layer = await cluster.publish(origin / "layer.bin", MiB)
-        tree = build_tree([Layer("layer", [Entry("data/f.bin", Kind.FILE, size=SIZE, extents=(
-            Extent(layer.content_id, 0, SIZE),))])])
-        (tmp_path / "tree.json").write_bytes(tree.to_json())
-        for key, value in cluster.env.items():
+        self.data = (origin / "layer.bin").read_bytes()
+        await self.cluster.start_tracker()
+        await self.cluster.start_origin(origin)
+        self.agent = await self.cluster.start_agent(0, "rack0")
+        manifest = await self.cluster.publish(origin / "layer.bin", MiB)
+        async with self.agent.client(BOUND_S) as client:
+            await client.ensure(manifest.content_id)
+        assert await asyncio.to_thread(WholeFiles(self.agent.store_dir).build, manifest)
+        tree = build_tree([Layer("layer", [Entry("data/f.bin", Kind.FILE, size=SIZE,
+                                                 extents=(Extent(manifest.content_id, 0,
+                                                                 SIZE),))])])
+        (self.tmp_path / "tree.json").write_bytes(tree.to_json())
+
+    def mount(self, name: str, *flags: str, tree_file: Path | None = None) -> dict[str, Any]:
+        where = self.tmp_path / name
+        where.mkdir()
+        argv = [sys.executable, "-m", "fusefs", "mount",
+                str(tree_file or self.tmp_path / "tree.json"), str(where),
+                "--api-socket", self.agent.api_socket, "--store-dir",
+                str(self.agent.store_dir), *flags]
+        ready = start_detached(argv, self.tmp_path / f"{name}.log", BOUND_S)
+        self.mounts.append((ready["pid"], where))
+        return ready
+
+    async def stop(self) -> None:
+        for pid, where in self.mounts:
+            if is_mounted(where):
+                await stop_mount(pid, where)
+        await self.cluster.stop()
+
+
+@pytest.fixture
+async def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Node]:
+    n = Node(tmp_path, LocalCluster(tmp_path / "cluster"))
+    try:
+        await n.start()
+        for key, value in n.cluster.env.items():
             monkeypatch.setenv(key, value)
-        server = await start_server(tmp_path / "mount.sock")
+        monkeypatch.setenv(LOG_DIR_ENV, str(tmp_path))  # the logs stay: their accounts
+        yield n
+    finally:
+        await n.stop()
+
+
+async def test_two_mounts_one_process_one_check_and_a_stop_each(
+        tmp_path: Path, node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
+    server = await start_server(tmp_path / "mount.sock")
+    try:
+        assert server.host_pid is not None and parent_of(server.host_pid) == server.proc.pid
         monkeypatch.setenv(SERVER_ENV, str(server.socket))
+        want = hashlib.sha256(node.data).hexdigest()
+        first = await asyncio.to_thread(node.mount, "a")
+        assert await sha256_by_another_process(tmp_path / "a/data/f.bin") == want
+        second = await asyncio.to_thread(node.mount, "b")
+        assert await sha256_by_another_process(tmp_path / "b/data/f.bin") == want
 
-        def mount(name: str, tree_file: Path) -> dict[str, Any]:
-            where = tmp_path / name
-            where.mkdir()
-            argv = [sys.executable, "-m", "fusefs", "mount", str(tree_file), str(where),
-                    "--api-socket", agent.api_socket, "--store-dir", str(agent.store_dir)]
-            ready = start_detached(argv, tmp_path / f"{name}.log", BOUND_S)
-            mounts.append((ready["pid"], where))
-            return ready
+        # One serving process, the server's host; a handle each, from the server.
+        assert first["server_pid"] == second["server_pid"] == server.host_pid
+        assert first["pid"] != second["pid"]
+        assert {parent_of(first["pid"]), parent_of(second["pid"])} == {server.proc.pid}
+        assert first["passthrough"] and second["passthrough"]
 
-        ready = await asyncio.to_thread(mount, "mnt", tmp_path / "tree.json")
-        assert parent_of(ready["pid"]) == server.proc.pid
-        want = (origin / "layer.bin").read_bytes()
-        assert await asyncio.to_thread((tmp_path / "mnt/data/f.bin").read_bytes) == want
+        # SIGTERM to a handle stops its mount only; the handle ends, status 0.
+        os.kill(first["pid"], signal.SIGTERM)
+        await unmounted(tmp_path / "a", "the first mount unmounted by its handle's SIGTERM")
+        await gone(first["pid"], "the first mount's handle exits")
+        assert is_mounted(tmp_path / "b") and alive(server.host_pid)
+        assert await sha256_by_another_process(tmp_path / "b/data/f.bin") == want
+
+        # The server's stop unmounts every hosted mount and ends the handles and the host.
+        assert await server.stop() == 0
+        assert not is_mounted(tmp_path / "b") and not server.socket.exists()
+        await gone(second["pid"], "the second mount's handle exits with the server")
+        await gone(server.host_pid, "the host exits with the server")
+    finally:
+        await server.stop()
+    # By each mount's own account: both read by passthrough; the file hashed once.
+    a, b = account(tmp_path / "a.log"), account(tmp_path / "b.log")
+    assert a is not None and b is not None, (tmp_path / "b.log").read_text()
+    assert a["passthrough_opens"] >= 1 and b["passthrough_opens"] >= 1
+    assert a["handler_reads"] == b["handler_reads"] == 0
+    assert (a["backing_checked"], b["backing_checked"]) == (1, 0)
+
+
+async def test_a_killed_host_leaves_no_mount_and_the_next_mount_gets_another(
+        tmp_path: Path, node: Node, server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(SERVER_ENV, str(server.socket))
+    mounts = [await asyncio.to_thread(node.mount, name) for name in ("a", "b")]
+    assert server.host_pid is not None
+    os.kill(server.host_pid, signal.SIGKILL)
+    for ready, name in zip(mounts, ("a", "b"), strict=True):
+        await unmounted(tmp_path / name, f"mount {name} unmounted by its handle")
+        await gone(ready["pid"], f"mount {name}'s handle exits")
+    again = await asyncio.to_thread(node.mount, "c")
+    assert again["server_pid"] not in (server.host_pid, None)
+    assert parent_of(again["server_pid"]) == server.proc.pid
+    assert (await asyncio.to_thread((tmp_path / "c/data/f.bin").read_bytes)) == node.data
+
+
+async def test_pyfuse3_mounts_are_forked_and_outlive_the_server(
+        tmp_path: Path, node: Node, monkeypatch: pytest.MonkeyPatch,
+        capfd: pytest.CaptureFixture[str]) -> None:
+    server = await start_server(tmp_path / "mount.sock")
+    monkeypatch.setenv(SERVER_ENV, str(server.socket))
+    mount: Callable[..., dict[str, Any]] = node.mount
+    try:
+        ready = await asyncio.to_thread(mount, "mnt", "--no-passthrough")
+        assert parent_of(ready["pid"]) == server.proc.pid and "server_pid" not in ready
+        assert await asyncio.to_thread((tmp_path / "mnt/data/f.bin").read_bytes) == node.data
 
         # A serving command that fails: its own message, through the log it was given.
         with pytest.raises(MountError, match="cannot read the tree file"):
-            await asyncio.to_thread(mount, "bad", tmp_path / "no-such-tree.json")
-
-        assert await server.stop() == 0
-        assert not server.socket.exists()
-        assert await asyncio.to_thread((tmp_path / "mnt/data/f.bin").read_bytes) == want
-
-        # The socket is gone: the next mount says so and starts its process here.
-        capfd.readouterr()
-        ready = await asyncio.to_thread(mount, "mnt2", tmp_path / "tree.json")
-        assert "starting the mount process here" in capfd.readouterr().err
-        assert parent_of(ready["pid"]) == os.getpid()
-        assert await asyncio.to_thread((tmp_path / "mnt2/data/f.bin").read_bytes) == want
+            await asyncio.to_thread(mount, "bad", tree_file=tmp_path / "no-such-tree.json")
     finally:
-        for pid, where in mounts:
-            if is_mounted(where):
-                await stop_mount(pid, where)
-        await cluster.stop()
+        assert await server.stop() == 0
+    assert not server.socket.exists()
+    assert await asyncio.to_thread((tmp_path / "mnt/data/f.bin").read_bytes) == node.data
+
+    # The socket is gone: the next mount says so and starts its process here.
+    capfd.readouterr()
+    ready = await asyncio.to_thread(mount, "mnt2")
+    assert "starting the mount process here" in capfd.readouterr().err
+    assert parent_of(ready["pid"]) == os.getpid()
+    assert await asyncio.to_thread((tmp_path / "mnt2/data/f.bin").read_bytes) == node.data
 
 
 async def test_the_server_runs_serving_commands_only(server: Server) -> None:
