@@ -26,7 +26,10 @@ import select
 import signal
 import socket
 import sys
+from dataclasses import dataclass
 from typing import Any, NoReturn
+
+from fusefs.kernelmount import unmount
 
 log = logging.getLogger(__name__)
 
@@ -35,13 +38,33 @@ STOP_TIMEOUT_S = 30.0  # SIGTERM to the host, then SIGKILL: its mounts unmount m
 MAX_MESSAGE_BYTES = 1 << 16
 
 
+@dataclass
+class _Kept:
+    """What the server keeps of a hosted mount to have it served again: the request, the
+    mount's log, the host's end of the handle's socket, and once INIT is answered, the
+    device, its journal and what INIT settled (`fusefs.kept`)."""
+
+    request: dict[str, Any]
+    log_fd: int
+    handle_fd: int
+    device: tuple[int, int] | None = None
+    state: dict[str, Any] | None = None
+
+    def close(self) -> None:
+        for fd in (self.log_fd, self.handle_fd, *(self.device or ())):
+            os.close(fd)
+
+
 class HostLink:
-    """The server's link to its host: start, forward requests, stop."""
+    """The server's link to its host: start, forward requests, keep the hosted mounts'
+    devices, serve them again from a new host if the host dies, stop."""
 
     def __init__(self, listener: socket.socket) -> None:
         self.listener = listener  # not the host's or a handle's business: closed in them
         self.pid: int | None = None
         self.channel: socket.socket | None = None
+        self.kept: dict[int, _Kept] = {}
+        self._next_id = 0
 
     def start(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -58,23 +81,32 @@ class HostLink:
         log.info("mounts that the kernel protocol serves are served by pid %d", pid)
 
     def sockets(self) -> tuple[socket.socket, ...]:
-        """What a forked child must close."""
+        """What a forked child must close (and the kept descriptors: `kept_fds`)."""
         return (self.channel,) if self.channel is not None else ()
+
+    def kept_fds(self) -> list[int]:
+        return [fd for k in self.kept.values()
+                for fd in (k.log_fd, k.handle_fd, *(k.device or ()))]
 
     def take(self, request: bytes, fds: list[int], conn: socket.socket) -> int | None:
         """Hand the request (its stdout and stderr: `fds`) to the host; the pid of the
         mount's handle if the host serves it, None if it leaves it to a process of its
         own."""
         mine, its = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._next_id += 1
+        ident = self._next_id
+        kept = _Kept(json.loads(request), os.dup(fds[1]), os.dup(its.fileno()))
         try:
-            answer = self._ask(request, [*fds, its.fileno()])
+            answer = self._ask({"id": ident, "request": kept.request}, [*fds, its.fileno()])
         finally:
             its.close()
         if not answer.get("ok"):
             mine.close()
+            kept.close()
             log.info("the host leaves a mount to a process of its own: %s",
                      answer.get("fork"))
             return None
+        self.kept[ident] = kept
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
@@ -85,46 +117,103 @@ class HostLink:
         mine.close()
         return pid
 
-    def _ask(self, request: bytes, fds: list[int]) -> dict[str, Any]:
-        for attempt in (1, 2):
-            try:
-                assert self.channel is not None
-                socket.send_fds(self.channel, [request], fds)
-                reply = self.channel.recv(MAX_MESSAGE_BYTES)
-                if reply:
-                    answer: dict[str, Any] = json.loads(reply)
-                    return answer
-            except (OSError, ValueError) as exc:
-                log.warning("the host (pid %s) did not answer: %s", self.pid, exc)
-            if attempt == 1:
-                log.warning("the host (pid %s) is gone; starting another", self.pid)
-                self.stop()
-                self.start()
-        return {"fork": "the host does not answer"}
+    def _ask(self, message: dict[str, Any], fds: list[int]) -> dict[str, Any]:
+        """Send a request and wait for its answer; a host that does not answer is
+        replaced, and the request sent again, once."""
+        answer = self._ask_once(message, fds)
+        if not answer:
+            self.replace()
+            answer = self._ask_once(message, fds)
+        return answer or {"fork": "the host does not answer"}
 
-    def stop(self) -> None:
-        """SIGTERM to the host (it unmounts its mounts), a bounded wait, SIGKILL."""
+    def readable(self) -> None:
+        """The host has said something (the server's loop saw its channel readable)."""
+        try:
+            if self._receive() is None:
+                self.replace()
+        except (OSError, ValueError) as exc:
+            log.warning("the host (pid %s) failed: %s", self.pid, exc)
+            self.replace()
+
+    def _receive(self) -> dict[str, Any] | None:
+        """One message from the host, "keep" and "gone" taken care of; None at its end."""
+        assert self.channel is not None
+        data, fds, _, _ = socket.recv_fds(self.channel, MAX_MESSAGE_BYTES, 2)
+        if not data:
+            return None
+        message: dict[str, Any] = json.loads(data)
+        kept = self.kept.get(message.get("keep", message.get("gone", -1)))
+        if "keep" in message and kept is not None and len(fds) == 2:
+            kept.device, kept.state = (fds[0], fds[1]), dict(message["state"])
+            fds = []
+        elif "gone" in message and kept is not None:
+            self.kept.pop(message["gone"]).close()
+        for fd in fds:
+            os.close(fd)
+        return message
+
+    def replace(self) -> None:
+        """The host died: start another, and have it serve again every mount whose device
+        is kept (readers of those mounts waited meanwhile); the others are gone."""
+        log.warning("the host (pid %s) is gone; starting another", self.pid)
+        self.stop(keep=True)
+        self.start()
+        for ident, kept in list(self.kept.items()):
+            answer: dict[str, Any] = {}
+            if kept.device is not None:
+                message = {"id": ident, "request": kept.request, "resume": kept.state}
+                answer = self._ask_once(message, [kept.log_fd, kept.handle_fd, *kept.device])
+            if not answer.get("ok"):
+                log.warning("mount %d is not served again: %s", ident,
+                            answer.get("fork", "its host died before it served"))
+                if kept.state is not None:
+                    unmount(str(kept.state.get("mountpoint", "")))
+                self.kept.pop(ident).close()
+
+    def _ask_once(self, message: dict[str, Any], fds: list[int]) -> dict[str, Any]:
+        """The host's answer to the request, its other messages taken on the way ({}: the
+        host did not answer)."""
+        try:
+            assert self.channel is not None
+            socket.send_fds(self.channel, [json.dumps(message).encode()], fds)
+            while (got := self._receive()) is not None:
+                if "answer" in got:
+                    return dict(got["answer"])
+        except (OSError, ValueError) as exc:
+            log.warning("the host (pid %s) did not answer: %s", self.pid, exc)
+        return {}
+
+    def stop(self, keep: bool = False) -> None:
+        """SIGTERM to the host (it unmounts its mounts), a bounded wait, SIGKILL; then,
+        unless `keep`, the kept descriptors are closed."""
         if self.channel is not None:
             self.channel.close()
             self.channel = None
-        if self.pid is None:
-            return
-        pid, self.pid = self.pid, None
-        try:
-            pidfd = os.pidfd_open(pid)
-        except ProcessLookupError:
-            return
-        try:
+        if self.pid is not None:
+            _end(self.pid)
+            self.pid = None
+        if not keep:
+            for kept in self.kept.values():
+                kept.close()
+            self.kept.clear()
+
+
+def _end(pid: int) -> None:
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        ended, _, _ = select.select([pidfd], [], [], STOP_TIMEOUT_S)
+        if not ended:
+            log.warning("the host (pid %d) did not end in %g s; killing it", pid,
+                        STOP_TIMEOUT_S)
             with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
-            ended, _, _ = select.select([pidfd], [], [], STOP_TIMEOUT_S)
-            if not ended:
-                log.warning("the host (pid %d) did not end in %g s; killing it", pid,
-                            STOP_TIMEOUT_S)
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-        finally:
-            os.close(pidfd)
+                os.kill(pid, signal.SIGKILL)
+    finally:
+        os.close(pidfd)
 
 
 def _host_child(channel: socket.socket) -> NoReturn:

@@ -30,14 +30,22 @@ host's.
 
 The handle. Callers stop a mount by SIGTERM to the pid `start_detached`
 returned, and wait for that pid to end; so each mount here keeps a process:
-its handle (`fusefs.server.run_handle`), forked by the server, which holds
+its handle (`fusefs.hostlink.run_handle`), forked by the server, which holds
 one end of a socket pair and nothing else. SIGTERM or SIGINT to the handle
 sends "stop", and the host stops that mount only (`fusefs.mountstop.stopped_by`:
 unmount, the task ends); the host says "ended" with the mount's status when
 its task ends, however it ends, and the handle exits with that status. A
-handle that dies (SIGKILL) stops its mount too. If the host dies, its
-/dev/fuse descriptors close: the kernel fails the mounts' requests
-(ENOTCONN), and each handle unmounts its mount point (lazily) and exits 1.
+handle that dies (SIGKILL) stops its mount too.
+
+Its death. Once a new mount's INIT is answered, the host hands the server a
+copy of its /dev/fuse descriptor and of its open-files journal to keep
+(`fusefs.kept`); the server also keeps the mount's log and the host's end of
+the handle's socket. If the host dies, the mounts stay (the server holds
+their descriptors), their readers wait, and the server starts a new host and
+sends it each kept mount as a resumed request: the same command line, with
+the log, the handle's socket, the device and the journal. The new host builds
+the same tree and serves it on that device (no "mounted" line: its caller is
+gone). A mount that cannot be served again is unmounted.
 
 SIGTERM to the host stops every mount and ends it once they are unmounted;
 so does the end of its socket to the server, once its mounts are stopped.
@@ -60,6 +68,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from fusefs.kept import KeptDevice, OpenJournal
+from fusefs.kernelmount import unmount
 from fusefs.mount import LOG_FORMAT, Serving, drop_private_log
 from fusefs.mountstop import mount_server
 from fusefs.request import Request, ServerRefused
@@ -80,15 +90,19 @@ class NotHere(Exception):
 
 @dataclass(eq=False)
 class Hosted:
-    """One mount served by the host: its descriptors, its stop, its task."""
+    """One mount served by the host: its descriptors, its stop, its task, its device
+    (`fusefs.mountstop.MountServer`)."""
 
+    ident: int  # the server's name for it
     command: str
     serving: Serving
     env: dict[str, str]
     level: int
-    stdout: int
+    stdout: int  # -1: none (served again after its host died: its caller is gone)
     log_file: TextIO
     handle: socket.socket
+    keeper: Callable[[Hosted, KeptDevice], None]
+    device: KeptDevice | None = None  # kept from a host that died, until `kept`
     task: asyncio.Task[None] | None = None
     stop_requested: bool = False
     _stops: list[Callable[[], None]] = field(default_factory=list)
@@ -103,6 +117,13 @@ class Hosted:
             yield
         finally:
             self._stops.remove(stop)
+
+    def kept(self) -> KeptDevice | None:
+        device, self.device = self.device, None
+        return device
+
+    def keep(self, device: KeptDevice) -> None:
+        self.keeper(self, device)
 
     def stop(self) -> None:
         """Stop serving: unmount if it serves, else cancel what is on its way there."""
@@ -119,12 +140,18 @@ class Hosted:
         """The "mounted" line on the command's stdout (then closed), and the mount point
         to the handle (which unmounts it should this process die)."""
         line = json.dumps({"event": "mounted", **info, "server_pid": os.getpid()}) + "\n"
-        with contextlib.suppress(OSError):
-            os.write(self.stdout, line.encode())
-        self._close_stdout()
+        if self.stdout >= 0:
+            with contextlib.suppress(OSError):
+                os.write(self.stdout, line.encode())
+            self._close_stdout()
         self._tell({"mounted": info.get("mountpoint")})
 
     def end(self, status: int) -> None:
+        if self.device is not None:  # kept, but not served again: nothing will serve it
+            unmount(str(self.device.state.get("mountpoint", "")))
+            os.close(self.device.fd)
+            self.device.journal.close()
+            self.device = None
         self._tell({"ended": status})
         self._close_stdout()
         with contextlib.suppress(OSError):
@@ -208,7 +235,7 @@ class Host:
 
     def _receive(self) -> None:
         try:
-            data, fds, _, _ = socket.recv_fds(self.channel, MAX_MESSAGE_BYTES, 3)
+            data, fds, _, _ = socket.recv_fds(self.channel, MAX_MESSAGE_BYTES, 4)
         except BlockingIOError:
             return
         except OSError as exc:
@@ -224,18 +251,26 @@ class Host:
             for fd in fds:
                 os.close(fd)
             answer = {"fork": str(exc)}
+        self._tell_server({"answer": answer})
+
+    def _tell_server(self, message: dict[str, Any], fds: tuple[int, ...] = ()) -> None:
         with contextlib.suppress(OSError):
-            self.channel.send(json.dumps(answer).encode())
+            socket.send_fds(self.channel, [json.dumps(message).encode()], list(fds))
 
     def _take(self, data: bytes, fds: list[int]) -> dict[str, Any]:
-        if len(fds) != 3:
-            raise NotHere("a request for the host carries three descriptors")
+        """Serve the request in `data`: {"id", "request"} with the command's stdout and
+        stderr and the handle's socket, or {"id", "request", "resume": state} with the
+        log, the handle's socket, the device and its journal (`fusefs.kept`)."""
+        try:
+            message = json.loads(data)
+            request = Request.parse(json.dumps(message["request"]).encode())
+            ident, resume = int(message["id"]), message.get("resume")
+        except (ValueError, KeyError, TypeError, ServerRefused) as exc:
+            raise NotHere(f"a malformed request for the host: {exc}") from None
+        if len(fds) != (4 if resume is not None else 3):
+            raise NotHere("a request for the host without its descriptors")
         if self._closing:
             raise NotHere("the host is stopping")
-        try:
-            request = Request.parse(data)
-        except ServerRefused as exc:
-            raise NotHere(str(exc)) from None
         command = COMMANDS.get(request.module)
         if command is None:
             raise NotHere(f"{request.module} has no serving command")
@@ -249,17 +284,27 @@ class Host:
         except UserError as exc:  # the mount's own failure, as its process would say it
             serving, failure = _NOTHING, f"bootseer {command}: {exc}"
         # From here on the descriptors are the mount's.
-        stdout, stderr, handle = fds
-        hosted = Hosted(command, serving, request.env,
+        device = None
+        if resume is not None:
+            stdout, (stderr, handle, fd, journal) = -1, fds
+            device = KeptDevice(fd, OpenJournal(journal), dict(resume))
+        else:
+            stdout, stderr, handle = fds
+        hosted = Hosted(ident, command, serving, request.env,
                         logging.getLevelName(getattr(args, "log_level", "WARNING")), stdout,
                         open(stderr, "a", encoding="utf-8", errors="replace"),  # noqa: SIM115
-                        socket.socket(fileno=handle))
+                        socket.socket(fileno=handle), self._keep, device)
         if failure is not None:
             print(failure, file=hosted.log_file, flush=True)
             hosted.end(2)
         else:
             self._start(hosted)
         return {"ok": True}
+
+    def _keep(self, hosted: Hosted, device: KeptDevice) -> None:
+        """Hand the server the mount's device and journal to keep (`fusefs.kept`)."""
+        self._tell_server({"keep": hosted.ident, "state": device.state},
+                          (device.fd, device.journal.fd))
 
     def _start(self, hosted: Hosted) -> None:
         loop = asyncio.get_running_loop()
@@ -285,6 +330,9 @@ class Host:
 
     async def _serve(self, hosted: Hosted) -> None:
         status = 1
+        if hosted.device is not None:
+            log.warning("serving %s again, on the device its dead host served (pid %d now)",
+                        hosted.device.state.get("mountpoint"), os.getpid())
         try:
             result = await hosted.serving.serve(hosted.ready)
             hosted.serving.finish(result)
@@ -297,6 +345,7 @@ class Host:
         except Exception:  # a bug in one mount: its traceback in its log, the rest serve on
             log.exception("the mount ended with an error")
         finally:
+            self._tell_server({"gone": hosted.ident})
             if status == 0:
                 drop_private_log(hosted.env)
             with contextlib.suppress(ValueError, OSError):

@@ -15,7 +15,10 @@ import contextlib
 import contextvars
 import signal
 from collections.abc import Callable, Iterator
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from fusefs.kept import KeptDevice
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -25,6 +28,12 @@ class MountServer(Protocol):
 
     def stopping(self, stop: Callable[[], None]) -> contextlib.AbstractContextManager[None]:
         """While in this context, `stop()` is how the server ends this mount."""
+
+    def kept(self) -> KeptDevice | None:
+        """The device of this mount, kept from a host that died (None: a new mount)."""
+
+    def keep(self, device: KeptDevice) -> None:
+        """Keep the device of this new mount, once INIT is answered (`fusefs.kept`)."""
 
 
 mount_server: contextvars.ContextVar[MountServer | None] = contextvars.ContextVar(

@@ -34,8 +34,10 @@ from the server that stands for the mount: SIGTERM to it stops that mount
 only, and it exits with the mount's status once unmounted. Requests the host
 does not take (pyfuse3 mounts) are forked as above. SIGTERM to the server
 stops the host, which unmounts every mount it serves; forked mounts outlive
-the server. A host that died is started again for the next request (its
-mounts are gone: their handles unmounted them).
+the server. The server keeps each hosted mount's /dev/fuse descriptor
+(`fusefs.hostlink`, `fusefs.kept`): if the host dies, the server starts
+another, which serves the same mounts on the same descriptors; their readers
+wait meanwhile, and get their bytes.
 
 The parent must stay fit to fork: one thread, no event loop, nothing but
 blocking socket calls.
@@ -55,6 +57,7 @@ import json
 import logging
 import os
 import runpy
+import select
 import signal
 import socket
 import stat
@@ -124,6 +127,12 @@ def serve_forever(path: Path, on_ready: Callable[[dict[str, Any]], None] | None 
             on_ready({"event": "serving", "socket": str(path), "pid": os.getpid(),
                       "host_pid": host.pid if host is not None else None})
         while True:
+            watched = [listener, *(host.sockets() if host is not None else ())]
+            readable, _, _ = select.select(watched, [], [])
+            if host is not None and host.channel in readable:
+                host.readable()  # a device to keep, a mount gone, or the host's death
+            if listener not in readable:
+                continue
             conn, _ = listener.accept()
             with conn:
                 conn.settimeout(REQUEST_TIMEOUT_S)
@@ -189,7 +198,8 @@ def _answer(conn: socket.socket, listener: socket.socket, host: Any) -> dict[str
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
-            _child(request, fds, (conn, listener, *(host.sockets() if host else ())))
+            _child(request, fds, (conn, listener, *(host.sockets() if host else ())),
+                   host.kept_fds() if host else [])
         log.info("pid %d serves: %s", pid, " ".join(request.argv[2:4]))
         return {"pid": pid}
     except ServerRefused as exc:
@@ -203,12 +213,16 @@ def _answer(conn: socket.socket, listener: socket.socket, host: Any) -> dict[str
             os.close(fd)
 
 
-def _child(request: Request, fds: list[int], sockets: tuple[socket.socket, ...]) -> NoReturn:
-    """Become `python -m MODULE ...` (see the module docstring); never returns."""
+def _child(request: Request, fds: list[int], sockets: tuple[socket.socket, ...],
+           kept: list[int]) -> NoReturn:
+    """Become `python -m MODULE ...` (see the module docstring); never returns. `sockets`
+    and `kept` (the hosted mounts' descriptors) are the server's, closed here."""
     code = 1
     try:
         for sock in sockets:
             sock.close()
+        for fd in kept:
+            os.close(fd)
         os.setsid()
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)

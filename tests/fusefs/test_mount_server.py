@@ -9,8 +9,10 @@ agent, real FUSE mounts read by other processes (`sha256sum`). What is proved:
   handle stops that mount only; the host hashes a backing file once for both
   mounts of it (its own account in each mount's log); SIGTERM to the server
   unmounts every hosted mount and ends their handles;
-- a host killed (SIGKILL) leaves no mount behind (the handles unmount them)
-  and the next mount gets a new host;
+- a host killed (SIGKILL) is replaced, on the same mounts: readers through
+  them (a handler-served one, a passthrough one, a `sha256sum` running at the
+  kill) get the right bytes after a pause, and a new open of a file the kernel
+  holds in passthrough mode works (the open-files journal, `fusefs.kept`);
 - a pyfuse3 mount (--no-passthrough) is forked by the server, with the
   caller's stdout and stderr, and outlives it; a serving command that fails
   reports its own error through the log it was given; the server removes its
@@ -26,6 +28,7 @@ package to install; it does not skip them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
@@ -118,28 +121,39 @@ async def sha256_by_another_process(path: Path) -> str:
     return out.split()[0].decode()
 
 
-class Node:
-    """An agent holding one published file whole (its chunks and its backing file), a
-    tree file of it, and the mounts made through `mount` (stopped at the end)."""
+LAZY = 2 * MiB + 3
 
-    def __init__(self, tmp_path: Path, cluster: LocalCluster) -> None:
-        self.tmp_path, self.cluster = tmp_path, cluster
+
+class Node:
+    """An agent holding one published file whole (its chunks and its backing file), and
+    another one it has not fetched (its origin can be paused); a tree file of both
+    (data/f.bin, data/lazy.bin), and the mounts made through `mount` (stopped at the
+    end)."""
+
+    def __init__(self, tmp_path: Path, cluster: LocalCluster, size: int) -> None:
+        self.tmp_path, self.cluster, self.size = tmp_path, cluster, size
         self.mounts: list[tuple[int, Path]] = []
 
     async def start(self) -> None:
         origin = self.tmp_path / "origin"
-        await asyncio.to_thread(write_random_file, origin / "layer.bin", SIZE, 7)
+        await asyncio.to_thread(write_random_file, origin / "layer.bin", self.size, 7)
+        await asyncio.to_thread(write_random_file, origin / "lazy.bin", LAZY, 8)
         self.data = (origin / "layer.bin").read_bytes()
+        self.lazy = (origin / "lazy.bin").read_bytes()
         await self.cluster.start_tracker()
-        await self.cluster.start_origin(origin)
+        self.origin = await self.cluster.start_origin(origin)
         self.agent = await self.cluster.start_agent(0, "rack0")
         manifest = await self.cluster.publish(origin / "layer.bin", MiB)
+        lazy = await self.cluster.publish(origin / "lazy.bin", MiB)
+        self.lazy_content = lazy.content_id
         async with self.agent.client(BOUND_S) as client:
             await client.ensure(manifest.content_id)
         assert await asyncio.to_thread(WholeFiles(self.agent.store_dir).build, manifest)
-        tree = build_tree([Layer("layer", [Entry("data/f.bin", Kind.FILE, size=SIZE,
-                                                 extents=(Extent(manifest.content_id, 0,
-                                                                 SIZE),))])])
+        tree = build_tree([Layer("layer", [
+            Entry("data/f.bin", Kind.FILE, size=self.size,
+                  extents=(Extent(manifest.content_id, 0, self.size),)),
+            Entry("data/lazy.bin", Kind.FILE, size=LAZY,
+                  extents=(Extent(lazy.content_id, 0, LAZY),))])])
         (self.tmp_path / "tree.json").write_bytes(tree.to_json())
 
     def mount(self, name: str, *flags: str, tree_file: Path | None = None) -> dict[str, Any]:
@@ -153,7 +167,15 @@ class Node:
         self.mounts.append((ready["pid"], where))
         return ready
 
+    async def asked_for_lazy(self) -> bool:
+        """Whether the agent was asked for the lazy file's content (a read of it reached
+        the agent through a mount's server)."""
+        async with self.agent.client(BOUND_S) as client:
+            return self.lazy_content in (await client.status())["contents"]
+
     async def stop(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.origin.pid, signal.SIGCONT)
         for pid, where in self.mounts:
             if is_mounted(where):
                 await stop_mount(pid, where)
@@ -161,8 +183,10 @@ class Node:
 
 
 @pytest.fixture
-async def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Node]:
-    n = Node(tmp_path, LocalCluster(tmp_path / "cluster"))
+async def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+               request: pytest.FixtureRequest) -> AsyncIterator[Node]:
+    size = getattr(request, "param", SIZE)
+    n = Node(tmp_path, LocalCluster(tmp_path / "cluster"), size)
     try:
         await n.start()
         for key, value in n.cluster.env.items():
@@ -213,19 +237,75 @@ async def test_two_mounts_one_process_one_check_and_a_stop_each(
     assert (a["backing_checked"], b["backing_checked"]) == (1, 0)
 
 
-async def test_a_killed_host_leaves_no_mount_and_the_next_mount_gets_another(
+# Reads 1 MiB, says so, waits for a line on stdin, reads the rest; prints the SHA-256.
+READER = """
+import hashlib, sys
+digest = hashlib.sha256()
+with open(sys.argv[1], "rb", buffering=0) as f:
+    digest.update(f.read(1 << 20))
+    print("started", flush=True)
+    sys.stdin.readline()
+    while chunk := f.read(1 << 20):
+        digest.update(chunk)
+print(digest.hexdigest(), flush=True)
+"""
+
+
+async def start_reader(path: Path) -> asyncio.subprocess.Process:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", READER, str(path), stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE)
+    assert proc.stdout is not None
+    assert await asyncio.wait_for(proc.stdout.readline(), BOUND_S) == b"started\n"
+    return proc
+
+
+async def finish_reader(proc: asyncio.subprocess.Process) -> str:
+    out, _ = await asyncio.wait_for(proc.communicate(b"go\n"), BOUND_S)
+    assert proc.returncode == 0
+    return out.decode().strip()
+
+
+@pytest.mark.parametrize("node", [48 * MiB], indirect=True)
+async def test_a_killed_host_is_replaced_and_its_readers_see_a_pause_not_an_error(
         tmp_path: Path, node: Node, server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reader through a mount whose every read goes through the host (no-open), one
+    holding a passthrough file open, and a `sha256sum` whose read the host took and had
+    not answered (its chunk is on its way from a paused origin) when the host is killed:
+    all get the right bytes from the host that replaces it, on the same mounts (the read
+    in flight because the new host has the kernel send it again); a new open of the
+    passthrough file (the kernel holds it in passthrough mode with the dead host's backing
+    file) works; the handles stand, and still stop their mounts."""
     monkeypatch.setenv(SERVER_ENV, str(server.socket))
-    mounts = [await asyncio.to_thread(node.mount, name) for name in ("a", "b")]
+    want = hashlib.sha256(node.data).hexdigest()
+    handler = await asyncio.to_thread(node.mount, "h", "--no-open")
+    passthrough = await asyncio.to_thread(node.mount, "p")
+    assert not handler["passthrough"] and passthrough["passthrough"]
+    readers = [await start_reader(tmp_path / name / "data/f.bin") for name in ("h", "p")]
+    os.kill(node.origin.pid, signal.SIGSTOP)
+    in_flight = asyncio.create_task(sha256_by_another_process(tmp_path / "h/data/lazy.bin"))
+    await until(node.asked_for_lazy, "the host took the read and asked the agent", BOUND_S)
     assert server.host_pid is not None
     os.kill(server.host_pid, signal.SIGKILL)
-    for ready, name in zip(mounts, ("a", "b"), strict=True):
-        await unmounted(tmp_path / name, f"mount {name} unmounted by its handle")
-        await gone(ready["pid"], f"mount {name}'s handle exits")
-    again = await asyncio.to_thread(node.mount, "c")
-    assert again["server_pid"] not in (server.host_pid, None)
-    assert parent_of(again["server_pid"]) == server.proc.pid
-    assert (await asyncio.to_thread((tmp_path / "c/data/f.bin").read_bytes)) == node.data
+    await gone(server.host_pid, "the host is killed")
+    os.kill(node.origin.pid, signal.SIGCONT)
+
+    assert await sha256_by_another_process(tmp_path / "p/data/f.bin") == want
+    assert [await finish_reader(r) for r in readers] == [want, want]
+    assert await in_flight == hashlib.sha256(node.lazy).hexdigest()
+    for ready, name in ((handler, "h"), (passthrough, "p")):
+        assert is_mounted(tmp_path / name) and alive(ready["pid"])
+        assert "again, on the device" in (tmp_path / f"{name}.log").read_text()
+
+    os.kill(passthrough["pid"], signal.SIGTERM)
+    await unmounted(tmp_path / "p", "the passthrough mount stopped by its handle")
+    await gone(passthrough["pid"], "its handle exits")
+    another = await asyncio.to_thread(node.mount, "c")
+    assert another["server_pid"] not in (server.host_pid, None)
+    assert await server.stop() == 0
+    for name in ("h", "c"):
+        assert not is_mounted(tmp_path / name)
+    await gone(handler["pid"], "the handler mount's handle exits with the server")
 
 
 async def test_pyfuse3_mounts_are_forked_and_outlive_the_server(
