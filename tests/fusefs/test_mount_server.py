@@ -13,6 +13,8 @@ agent, real FUSE mounts read by other processes (`sha256sum`). What is proved:
   them (a handler-served one, a passthrough one, a `sha256sum` running at the
   kill) get the right bytes after a pause, and a new open of a file the kernel
   holds in passthrough mode works (the open-files journal, `fusefs.kept`);
+- an unmount (`bootseer ... umount`) of a hosted mount ends its handle; a
+  server killed (SIGKILL) has its host unmount every mount and end;
 - a pyfuse3 mount (--no-passthrough) is forked by the server, with the
   caller's stdout and stderr, and outlives it; a serving command that fails
   reports its own error through the log it was given; the server removes its
@@ -44,7 +46,7 @@ import pytest
 
 from fusefs.backing import WholeFiles
 from fusefs.bench.readpath import account
-from fusefs.mount import LOG_DIR_ENV, MountError, start_detached
+from fusefs.mount import LOG_DIR_ENV, MountError, force_unmount, start_detached
 from fusefs.mountinfo import is_mounted
 from fusefs.request import SERVER_ENV, ServerRefused, fork_serving
 from fusefs.tree import Entry, Extent, Kind, Layer, build_tree
@@ -306,6 +308,25 @@ async def test_a_killed_host_is_replaced_and_its_readers_see_a_pause_not_an_erro
     for name in ("h", "c"):
         assert not is_mounted(tmp_path / name)
     await gone(handler["pid"], "the handler mount's handle exits with the server")
+
+
+async def test_an_unmount_ends_its_handle_and_a_killed_server_unmounts_the_rest(
+        tmp_path: Path, node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
+    server = await start_server(tmp_path / "mount.sock")
+    try:
+        monkeypatch.setenv(SERVER_ENV, str(server.socket))
+        first, second = [await asyncio.to_thread(node.mount, name) for name in ("a", "b")]
+        await asyncio.to_thread(force_unmount, tmp_path / "a")  # `bootseer ... umount`
+        await gone(first["pid"], "the unmounted mount's handle exits")
+        assert is_mounted(tmp_path / "b")
+        server.proc.kill()
+        await unmounted(tmp_path / "b", "the host unmounts its mounts once the server is gone")
+        await gone(second["pid"], "the remaining mount's handle exits")
+        await gone(second["server_pid"], "the host exits")
+    finally:
+        await server.stop()
+        with contextlib.suppress(FileNotFoundError):
+            server.socket.unlink()  # a killed server leaves its socket
 
 
 async def test_pyfuse3_mounts_are_forked_and_outlive_the_server(
