@@ -174,15 +174,19 @@ _current: contextvars.ContextVar[Hosted | None] = contextvars.ContextVar(
 
 class _MountLogs(logging.Handler):
     """Routes each record to the log of the mount whose task (or worker thread) made it,
-    at that mount's level; records of no mount go to the host's own stderr."""
+    at that mount's level; records of no mount go to the host's own stderr, at its level
+    (the root logger lets through what the most talkative of them asks for)."""
 
-    def __init__(self) -> None:
+    def __init__(self, level: int) -> None:
         super().__init__()
+        self.level_of_host = level
         self.setFormatter(logging.Formatter(LOG_FORMAT))
 
     def emit(self, record: logging.LogRecord) -> None:
         mount = _current.get()
         if mount is None:
+            if record.levelno < self.level_of_host:
+                return
             stream: TextIO = sys.stderr
         elif record.levelno >= mount.level and not mount.log_file.closed:
             stream = mount.log_file
@@ -411,7 +415,7 @@ def run_host(channel: socket.socket, level: int) -> int:
     root = logging.getLogger()
     for handler in root.handlers[:]:
         root.removeHandler(handler)
-    root.addHandler(_MountLogs())
+    root.addHandler(_MountLogs(level))
     root.setLevel(level)
     asyncio.run(Host(channel, level).run())
     return 0
