@@ -57,11 +57,14 @@ def add_mount(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def add_server(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     s = sub.add_parser(
-        "server", help="start mounts fast: fork their serving processes from this one",
-        description="Listen at SOCKET and fork the serving process of every mount command "
-                    "run with BOOTSEER_MOUNT_SERVER=SOCKET (depsnap, image and ckpt mounts), "
-                    "with the imports already done (fusefs.server). Prints one JSON line "
-                    "once it listens; runs until SIGTERM. Mounts outlive it.")
+        "server", help="serve many mounts from one long-lived process",
+        description="Listen at SOCKET and serve the mount of every mount command run with "
+                    "BOOTSEER_MOUNT_SERVER=SOCKET (depsnap, image and ckpt mounts): "
+                    "kernel-protocol mounts (Linux 6.9+ as root) in one host process, "
+                    "served again by a new host if it dies; pyfuse3 mounts in processes "
+                    "forked from this one, imports done (fusefs.server). Prints one JSON "
+                    "line once it listens; runs until SIGTERM, which unmounts the host's "
+                    "mounts (forked ones outlive it).")
     s.add_argument("--socket", required=True, type=Path, metavar="SOCKET",
                    help="the unix socket to listen at (made mode 0600)")
     s.add_argument("--log-level", dest="log_level", default="INFO", type=str.upper,
