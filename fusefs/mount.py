@@ -326,8 +326,9 @@ def start_detached(argv: list[str], log_path: Path, timeout_s: float) -> dict[st
     wait for its JSON "mounted" line and leave it running: the `mount` commands return
     while their mount serves on. (An asyncio child would die with the caller's loop.)
     The process comes from the mount server named by BOOTSEER_MOUNT_SERVER if it is set
-    (`fusefs.server`), else it is started here. The line, plus the process's "pid";
-    MountError with the log's end if it does not come."""
+    (`fusefs.server`: a mount its host serves has a handle process instead, and its line
+    names the host, "server_pid"), else it is started here. The line, plus the process's
+    "pid"; MountError with the log's end if it does not come."""
     log_fd = _open_new_log(log_path)
     private = not os.environ.get(LOG_DIR_ENV)
     read_fd, write_fd = os.pipe()

@@ -68,8 +68,10 @@ class Request:
 
 def fork_serving(server: str, argv: list[str], stdout: int, stderr: int) -> int:
     """Have the mount server at `server` run `argv` with these descriptors as stdout and
-    stderr; the new process's pid. ServerUnavailable if nothing answers there,
-    ServerRefused if the server will not run it."""
+    stderr; the pid of the process that stands for the mount: its own serving process,
+    or its handle if the server's host serves it (SIGTERM stops the mount either way).
+    ServerUnavailable if nothing answers there, ServerRefused if the server will not
+    run it."""
     request = Request(argv, os.getcwd(), dict(os.environ)).to_bytes()
     with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
         sock.settimeout(REQUEST_TIMEOUT_S)
