@@ -4,16 +4,22 @@ Runs in the server (`fusefs.server`), which must stay fit to fork: blocking
 socket calls only, one thread, no event loop. `HostLink` forks the host,
 hands it each request with the request's stdout and stderr and one end of a
 new socket pair, and, when the host takes the request, forks the mount's
-handle with the other end (`run_handle`). A host that does not answer (it
-died) is started again, once per request; the request is then retried.
+handle with the other end (`run_handle`). It keeps, per hosted mount, what a
+new host needs to serve it again (`_Kept`: the request, the log, the host's
+end of the handle's socket, and the device the host hands over once INIT is
+answered, `fusefs.kept`). The end of the host's channel means the host died:
+`replace` starts another and sends it every kept mount to serve again. A
+request the host does not answer is sent again to the new one, once.
 
 The handle (see `fusefs.mounthost`) is what a caller knows of a hosted mount:
 its pid. It holds its socket and the mount's log as stderr, nothing else of
 the server's, and blocks on the socket: SIGTERM or SIGINT make it send
 "stop"; {"mounted": path} tells it what to unmount should the host die;
 {"ended": status} ends it with that status (a negative one as that signal, as
-a process killed by it). The end of the socket with no "ended" means the host
-is gone: it unmounts the mount point, lazily, and exits 1.
+a process killed by it). The server keeps a copy of the host's end of the
+socket, so the host's death alone does not end it; the end of the socket with
+no "ended" means the server and its host are both gone: it unmounts the mount
+point, lazily, and exits 1.
 """
 
 from __future__ import annotations
@@ -261,10 +267,8 @@ def run_handle(sock: socket.socket, log_fd: int) -> NoReturn:
 
 
 def _follow(handle: socket.socket) -> int:
-    """The mount's status, from the host; 1 if the host went first (the mount point is
-    then unmounted here)."""
-    from fusefs.kernelmount import unmount
-
+    """The mount's status, from the host; 1 if the server and its host went first (the
+    mount point is then unmounted here)."""
     mountpoint = None
     while data := handle.recv(MAX_MESSAGE_BYTES):
         message = json.loads(data)
@@ -272,7 +276,7 @@ def _follow(handle: socket.socket) -> int:
             return int(message["ended"])
         mountpoint = message.get("mounted") or mountpoint
     if mountpoint:
-        print(f"bootseer: the mount server's host died; unmounting {mountpoint}",
+        print(f"bootseer: the mount server is gone; unmounting {mountpoint}",
               file=sys.stderr, flush=True)
         unmount(mountpoint)
     return 1

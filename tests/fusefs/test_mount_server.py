@@ -329,6 +329,19 @@ async def test_an_unmount_ends_its_handle_and_a_killed_server_unmounts_the_rest(
             server.socket.unlink()  # a killed server leaves its socket
 
 
+async def test_a_server_and_host_killed_together_leave_no_mount(
+        tmp_path: Path, node: Node, server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whoever sees it first (the host: the server's end; the handle: both ends), the
+    mount is unmounted and its handle ends."""
+    monkeypatch.setenv(SERVER_ENV, str(server.socket))
+    ready = await asyncio.to_thread(node.mount, "a")
+    server.proc.kill()
+    os.kill(ready["server_pid"], signal.SIGKILL)
+    await unmounted(tmp_path / "a", "the mount unmounted with its server and host killed")
+    await gone(ready["pid"], "its handle exits")
+    server.socket.unlink()  # a killed server leaves its socket
+
+
 async def test_pyfuse3_mounts_are_forked_and_outlive_the_server(
         tmp_path: Path, node: Node, monkeypatch: pytest.MonkeyPatch,
         capfd: pytest.CaptureFixture[str]) -> None:
