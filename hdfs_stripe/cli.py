@@ -177,9 +177,9 @@ def _serving(args: argparse.Namespace) -> Any:
     from fusefs.mount import Serving, check_fuse
     from hdfs_stripe.mount import serve_ckpt
 
-    secret, opts = load_secret(), _options(args)
+    secret, opts, env = load_secret(), _options(args), dict(os.environ)
     check_fuse()
-    return Serving(lambda ready: serve_ckpt(opts, secret, ready), kernel=opts.passthrough)
+    return Serving(lambda ready: serve_ckpt(opts, secret, ready, env), kernel=opts.passthrough)
 
 
 def _run_mount(args: argparse.Namespace) -> int:

@@ -395,10 +395,12 @@ async def test_checkpoint_mounts_through_the_mount_server_are_served_by_one_proc
         tmp_path: Path, fuse_ready: None) -> None:
     """`ckpt mount` with BOOTSEER_MOUNT_SERVER set, twice: both mounts served by the
     server's host (the command line parsed and set up there, in the caller's environment:
-    the secret, the tracker), each read as a loader reads it; `ckpt umount` ends each
-    mount's handle; the server's stop leaves nothing mounted."""
+    the secret, the tracker, the HDFS user), each read as a loader reads it; `ckpt umount`
+    ends each mount's handle; the server's stop leaves nothing mounted."""
     async with hdfs(tmp_path) as dfs, swarm(tmp_path, 1) as (cluster, (a,)):
         shards = await write_checkpoint(dfs, "/ckpt/step-7")
+        async with WebHdfs(dfs.http_url) as client:
+            await client.create("/private/shard", b"secret", permission="600")
         uri = dfs.uri("/ckpt/step-7")
         code, _, err = await bootseer(cluster, "ckpt", "prefetch", uri, "--json",
                                       *flags(cluster, a))
@@ -420,6 +422,12 @@ async def test_checkpoint_mounts_through_the_mount_server_are_served_by_one_proc
                 assert code == 0, err
                 mounts.append(json.loads(out))
             assert [m["server_pid"] for m in mounts] == [host, host]
+            # The HDFS user is the mount command's, not the server's.
+            (tmp_path / "private").mkdir()
+            code, _, err = await bootseer(cluster, "ckpt", "mount", dfs.uri("/private/shard"),
+                                          str(tmp_path / "private"), *flags(cluster, a),
+                                          env={**env, "HADOOP_USER_NAME": "alice"})
+            assert code == 2 and "permission denied: user 'alice'" in err, err
             for name in ("one", "two"):
                 for shard, tensors in shards.items():
                     with open(tmp_path / name / shard, "rb") as f:
