@@ -10,8 +10,9 @@ holds in memory while it writes them (so, unlike `fusefs.backing`'s copies, made
 the kernel from chunk files, the written file is not hashed a second time). A copy
 this process did not write is hashed against the digest at its first open here
 before the kernel gets it; after that, as one it wrote, it is trusted while its stat
-is what it was (the store's rule, as in `fusefs.backing`). A copy that fails is
-deleted and written again.
+is what it was (the store's rule, as in `fusefs.backing`, whose per-store memory of
+checked stats it shares: one check per process, whichever of its mounts opens first).
+A copy that fails is deleted and written again.
 
 When. A file opened before its copy exists is served by the handler, and its
 copy is written then, in the background: the next open (in this mount, or a
@@ -29,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import contextlib
 import logging
 import mmap
 import os
@@ -40,10 +40,9 @@ import blake3
 from depsnap.hot import Frame
 from depsnap.snapshot import Member, Snapshot
 from depsnap.source import SnapshotSource
-from fusefs.backing import MIN_COPY_BYTES, write_read_only
+from fusefs.backing import MIN_COPY_BYTES, checked_in, write_read_only
 from fusefs.source import Buffer, SourceError
 from fusefs.tree import Extent
-from p2p.chunkfile import StatKey, stat_key
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +54,9 @@ class MemberFiles:
         self.store_dir = Path(store_dir)
         self.source = source
         self.built = 0
+        self.checked = 0  # copies this object hashed at an open: not trusted by then
         self._members = {(p.content, m.offset): m for p in snapshot.packs for m in p.members}
-        self._checked: dict[Path, StatKey] = {}
+        self._checked = checked_in(self.store_dir)  # shared by this process's mounts
         self._building: dict[tuple[str, int], asyncio.Task[bool]] = {}
 
     def path(self, pack: str, member: Member) -> Path:
@@ -136,7 +136,7 @@ class MemberFiles:
                 view = view[os.write(fd, view):]
 
         try:
-            self._checked[path] = write_read_only(path, fill)
+            self._checked.passed(path, write_read_only(path, fill))
         except FileNotFoundError as exc:  # the pack's directory went with an eviction
             log.info("no decoded copy %s: %s", path, exc)
             return False
@@ -147,24 +147,10 @@ class MemberFiles:
         return True
 
     def _open_checked(self, pack: str, member: Member) -> int | None:
-        path = self.path(pack, member)
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            return None
-        try:
-            key = stat_key(os.fstat(fd))
-            if self._checked.get(path) != key and not _passes(fd, member):
-                log.warning("%s fails its check; deleting it", path)
-                with contextlib.suppress(OSError):
-                    os.unlink(path)
-                os.close(fd)
-                return None
-            self._checked[path] = key
-            return fd
-        except OSError:
-            os.close(fd)
-            return None
+        fd, checked = self._checked.open(self.path(pack, member),
+                                         lambda fd: _passes(fd, member))
+        self.checked += checked
+        return fd
 
     async def close(self) -> None:
         for task in self._building.values():

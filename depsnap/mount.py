@@ -328,6 +328,8 @@ def add_mount_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser],
         m.add_argument("--log-level", default="WARNING", type=str.upper,
                        choices=["DEBUG", "INFO", "WARNING", "ERROR"])
         m.set_defaults(run=run)
+        if name == "serve":
+            m.set_defaults(serving=_serving)
     add_umount(sub, "a snapshot")
 
 
@@ -352,20 +354,28 @@ def _options(args: argparse.Namespace) -> MountOptions:
 
 
 def _run_serve(args: argparse.Namespace) -> int:
-    from depsnap.places import expected, places
-    from fusefs.mount import MountError, check_fuse, ready_line
-    from fusefs.tree import TreeError
+    from fusefs.mount import run_serving
 
-    logging.basicConfig(level=args.log_level, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return run_serving(args)
+
+
+def _serving(args: argparse.Namespace) -> Any:
+    """`depsnap serve`'s `fusefs.mount.Serving`: an OSError while serving (a file the
+    user named, a full disk) is a UserError too."""
+    from depsnap.places import places
+    from fusefs.mount import Serving, check_fuse
+
     opts, secret = _options(args), places(args).secret
-    try:
-        check_fuse()
-        summary = expected(lambda: asyncio.run(serve_snapshot(opts, secret, ready_line)))
-        log.info("served key %s: %s", opts.key, summary)
-    except (MountError, TreeError) as exc:
-        raise UserError(str(exc)) from None
-    return 0
+    check_fuse()
+
+    async def serve(ready: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+        try:
+            return await serve_snapshot(opts, secret, ready)
+        except OSError as exc:
+            raise UserError(f"{exc.filename or ''}: {exc.strerror}") from None
+
+    return Serving(serve, kernel=opts.passthrough or opts.server == "kernel",
+                   finish=lambda summary: log.info("served key %s: %s", opts.key, summary))
 
 
 def _run_mount(args: argparse.Namespace) -> int:

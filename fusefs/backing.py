@@ -15,13 +15,17 @@ content's directory when it evicts the content; their bytes are not in its budge
 The store's rule for trusting a file holds here too: a backing file is checked
 the first time this process hands it out, and after that trusted only while it
 keeps the stat it had when it passed (the one this process wrote it with, or the
-one it had when checked). The check hashes every chunk the range covers whole
-against the manifest; a chunk the range covers only in part (its first and
-last) is read from its chunk file, verified, and compared byte for byte. A file
-that fails is deleted and built again from the chunks. What passthrough cannot do is check
-a file while it is open: the kernel reads it without us. A disk that changes a
-file under an open file is caught at the next open, not at the next read (the
-handler path checks at every read).
+one it had when checked). "This process" is every mount it serves: the stats
+that passed are kept once per store per process (`checked_in`), so a mount
+server (`fusefs.mounthost`) that serves a second mount of a checkpoint hands its
+file out without hashing it again, as a second open in one mount always did.
+The check hashes every chunk the range covers whole against the manifest; a
+chunk the range covers only in part (its first and last) is read from its chunk
+file, verified, and compared byte for byte. A file that fails is deleted and
+built again from the chunks. What passthrough cannot do is check a file while it
+is open: the kernel reads it without us. A disk that changes a file under an open
+file is caught at the next open, whichever mount it comes through, not at the
+next read (the handler path checks at every read).
 """
 
 from __future__ import annotations
@@ -70,6 +74,61 @@ def write_read_only(path: Path, fill: Callable[[int], None]) -> StatKey:
         os.close(fd)
 
 
+class CheckedFiles:
+    """The stat each backing file of one store had when it last passed its check in this
+    process (the trust rule's memory, see the module docstring); thread-safe: checks run
+    on worker threads."""
+
+    def __init__(self) -> None:
+        self._keys: dict[Path, StatKey] = {}
+        self._lock = threading.Lock()
+
+    def trusted(self, path: Path, key: StatKey) -> bool:
+        """Whether `path`, with the stat `key`, passed its check here and kept that stat."""
+        with self._lock:
+            return self._keys.get(path) == key
+
+    def passed(self, path: Path, key: StatKey) -> None:
+        with self._lock:
+            self._keys[path] = key
+
+    def open(self, path: Path, passes: Callable[[int], bool]) -> tuple[int | None, bool]:
+        """An fd of the file at `path` that passes its check, for the caller to close (None:
+        there is no such file; one that fails is deleted), and whether it was checked now:
+        `passes(fd)` runs only if this process has not seen the file pass with its stat."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return None, False
+        checking = False
+        try:
+            key = stat_key(os.fstat(fd))
+            checking = not self.trusted(path, key)
+            if checking and not passes(fd):
+                log.warning("%s fails its check; deleting it", path)
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+                os.close(fd)
+                return None, True
+            self.passed(path, key)
+            return fd, checking
+        except OSError:
+            os.close(fd)
+            return None, checking
+
+
+_checked_by_store: dict[Path, CheckedFiles] = {}
+_by_store_lock = threading.Lock()
+
+
+def checked_in(store_dir: Path) -> CheckedFiles:
+    """This process's `CheckedFiles` of the store at `store_dir`: one, shared by every
+    mount the process serves of that store."""
+    where = Path(os.path.realpath(store_dir))
+    with _by_store_lock:
+        return _checked_by_store.setdefault(where, CheckedFiles())
+
+
 class WholeFiles:
     """Verified whole-content files in the store at `store_dir` (see the module
     docstring). Methods block on disk: call them from a worker thread."""
@@ -80,9 +139,9 @@ class WholeFiles:
         self.store_dir = Path(store_dir)
         self.only = only
         self.built = 0
+        self.checked = 0  # files this object hashed at an open: not trusted by then
         self.hashed_bytes = 0
-        self._checked: dict[Path, StatKey] = {}
-        self._lock = threading.Lock()
+        self._checked = checked_in(self.store_dir)
 
     def eligible(self, content: str) -> bool:
         return self.only is None or content in self.only
@@ -103,26 +162,10 @@ class WholeFiles:
         passed its check; None if there is no such file (a failing one is deleted). The
         caller closes the fd."""
         path = self._path(manifest, offset, length)
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            return None
-        try:
-            key = stat_key(os.fstat(fd))
-            with self._lock:
-                known = self._checked.get(path)
-            if key != known and not self._passes(fd, manifest, offset, length):
-                log.warning("%s fails its check; deleting it", path)
-                with contextlib.suppress(OSError):
-                    os.unlink(path)
-                os.close(fd)
-                return None
-            with self._lock:
-                self._checked[path] = key
-            return fd
-        except OSError:
-            os.close(fd)
-            return None
+        fd, checked = self._checked.open(
+            path, lambda fd: self._passes(fd, manifest, offset, length))
+        self.checked += checked
+        return fd
 
     def complete(self, manifest: Manifest, offset: int, length: int) -> bool:
         """Whether every chunk file under the range is in the store (not yet checked)."""
@@ -153,9 +196,8 @@ class WholeFiles:
         except (MissingChunk, OSError) as exc:
             log.info("no backing file for %s yet: %s", path, exc)
             return False
-        with self._lock:
-            self._checked[path] = key
-            self.built += 1
+        self._checked.passed(path, key)
+        self.built += 1
         return True
 
     def _copy_chunk(self, manifest: Manifest, index: int, lo: int, hi: int, out: int) -> None:
@@ -220,6 +262,10 @@ class WholeBacking:
     @property
     def built(self) -> int:
         return self.whole.built
+
+    @property
+    def checked(self) -> int:
+        return self.whole.checked
 
     async def open(self, extent: Extent) -> int | None:
         if not self.whole.eligible(extent.content):

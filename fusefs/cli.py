@@ -13,7 +13,6 @@ one-line errors, never tracebacks. Also runs as `python -m fusefs mount ...`.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import logging
 import os
@@ -53,16 +52,19 @@ def add_mount(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         "files read once; Linux 6.9+ as root, elsewhere pyfuse3)")
     m.add_argument("--log-level", dest="log_level", default="INFO", type=str.upper,
                    choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="stderr log level")
-    m.set_defaults(run=run_mount)
+    m.set_defaults(run=run_mount, serving=mount_serving)
 
 
 def add_server(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     s = sub.add_parser(
-        "server", help="start mounts fast: fork their serving processes from this one",
-        description="Listen at SOCKET and fork the serving process of every mount command "
-                    "run with BOOTSEER_MOUNT_SERVER=SOCKET (depsnap, image and ckpt mounts), "
-                    "with the imports already done (fusefs.server). Prints one JSON line "
-                    "once it listens; runs until SIGTERM. Mounts outlive it.")
+        "server", help="serve many mounts from one long-lived process",
+        description="Listen at SOCKET and serve the mount of every mount command run with "
+                    "BOOTSEER_MOUNT_SERVER=SOCKET (depsnap, image and ckpt mounts): "
+                    "kernel-protocol mounts (Linux 6.9+ as root) in one host process, "
+                    "served again by a new host if it dies; pyfuse3 mounts in processes "
+                    "forked from this one, imports done (fusefs.server). Prints one JSON "
+                    "line once it listens; runs until SIGTERM, which unmounts the host's "
+                    "mounts (forked ones outlive it).")
     s.add_argument("--socket", required=True, type=Path, metavar="SOCKET",
                    help="the unix socket to listen at (made mode 0600)")
     s.add_argument("--log-level", dest="log_level", default="INFO", type=str.upper,
@@ -123,11 +125,16 @@ def run_umount(args: argparse.Namespace) -> int:
 
 
 def run_mount(args: argparse.Namespace) -> int:
-    from fusefs.mount import MountError, check_fuse
+    from fusefs.mount import run_serving
+
+    return run_serving(args)
+
+
+def mount_serving(args: argparse.Namespace) -> Any:
+    """`fs mount`'s `fusefs.mount.Serving`: the tree file read and the paths checked."""
+    from fusefs.mount import MountError, Serving, check_fuse
     from fusefs.tree import Tree, TreeError
 
-    logging.basicConfig(level=args.log_level, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         check_fuse()
         tree = Tree.from_json(Path(args.tree_file).read_bytes(), args.tree_file)
@@ -139,29 +146,27 @@ def run_mount(args: argparse.Namespace) -> int:
     _check_dir(args.store_dir, "store directory")
     if args.read_timeout_s <= 0 or args.read_ahead_kb <= 0:
         raise UserError("--read-timeout and --read-ahead-kb must be positive")
-    try:
-        asyncio.run(_serve(tree, args))
-    except MountError as exc:
-        raise UserError(str(exc)) from None
-    return 0
+    where, store = Path(args.mountpoint).absolute(), Path(args.store_dir).absolute()
+    return Serving(lambda ready: _serve(tree, args, where, store, ready),
+                   kernel=args.passthrough or args.no_open)
 
 
-async def _serve(tree: Any, args: argparse.Namespace) -> None:
+async def _serve(tree: Any, args: argparse.Namespace, where: Path, store: Path,
+                 on_ready: Any) -> None:
     from fusefs.backing import WholeFiles
-    from fusefs.mount import ready_line, serve
+    from fusefs.mount import serve
     from fusefs.source import open_agent_source
 
-    source = await open_agent_source(Path(args.store_dir), args.api_socket,
-                                     args.read_timeout_s)
+    source = await open_agent_source(store, args.api_socket, args.read_timeout_s)
 
     def ready(info: dict[str, Any]) -> None:
-        ready_line(info)
+        on_ready(info)
         log.info("serving %d nodes (%d bytes in files) at %s, read-ahead %s KiB",
                  len(tree), tree.total_bytes, info["mountpoint"], info["read_ahead_kb"])
 
-    whole = WholeFiles(Path(args.store_dir)) if args.passthrough and not args.no_open else None
-    await serve(tree, source, Path(args.mountpoint), args.read_ahead_kb, args.allow_other,
-                ready, whole=whole, kernel=args.no_open)
+    whole = WholeFiles(store) if args.passthrough and not args.no_open else None
+    await serve(tree, source, where, args.read_ahead_kb, args.allow_other, ready,
+                whole=whole, kernel=args.no_open)
 
 
 def _check_dir(path: str, what: str) -> None:

@@ -35,7 +35,6 @@ import fcntl
 import json
 import logging
 import os
-import signal
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
@@ -43,7 +42,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from fusefs import protocol as P
+from fusefs.kept import KeptDevice, OpenJournal
 from fusefs.kernelmount import PassthroughUnavailable, mount_device, unmount
+from fusefs.mountstop import mount_server, stopped_by
 from fusefs.source import Source, SourceError
 from fusefs.tree import Extent, Kind, Node, TreeError, TreeView
 
@@ -63,6 +64,11 @@ class Backing(Protocol):
     @property
     def built(self) -> int:
         """Backing files this process wrote."""
+
+    @property
+    def checked(self) -> int:
+        """Backing files this mount hashed at an open (files the process's memory of
+        checked stats did not vouch for: `fusefs.backing.CheckedFiles`)."""
 
     async def open(self, extent: Extent) -> int | None:
         """An fd of a checked backing file holding exactly `extent`'s bytes, for the caller
@@ -92,7 +98,8 @@ class KernelFS:
     """Serves `tree` on the FUSE device `fd` (already mounted at `path`)."""
 
     def __init__(self, tree: TreeView, source: Source, backing: Backing | None, fd: int,
-                 path: str, want_passthrough: bool = True) -> None:
+                 path: str, want_passthrough: bool = True,
+                 journal: OpenJournal | None = None) -> None:
         self.tree = tree
         self.source = source
         self.backing = backing
@@ -107,6 +114,7 @@ class KernelFS:
         self.passthrough_opens = self.handler_opens = 0
         self._buffer = bytearray(REQUEST_BUFFER)
         self._opened: dict[int, _Opened] = {}
+        self._journal = journal  # kept by a mount server with the device (fusefs.kept)
         self._open_locks: dict[int, asyncio.Lock] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._done: asyncio.Future[None] | None = None
@@ -123,14 +131,19 @@ class KernelFS:
 
     # ---- the device ---------------------------------------------------------------------
 
-    async def serve(self, initialised: Callable[[], None]) -> None:
+    async def serve(self, initialised: Callable[[], None], resumed: bool = False) -> None:
         """Answer requests until the mount goes away or `stop`. INIT comes first;
-        `initialised` is called once its reply is written."""
+        `initialised` is called once its reply is written. `resumed` (after `adopt`): the
+        device was served by a process that died; INIT came then, and the requests it had
+        read but not answered are queued again (FUSE_NOTIFY_RESEND)."""
         loop = asyncio.get_running_loop()
         done: asyncio.Future[None] = loop.create_future()
         self._done = done
         self._initialised = initialised
         loop.add_reader(self.fd, self._drain, done)
+        if resumed:
+            self._write([P.notify_resend()])
+            initialised()
         try:
             await done
         finally:
@@ -143,7 +156,7 @@ class KernelFS:
             self._close_backing()
 
     def stop(self) -> None:
-        """Unmount (lazily if files are open) and stop serving: SIGTERM's handler. Requests
+        """Unmount (lazily if files are open) and stop serving: the mount's stop. Requests
         still in the kernel fail with ENOTCONN once the device is closed."""
         unmount(self.path)
         if self._done is not None and not self._done.done():
@@ -221,6 +234,18 @@ class KernelFS:
                 log.warning("replying on /dev/fuse: %s", exc)
 
     # ---- metadata ----------------------------------------------------------------------
+
+    def negotiated(self) -> dict[str, Any]:
+        """What INIT settled, for a process that serves this device after us (`adopt`)."""
+        return {"passthrough": self.passthrough, "no_open": self.no_open}
+
+    def adopt(self, state: dict[str, Any]) -> None:
+        """Serve a device another process served: what its INIT settled, and its open
+        files (from the journal)."""
+        self.passthrough, self.no_open = bool(state["passthrough"]), bool(state["no_open"])
+        if self._journal is not None:
+            self._opened = {inode: _Opened(count, backing_id) for inode, (count, backing_id)
+                            in self._journal.replay().items()}
 
     def _init(self, body: memoryview) -> bytes:
         offer = P.init_in(body)
@@ -320,6 +345,7 @@ class KernelFS:
                     opened = _Opened(0, await self._backing_for(node))
                     self._opened[node.inode] = opened
                 opened.count += 1
+                self._note(node.inode, opened)
         except FuseReply as exc:
             self._error(header.unique, exc.code)
             return
@@ -356,10 +382,15 @@ class KernelFS:
         opened = self._opened.get(inode)
         if opened is not None:
             opened.count -= 1
+            self._note(inode, opened)
             if opened.count <= 0:
                 del self._opened[inode]
                 self._close_id(opened.backing_id)
         return b""
+
+    def _note(self, inode: int, opened: _Opened) -> None:
+        if self._journal is not None:
+            self._journal.note(inode, opened.backing_id, max(opened.count, 0))
 
     def _close_id(self, backing_id: int | None) -> None:
         if backing_id is None:
@@ -421,7 +452,8 @@ def _sized(value: bytes, size: int) -> bytes:
 async def serve_kernel(tree: TreeView, source: Source, backing: Backing | None, path: str,
                        read_ahead_kb: int, allow_other: bool,
                        on_ready: Callable[[dict[str, Any]], None] | None) -> None:
-    """Mount at `path`, serve until SIGTERM/SIGINT or unmount, then unmount and close
+    """Mount at `path`, serve until stopped (`fusefs.mountstop.stopped_by`: SIGTERM/SIGINT, or
+    the mount server's stop of this mount) or unmounted, then unmount and close
     `source`. With a `backing`, files it has are read by passthrough; without one, the
     mount asks for no-open (every read through the handler, no OPEN or RELEASE round
     trips). PassthroughUnavailable, with nothing mounted and `source` still open, if
@@ -429,34 +461,45 @@ async def serve_kernel(tree: TreeView, source: Source, backing: Backing | None, 
     passthrough at INIT): the caller serves another way."""
     from fusefs.mountinfo import set_read_ahead
 
-    fd = mount_device(path, allow_other)
-    fs = KernelFS(tree, source, backing, fd, path)
-    loop = asyncio.get_running_loop()
+    server = mount_server.get()
+    kept = server.kept() if server is not None else None
+    journal: OpenJournal | None
+    if kept is not None:  # served before, by a host that died: the same device
+        fd, journal = kept.fd, kept.journal
+    else:
+        fd = mount_device(path, allow_other)
+        journal = OpenJournal.create() if server is not None else None
+    fs = KernelFS(tree, source, backing, fd, path, journal=journal)
+    if kept is not None:
+        fs.adopt(kept.state)
     refused: list[str] = []
 
     def initialised() -> None:
-        if backing is not None and not fs.passthrough:
+        if kept is None and backing is not None and not fs.passthrough:
             refused.append("the kernel did not take FUSE passthrough at INIT")
             fs.stop()
-        elif on_ready is not None:
+            return
+        if server is not None and kept is None and journal is not None:
+            server.keep(KeptDevice(fd, journal, {**fs.negotiated(), "mountpoint": path}))
+        if on_ready is not None:
             on_ready({"mountpoint": path, "read_ahead_kb": set_read_ahead(path, read_ahead_kb),
                       "server": "kernel", "passthrough": fs.passthrough,
-                      "no_open": fs.no_open})
+                      "no_open": fs.no_open, "resumed": kept is not None})
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, fs.stop)
     try:
-        await fs.serve(initialised)
+        with stopped_by(fs.stop):
+            await fs.serve(initialised, resumed=kept is not None)
     finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
         unmount(path)
         os.close(fd)
+        if journal is not None:
+            journal.close()
         if not refused:
             await source.close()
     if refused:
         raise PassthroughUnavailable(refused[0])
     log.info("unmounted %s: %d passthrough opens, %d handler opens, %d handler reads of %d "
-             "bytes, %d failed, %d whole files built; requests %s", path,
-             fs.passthrough_opens, fs.handler_opens, fs.reads, fs.read_bytes, fs.failed_reads,
-             0 if backing is None else backing.built, json.dumps(fs.account()))
+             "bytes, %d failed, %d whole files built, %d backing files checked; requests %s",
+             path, fs.passthrough_opens, fs.handler_opens, fs.reads, fs.read_bytes,
+             fs.failed_reads, 0 if backing is None else backing.built,
+             0 if backing is None else backing.checked, json.dumps(fs.account()))

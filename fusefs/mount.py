@@ -17,10 +17,22 @@ mount), and there is nothing else to set.
 `Mount` runs `python -m fusefs mount ...` as a child, waits for its one JSON
 "mounted" line, and stops it with SIGTERM; if the child dies without
 unmounting, `fusermount3 -u` (lazy as a last resort) clears the mount point.
+
+Serving commands. `fs mount`, `ckpt serve`, `depsnap serve` and `image serve`
+each turn their command line into a `Serving` (`args.serving(args)`): the
+coroutine that serves, and whether it asks for the kernel-protocol server.
+Run by `run_serving`, it is a process of its own, stopped by SIGTERM or SIGINT.
+Run by a mount server (`fusefs.mounthost`), it is one task among the server's
+mounts: `fusefs.mountstop.mount_server` is set in its context, and
+`stopped_by` then hands the mount's stop to the server instead of taking the
+process's signals; `serve`
+never falls back to pyfuse3 there (one pyfuse3 mount per process): without
+passthrough, the kernel-protocol server answers every read itself.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import ctypes
@@ -32,12 +44,13 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from fusefs.mountinfo import is_mounted, set_read_ahead
+from fusefs.mountstop import mount_server, stopped_by
 from p2p.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -51,6 +64,34 @@ FUSERMOUNT = "fusermount3"
 
 class MountError(UserError):
     """The mount cannot be made or served; the message says why and what to do."""
+
+
+OnReady = Callable[[dict[str, Any]], None]
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+@dataclass(frozen=True)
+class Serving:
+    """A serving command, its command line checked (see the module docstring).
+    `serve(on_ready)` mounts, calls `on_ready(info)` once the mount works, serves until
+    stopped or unmounted, and returns what `finish` reports at the end (logged); its
+    expected failures are UserErrors. `kernel`: the command asks for the kernel-protocol
+    server (passthrough or no-open), so a mount server may serve it in its own process;
+    pyfuse3 mounts get a process each."""
+
+    serve: Callable[[OnReady], Coroutine[Any, Any, Any]]
+    kernel: bool
+    finish: Callable[[Any], None] = lambda result: None
+
+
+def run_serving(args: argparse.Namespace) -> int:
+    """A serving command as a process of its own: log to stderr at --log-level, serve
+    (`args.serving`) until SIGTERM, SIGINT or unmount, print the "mounted" line on
+    stdout once it serves."""
+    logging.basicConfig(level=args.log_level, stream=sys.stderr, format=LOG_FORMAT)
+    serving: Serving = args.serving(args)
+    serving.finish(asyncio.run(serving.serve(ready_line)))
+    return 0
 
 
 def check_fuse() -> None:
@@ -82,21 +123,28 @@ async def serve(tree: Any, source: Any, mountpoint: Path, read_ahead_kb: int = R
     trips fewer per file than through pyfuse3."""
     keep_reply_buffers_on_the_heap()
     path = os.path.realpath(mountpoint)  # before the mount: never stat our own mount
-    if whole is not None or kernel:
+    in_server = mount_server.get() is not None
+    if whole is not None or kernel or in_server:
         from fusefs.backing import WholeBacking, WholeFiles
         from fusefs.kernelfs import serve_kernel
         from fusefs.kernelmount import PassthroughUnavailable, kernel_supports_passthrough
 
         why = kernel_supports_passthrough()
         backing = WholeBacking(whole) if isinstance(whole, WholeFiles) else whole
-        try:
-            if why is None:
-                await serve_kernel(tree, source, backing, path, read_ahead_kb, allow_other,
-                                   on_ready)
-                drop_private_log()  # a clean unmount: the log has nothing to tell
-                return
-        except PassthroughUnavailable as exc:
-            why = str(exc)
+        # In a mount server, a mount refused passthrough is served by the handler of the
+        # same server: pyfuse3 would need a process of its own.
+        for offered in (backing, None) if in_server and backing is not None else (backing,):
+            try:
+                if why is None:
+                    await serve_kernel(tree, source, offered, path, read_ahead_kb,
+                                       allow_other, on_ready)
+                    drop_private_log()  # a clean unmount: the log has nothing to tell
+                    return
+            except PassthroughUnavailable as exc:
+                why = str(exc)
+        if in_server:
+            await source.close()
+            raise MountError(f"the mount server cannot serve {path}: {why}")
         log.info("no FUSE passthrough at %s (%s): every read goes through the handler",
                  path, why)
     await _serve_pyfuse3(tree, source, path, read_ahead_kb, allow_other, on_ready)
@@ -130,14 +178,11 @@ async def _serve_pyfuse3(tree: Any, source: Any, path: str, read_ahead_kb: int,
                       "passthrough": False})
 
     try:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, pyfuse3.terminate)
-        async with asyncio.TaskGroup() as tasks:
-            tasks.create_task(pyfuse3.main())
-            tasks.create_task(tune())
+        with stopped_by(pyfuse3.terminate):
+            async with asyncio.TaskGroup() as tasks:
+                tasks.create_task(pyfuse3.main())
+                tasks.create_task(tune())
     finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
         pyfuse3.close(unmount=True)
         await source.close()
     log.info("unmounted %s: %d reads of %d bytes on average, %d failed", path, ops.reads,
@@ -254,12 +299,12 @@ def mount_log(kind: str) -> Path:
     return where / f"bootseer-{kind}-{os.getpid()}-{os.urandom(4).hex()}.log"
 
 
-def drop_private_log() -> None:
+def drop_private_log(env: Mapping[str, str] = os.environ) -> None:
     """After a clean unmount, remove the log `start_detached` made in a private directory
-    (`mount_log`), and the directory: nothing is left behind in the temp dir. A log in
-    BOOTSEER_LOG_DIR is the operator's and stays, as does any log of a mount that failed
-    (its process never gets here)."""
-    path = os.environ.get(MOUNT_LOG_ENV)
+    (`mount_log`, named in `env`: the serving command's environment), and the directory:
+    nothing is left behind in the temp dir. A log in BOOTSEER_LOG_DIR is the operator's
+    and stays, as does any log of a mount that failed (its process never gets here)."""
+    path = env.get(MOUNT_LOG_ENV)
     if not path:
         return
     with contextlib.suppress(OSError):
@@ -281,8 +326,9 @@ def start_detached(argv: list[str], log_path: Path, timeout_s: float) -> dict[st
     wait for its JSON "mounted" line and leave it running: the `mount` commands return
     while their mount serves on. (An asyncio child would die with the caller's loop.)
     The process comes from the mount server named by BOOTSEER_MOUNT_SERVER if it is set
-    (`fusefs.server`), else it is started here. The line, plus the process's "pid";
-    MountError with the log's end if it does not come."""
+    (`fusefs.server`: a mount its host serves has a handle process instead, and its line
+    names the host, "server_pid"), else it is started here. The line, plus the process's
+    "pid"; MountError with the log's end if it does not come."""
     log_fd = _open_new_log(log_path)
     private = not os.environ.get(LOG_DIR_ENV)
     read_fd, write_fd = os.pipe()
@@ -319,7 +365,7 @@ class _Started:
 
 
 def _start(argv: list[str], stdout: int, stderr: int) -> _Started:
-    from fusefs.server import SERVER_ENV, ServerRefused, ServerUnavailable, fork_serving
+    from fusefs.request import SERVER_ENV, ServerRefused, ServerUnavailable, fork_serving
 
     server = os.environ.get(SERVER_ENV)
     if server:

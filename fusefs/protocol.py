@@ -322,6 +322,15 @@ def reply_header(unique: int, payload_bytes: int, error: int = 0) -> bytes:
     return OUT_HEADER.pack(OUT_HEADER.size + payload_bytes, -error, unique)
 
 
+NOTIFY_RESEND = 7  # enum fuse_notify_code; Linux 6.9 (protocol 7.40)
+
+
+def notify_resend() -> bytes:
+    """FUSE_NOTIFY_RESEND: the kernel queues again every request this device's readers
+    took but did not answer (a server that died had them); no payload."""
+    return OUT_HEADER.pack(OUT_HEADER.size, NOTIFY_RESEND, 0)
+
+
 def backing_map(fd: int) -> bytes:
     """The argument of FUSE_DEV_IOC_BACKING_OPEN for an open file `fd`."""
     return BACKING_MAP.pack(fd, 0, 0)

@@ -13,7 +13,7 @@ peer must be the server's own user: SO_PEERCRED). A request is one message,
 JSON `{"argv", "cwd", "env"}`, with two file descriptors attached
 (SCM_RIGHTS): the serving process's stdout and stderr. `argv` must be a
 serving command, `[python, "-m", MODULE, ...]` with MODULE one of
-`SERVING_MODULES`; it runs on the server's interpreter. The server forks; the
+`SERVING_MODULES` (`fusefs.request`); it runs on the server's interpreter. The server forks; the
 child starts a session of its own, takes the descriptors as stdout and
 stderr (stdin is /dev/null), the request's working directory and
 environment, runs MODULE as `__main__` with the rest of `argv`, as
@@ -23,12 +23,29 @@ so the kernel reaps it. The process is then what a directly started one is:
 it prints its "mounted" line on the stdout it was given, stops on SIGTERM,
 and outlives the server.
 
+Many mounts in one process. Where the node can serve the kernel protocol
+(Linux 6.9+ as root), the server also forks, once, a host for mounts
+(`fusefs.mounthost`): a request it takes (a serving command that asks for the
+kernel-protocol server: passthrough or no-open) is served there, in a task,
+not by a process of its own, and its mounts share what the host has checked
+(a checkpoint's backing file is hashed once, not once per mount). The server
+answers such a request with the pid of the mount's handle, a process forked
+from the server that stands for the mount: SIGTERM to it stops that mount
+only, and it exits with the mount's status once unmounted. Requests the host
+does not take (pyfuse3 mounts) are forked as above. SIGTERM to the server
+stops the host, which unmounts every mount it serves; forked mounts outlive
+the server. The server keeps each hosted mount's /dev/fuse descriptor
+(`fusefs.hostlink`, `fusefs.kept`): if the host dies, the server starts
+another, which serves the same mounts on the same descriptors; their readers
+wait meanwhile, and get their bytes.
+
 The parent must stay fit to fork: one thread, no event loop, nothing but
 blocking socket calls.
 
 Clients. `fusefs.mount.start_detached` (every `mount` command) asks the
-server named by `BOOTSEER_MOUNT_SERVER` when it is set (`fork_serving`);
-when that socket does not answer, it says so and starts the process itself.
+server named by `BOOTSEER_MOUNT_SERVER` when it is set
+(`fusefs.request.fork_serving`); when that socket does not answer, it says
+so and starts the process itself.
 """
 
 from __future__ import annotations
@@ -40,6 +57,7 @@ import json
 import logging
 import os
 import runpy
+import select
 import signal
 import socket
 import stat
@@ -48,104 +66,32 @@ import sys
 import tempfile
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
+from fusefs.request import (
+    MAX_REQUEST_BYTES,
+    REQUEST_TIMEOUT_S,
+    Request,
+    ServerRefused,
+)
 from p2p.errors import UserError
 
 log = logging.getLogger(__name__)
 
-SERVER_ENV = "BOOTSEER_MOUNT_SERVER"
-SERVING_MODULES = ("depsnap", "fusefs", "fusefs.image", "hdfs_stripe")
 # What the serving commands import; loaded once, by the server. A module that
 # fails to import is left to the children (their error says what is missing).
 PRELOAD = ("aiohttp", "pyfuse3", "pyfuse3.asyncio", "zstandard", "blake3",
            "p2p.agentclient", "p2p.tracker_client",
            "fusefs.cli", "fusefs.fs", "fusefs.mount", "fusefs.record", "fusefs.source",
            "depsnap.cli", "depsnap.hot", "depsnap.mount", "depsnap.publish", "depsnap.source",
-           "fusefs.image.cli", "fusefs.image.mount", "hdfs_stripe.cli", "hdfs_stripe.mount")
-MAX_REQUEST_BYTES = 1 << 20
-REQUEST_TIMEOUT_S = 5.0
+           "fusefs.image.cli", "fusefs.image.mount", "hdfs_stripe.cli", "hdfs_stripe.mount",
+           "fusefs.kernelfs", "fusefs.backing", "fusefs.mounthost", "p2p.cli")
 _PEERCRED = struct.Struct("3i")  # pid, uid, gid
-
-
-class ServerUnavailable(Exception):
-    """Nothing answers at the server's socket (the caller may start the process itself)."""
-
-
-class ServerRefused(Exception):
-    """The server answered with an error; the message is its reason."""
 
 
 class ServerError(UserError):
     """The server cannot listen where it was asked to; the message says why."""
-
-
-@dataclass(frozen=True, slots=True)
-class Request:
-    argv: list[str]
-    cwd: str
-    env: dict[str, str]
-
-    @property
-    def module(self) -> str:
-        return self.argv[2]
-
-    @classmethod
-    def parse(cls, data: bytes) -> Request:
-        """The request in `data`; ServerRefused saying what is wrong with it."""
-        try:
-            raw = json.loads(data)
-        except (ValueError, UnicodeDecodeError):
-            raise ServerRefused("the request is not JSON") from None
-        if not isinstance(raw, dict):
-            raise ServerRefused("the request is not a JSON object")
-        argv, cwd, env = raw.get("argv"), raw.get("cwd"), raw.get("env")
-        if not (isinstance(argv, list) and all(isinstance(a, str) for a in argv)):
-            raise ServerRefused("argv must be a list of strings")
-        if not isinstance(cwd, str) or not os.path.isabs(cwd):
-            raise ServerRefused("cwd must be an absolute path")
-        if not (isinstance(env, dict)
-                and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
-            raise ServerRefused("env must map strings to strings")
-        if len(argv) < 3 or argv[1] != "-m" or argv[2] not in SERVING_MODULES:
-            raise ServerRefused(f"not a serving command: {' '.join(argv[:3])!r} (the server "
-                                f"runs python -m {'|'.join(SERVING_MODULES)} only)")
-        return cls(argv, cwd, env)
-
-    def to_bytes(self) -> bytes:
-        return json.dumps({"argv": self.argv, "cwd": self.cwd, "env": self.env}).encode()
-
-
-# ---- the client --------------------------------------------------------------------------
-
-
-def fork_serving(server: str, argv: list[str], stdout: int, stderr: int) -> int:
-    """Have the mount server at `server` run `argv` with these descriptors as stdout and
-    stderr; the new process's pid. ServerUnavailable if nothing answers there,
-    ServerRefused if the server will not run it."""
-    request = Request(argv, os.getcwd(), dict(os.environ)).to_bytes()
-    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
-        sock.settimeout(REQUEST_TIMEOUT_S)
-        try:
-            sock.connect(server)
-        except OSError as exc:
-            raise ServerUnavailable(f"no mount server answers at {server} "
-                                    f"({exc.strerror or exc})") from None
-        try:
-            socket.send_fds(sock, [request], [stdout, stderr])
-            reply = sock.recv(MAX_REQUEST_BYTES)
-        except OSError as exc:
-            raise ServerUnavailable(f"the mount server at {server} did not answer "
-                                    f"({exc.strerror or exc})") from None
-    try:
-        answer: dict[str, Any] = json.loads(reply)
-    except ValueError:
-        raise ServerUnavailable(f"the mount server at {server} gave no answer") from None
-    if isinstance(answer.get("pid"), int):
-        return int(answer["pid"])
-    raise ServerRefused(f"the mount server at {server} refused: {answer.get('error')}")
 
 
 # ---- the server --------------------------------------------------------------------------
@@ -156,9 +102,13 @@ def serve_forever(path: Path, on_ready: Callable[[dict[str, Any]], None] | None 
     """Preload, listen at `path` and fork a serving process per request until SIGTERM or
     SIGINT; the socket is removed at the end. ServerError if it cannot listen there
     (checked first: a request that comes while the server preloads waits for it)."""
+    from fusefs.hostlink import HostLink
+    from fusefs.kernelmount import kernel_supports_passthrough
+
     listener = _listen(path)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the children
     signal.signal(signal.SIGTERM, _exit_on_signal)
+    host: HostLink | None = None
     try:
         for name in PRELOAD:
             try:
@@ -167,19 +117,34 @@ def serve_forever(path: Path, on_ready: Callable[[dict[str, Any]], None] | None 
                 log.warning("not preloading %s (%s): its mounts will load it themselves",
                             name, exc)
         gc.freeze()  # the preloaded heap: children neither scan it nor copy it by scanning
+        why = kernel_supports_passthrough()
+        if why is None:
+            host = HostLink(listener)
+            host.start()
+        else:
+            log.info("every mount gets a process of its own: %s", why)
         if on_ready is not None:
-            on_ready({"event": "serving", "socket": str(path), "pid": os.getpid()})
+            on_ready({"event": "serving", "socket": str(path), "pid": os.getpid(),
+                      "host_pid": host.pid if host is not None else None})
         while True:
+            watched = [listener, *(host.sockets() if host is not None else ())]
+            readable, _, _ = select.select(watched, [], [])
+            if host is not None and host.channel in readable:
+                host.readable()  # a device to keep, a mount gone, or the host's death
+            if listener not in readable:
+                continue
             conn, _ = listener.accept()
             with conn:
                 conn.settimeout(REQUEST_TIMEOUT_S)
-                answer = _answer(conn, listener)
+                answer = _answer(conn, listener, host)
                 with contextlib.suppress(OSError):
                     conn.send(json.dumps(answer).encode())
     finally:
         listener.close()
         with contextlib.suppress(OSError):
             os.unlink(path)
+        if host is not None:
+            host.stop()
 
 
 def _exit_on_signal(signum: int, frame: Any) -> None:
@@ -213,7 +178,7 @@ def _listen(path: Path) -> socket.socket:
     return listener
 
 
-def _answer(conn: socket.socket, listener: socket.socket) -> dict[str, Any]:
+def _answer(conn: socket.socket, listener: socket.socket, host: Any) -> dict[str, Any]:
     fds: list[int] = []
     try:
         data, fds, _, _ = socket.recv_fds(conn, MAX_REQUEST_BYTES, 2)
@@ -225,11 +190,16 @@ def _answer(conn: socket.socket, listener: socket.socket) -> dict[str, Any]:
         if len(fds) != 2:
             raise ServerRefused("a request carries two descriptors: stdout and stderr")
         request = Request.parse(data)
+        handle = host.take(data, fds, conn) if host is not None else None
+        if handle is not None:
+            log.info("the host serves (handle %d): %s", handle, " ".join(request.argv[2:4]))
+            return {"pid": handle}
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
-            _child(request, fds, (conn, listener))
+            _child(request, fds, (conn, listener, *(host.sockets() if host else ())),
+                   host.kept_fds() if host else [])
         log.info("pid %d serves: %s", pid, " ".join(request.argv[2:4]))
         return {"pid": pid}
     except ServerRefused as exc:
@@ -243,12 +213,16 @@ def _answer(conn: socket.socket, listener: socket.socket) -> dict[str, Any]:
             os.close(fd)
 
 
-def _child(request: Request, fds: list[int], sockets: tuple[socket.socket, ...]) -> NoReturn:
-    """Become `python -m MODULE ...` (see the module docstring); never returns."""
+def _child(request: Request, fds: list[int], sockets: tuple[socket.socket, ...],
+           kept: list[int]) -> NoReturn:
+    """Become `python -m MODULE ...` (see the module docstring); never returns. `sockets`
+    and `kept` (the hosted mounts' descriptors) are the server's, closed here."""
     code = 1
     try:
         for sock in sockets:
             sock.close()
+        for fd in kept:
+            os.close(fd)
         os.setsid()
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -56,6 +56,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         add_serving_flags(m)
         add_passthrough_flag(m)
         m.set_defaults(run=run)
+        if name == "serve":
+            m.set_defaults(serving=_serving)
 
     add_umount(ckpt_sub, "a checkpoint")
 
@@ -165,18 +167,19 @@ def _options(args: argparse.Namespace) -> Any:
 
 
 def _run_serve(args: argparse.Namespace) -> int:
-    from fusefs.mount import MountError, check_fuse, ready_line
+    from fusefs.mount import run_serving
+
+    return run_serving(args)
+
+
+def _serving(args: argparse.Namespace) -> Any:
+    """`ckpt serve`'s `fusefs.mount.Serving`."""
+    from fusefs.mount import Serving, check_fuse
     from hdfs_stripe.mount import serve_ckpt
 
-    secret = _setup(args)
-    opts = _options(args)
-    try:
-        check_fuse()
-    except MountError as exc:
-        raise UserError(str(exc)) from None
-
-    expected(serve_ckpt(opts, secret, ready_line))
-    return 0
+    secret, opts, env = load_secret(), _options(args), dict(os.environ)
+    check_fuse()
+    return Serving(lambda ready: serve_ckpt(opts, secret, ready, env), kernel=opts.passthrough)
 
 
 def _run_mount(args: argparse.Namespace) -> int:

@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -176,10 +177,13 @@ class MountOptions:
 
 
 async def serve_ckpt(opts: MountOptions, secret: bytes,
-                     on_ready: Callable[[dict[str, Any]], None]) -> None:
-    """Resolve the URI's files, then serve them until SIGTERM or unmount."""
+                     on_ready: Callable[[dict[str, Any]], None],
+                     env: Mapping[str, str] = os.environ) -> None:
+    """Resolve the URI's files, then serve them until stopped or unmounted. `env`: the
+    mount command's environment (the HDFS user and token), where a mount server serves
+    it in a process of its own."""
     uri = parse_uri(opts.uri)
-    reader = StripeReader(webhdfs_for(uri))
+    reader = StripeReader(webhdfs_for(uri, env=env))
     agent = AgentClient(opts.api_socket)
     try:
         async with TrackerClient(opts.tracker, secret) as tracker:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import getpass
 import os
+from collections.abc import Mapping
 
 from hdfs_stripe.naming import FileChanged, HdfsUri, UriError, parse_origin_url, parse_uri
 from hdfs_stripe.reader import StripeReader
@@ -22,10 +23,12 @@ from hdfs_stripe.webhdfs import HdfsError, WebHdfs
 from p2p.origin.base import OriginError, Progress
 
 
-def webhdfs_for(uri: HdfsUri, user: str | None = None) -> WebHdfs:
-    """A WebHDFS client for the URI's NameNode, as the user the environment names."""
-    return WebHdfs(uri.endpoint, user=user or os.environ.get("HADOOP_USER_NAME")
-                   or getpass.getuser(), token=os.environ.get("BOOTSEER_HDFS_DELEGATION"))
+def webhdfs_for(uri: HdfsUri, user: str | None = None,
+                env: Mapping[str, str] = os.environ) -> WebHdfs:
+    """A WebHDFS client for the URI's NameNode, as the user the environment `env` names
+    (this process's by default)."""
+    return WebHdfs(uri.endpoint, user=user or env.get("HADOOP_USER_NAME")
+                   or getpass.getuser(), token=env.get("BOOTSEER_HDFS_DELEGATION"))
 
 
 class HdfsOrigin:

@@ -12,7 +12,8 @@ import re
 from pathlib import Path
 
 ACCOUNT = re.compile(r"unmounted .*: (\d+) passthrough opens, (\d+) handler opens, (\d+) "
-                     r"handler reads of (\d+) bytes")
+                     r"handler reads of (\d+) bytes, \d+ failed, \d+ whole files built, "
+                     r"(\d+) backing files checked")
 
 
 def account(log: Path) -> dict[str, int] | None:
@@ -20,7 +21,8 @@ def account(log: Path) -> dict[str, int] | None:
     found = ACCOUNT.findall(log.read_text(errors="replace")) if log.exists() else []
     if not found:
         return None
-    keys = ("passthrough_opens", "handler_opens", "handler_reads", "handler_bytes")
+    keys = ("passthrough_opens", "handler_opens", "handler_reads", "handler_bytes",
+            "backing_checked")
     return dict(zip(keys, map(int, found[-1]), strict=True))
 
 

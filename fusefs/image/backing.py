@@ -68,6 +68,10 @@ class ImageBacking:
     def built(self) -> int:
         return self.copies + (self.plain.built if self.plain is not None else 0)
 
+    @property
+    def checked(self) -> int:
+        return self.plain.checked if self.plain is not None else 0
+
     def account(self) -> dict[str, Any]:
         """What this backing gave the kernel: for the launch's timeline."""
         return {"copy_opens": self.copy_opens, "copy_misses": self.copy_misses,

@@ -56,6 +56,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         m.add_argument("mountpoint", metavar="DIR", type=Path)
         _mount_flags(m)
         m.set_defaults(run=run)
+        if name == "serve":
+            m.set_defaults(serving=_serving)
 
     add_umount(image_sub, "an image")
 
@@ -165,17 +167,23 @@ def _run_index(args: argparse.Namespace) -> int:
 
 
 def _run_serve(args: argparse.Namespace) -> int:
-    from fusefs.image.mount import serve_image
-    from fusefs.mount import check_fuse, ready_line
+    from fusefs.mount import run_serving
 
-    _setup(args)
+    return run_serving(args)
+
+
+def _serving(args: argparse.Namespace) -> Any:
+    """`image serve`'s `fusefs.mount.Serving`."""
+    from fusefs.image.mount import serve_image
+    from fusefs.mount import Serving, check_fuse
+
     if not args.mountpoint.is_dir():
         raise UserError(f"the mount point {args.mountpoint} is not a directory")
     ref, secret, opts = _ref(args.ref), load_secret(), _options(args)
     _expected_sync(check_fuse)
-    summary = _expected(serve_image(opts, secret, ref, ready_line))
-    log.info("done: %s", json.dumps(summary))
-    return 0
+    return Serving(lambda ready: serve_image(opts, secret, ref, ready),
+                   kernel=opts.passthrough,
+                   finish=lambda summary: log.info("done: %s", json.dumps(summary)))
 
 
 def _run_mount(args: argparse.Namespace) -> int:

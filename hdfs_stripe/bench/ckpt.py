@@ -26,7 +26,12 @@ After a warm-up pass (a just-started JVM serves 2-3x slower), in order:
   through FUSE), medians of three (`*_runs_gbps`: all; `*_server_cpu_s_per_gib`:
   the serving process's CPU; `*read_path`: what served, by the server's own
   account; `direct_read_gbps`: the stripe files read directly, what the disk
-  and page cache give without FUSE).
+  and page cache give without FUSE). `server_first_*` and `server_second_*`: the
+  same read through a mount server's host (`bootseer fs server`, one process
+  for many mounts; a fresh server each round): its first mount of the file, then
+  a second mount of it while the first is still mounted, which trusts the
+  backing file the first one checked (`*_backing_checked`: files the mount
+  hashed, by its own account); CPU is the host's.
 
 Every load is checked against the file's SHA-256. Ratios, not absolute times,
 are what carry from this 2-core machine to a cluster.
@@ -52,6 +57,9 @@ from p2p.units import GiB, MiB, positive_int, size_arg
 
 READ_BYTES = 4 * MiB
 FUSE_ROUNDS = 3  # fresh mounts, median reported
+# The read cases, by the prefix of their keys in the JSON line.
+CASES = {"handler": "handler_", "passthrough": "", "server_first": "server_first_",
+         "server_second": "server_second_"}
 
 
 def add_parser(kinds: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -239,12 +247,12 @@ async def _fuse_read(cluster: Any, agent: Any, uri: Any, work: Path, manifest: A
     await asyncio.to_thread(os.sync)
     stripes = sorted(agent.store_dir.glob(f"*/*{CHUNK_SUFFIX}"),
                      key=lambda p: int(p.name.split(".")[0]))
-    runs: dict[str, dict[str, list[Any]]] = {m: {"gbps": [], "cpu": [], "path": []}
-                                             for m in ("handler", "passthrough")}
+    runs: dict[str, dict[str, list[Any]]] = {
+        m: {"gbps": [], "cpu": [], "path": [], "checked": []} for m in CASES}
     direct, same = [], False
-    for last in [False] * (FUSE_ROUNDS - 1) + [True]:
+    for round_, last in enumerate([False] * (FUSE_ROUNDS - 1) + [True]):
         direct.append(size / await asyncio.to_thread(read_all_seconds, stripes) / 1e9)
-        for mode in runs:
+        for mode in ("handler", "passthrough"):
             opts = MountOptions(str(uri), where, cluster.tracker_url, agent.api_socket,
                                 agent.store_dir, passthrough=mode == "passthrough")
             log = work / f"mount-{mode}.log"
@@ -256,19 +264,60 @@ async def _fuse_read(cluster: Any, agent: Any, uri: Any, work: Path, manifest: A
                 if last and mode == "passthrough":
                     same = await asyncio.to_thread(_sha256_of, where / "ckpt") == digest
             runs[mode]["path"].append(read_path(log))
+        await _server_round(cluster, agent, uri, work, size, round_, runs)
     out: dict[str, Any] = {"fuse_ok": same and built,
                            "whole_build_seconds": round(build_s, 3),
                            "whole_build_cpu_s_per_gib": round(build_cpu * GiB / size, 3),
                            "direct_read_gbps": round(statistics.median(direct), 3)}
     for mode, r in runs.items():
-        key = "" if mode == "passthrough" else "handler_"
+        key = CASES[mode]
         out |= {f"{key}fuse_read_gbps": round(statistics.median(r["gbps"]), 3),
                 f"{key}fuse_read_runs_gbps": [round(v, 3) for v in r["gbps"]],
                 f"{key}fuse_server_cpu_s_per_gib": round(statistics.median(r["cpu"]), 3),
                 f"{key}read_path": sorted(set(r["path"]))}
+        if r["checked"]:
+            out[f"{key}backing_checked"] = r["checked"]
     out["passthrough_over_handler"] = round(out["fuse_read_gbps"] /
                                             out["handler_fuse_read_gbps"], 2)
+    out["server_second_over_first"] = round(out["server_second_fuse_read_gbps"] /
+                                            out["server_first_fuse_read_gbps"], 2)
     return out
+
+
+async def _server_round(cluster: Any, agent: Any, uri: Any, work: Path, size: int,
+                        round_: int, runs: dict[str, dict[str, list[Any]]]) -> None:
+    """One round through a fresh mount server: `dd` through its first mount of the file,
+    then through a second mount of it (the first still mounted); the host's CPU."""
+    from fusefs.bench.image import cpu_seconds, dd_seconds
+    from fusefs.bench.mountserver import MountServer
+    from fusefs.bench.readpath import account, read_path
+    from fusefs.mount import LOG_DIR_ENV
+    from hdfs_stripe.mount import MountOptions
+
+    env = {**cluster.env, LOG_DIR_ENV: str(work)}  # the mounts' logs stay: their accounts
+    server = await MountServer.start(work / f"server-{round_}.sock",
+                                     work / f"server-{round_}.log", env)
+    mounted = []
+    try:
+        for mode in ("server_first", "server_second"):
+            where = work / f"mnt-{mode}"
+            where.mkdir(exist_ok=True)
+            opts = MountOptions(str(uri), where, cluster.tracker_url, agent.api_socket,
+                                agent.store_dir)
+            log = work / f"mount-{mode}-{round_}.log"
+            ready = await server.mount([*opts.argv(), "--log-level", "INFO"], log, env)
+            mounted.append((ready, log, mode))
+            host = int(ready["server_pid"])
+            before = cpu_seconds(host)
+            runs[mode]["gbps"].append(size / await dd_seconds(where / "ckpt") / 1e9)
+            runs[mode]["cpu"].append((cpu_seconds(host) - before) * GiB / size)
+    finally:
+        for ready, _, _ in reversed(mounted):
+            await server.unmount(ready)
+        await server.stop()
+    for _, log, mode in mounted:
+        runs[mode]["path"].append(read_path(log))
+        runs[mode]["checked"].append((account(log) or {}).get("backing_checked"))
 
 
 def _sha256_of(path: Path) -> str:

@@ -389,3 +389,58 @@ async def test_a_sha256sum_through_the_mount_survives_an_agent_restart(
         finally:
             await mount.stop()
         print(json.dumps({"restart_signal": sig.name, "sha256sum_seconds": round(stall, 2)}))
+
+
+async def test_checkpoint_mounts_through_the_mount_server_are_served_by_one_process(
+        tmp_path: Path, fuse_ready: None) -> None:
+    """`ckpt mount` with BOOTSEER_MOUNT_SERVER set, twice: both mounts served by the
+    server's host (the command line parsed and set up there, in the caller's environment:
+    the secret, the tracker, the HDFS user), each read as a loader reads it; `ckpt umount`
+    ends each mount's handle; the server's stop leaves nothing mounted."""
+    async with hdfs(tmp_path) as dfs, swarm(tmp_path, 1) as (cluster, (a,)):
+        shards = await write_checkpoint(dfs, "/ckpt/step-7")
+        async with WebHdfs(dfs.http_url) as client:
+            await client.create("/private/shard", b"secret", permission="600")
+        uri = dfs.uri("/ckpt/step-7")
+        code, _, err = await bootseer(cluster, "ckpt", "prefetch", uri, "--json",
+                                      *flags(cluster, a))
+        assert code == 0, err
+        sock = tmp_path / "mount.sock"
+        server = await asyncio.create_subprocess_exec(
+            *bootseer_command(), "fs", "server", "--socket", str(sock),
+            stdout=asyncio.subprocess.PIPE, env=cluster.env)
+        assert server.stdout is not None
+        host = json.loads(await asyncio.wait_for(server.stdout.readline(), 30))["host_pid"]
+        env = {**cluster.env, "BOOTSEER_MOUNT_SERVER": str(sock)}
+        mounts = []
+        try:
+            for name in ("one", "two"):
+                (tmp_path / name).mkdir()
+                code, out, err = await bootseer(cluster, "ckpt", "mount", uri,
+                                                str(tmp_path / name), *flags(cluster, a),
+                                                env=env)
+                assert code == 0, err
+                mounts.append(json.loads(out))
+            assert [m["server_pid"] for m in mounts] == [host, host]
+            # The HDFS user is the mount command's, not the server's.
+            (tmp_path / "private").mkdir()
+            code, _, err = await bootseer(cluster, "ckpt", "mount", dfs.uri("/private/shard"),
+                                          str(tmp_path / "private"), *flags(cluster, a),
+                                          env={**env, "HADOOP_USER_NAME": "alice"})
+            assert code == 2 and "permission denied: user 'alice'" in err, err
+            for name in ("one", "two"):
+                for shard, tensors in shards.items():
+                    with open(tmp_path / name / shard, "rb") as f:
+                        assert_same(await asyncio.to_thread(load_safetensors, f), tensors)
+            code, _, err = await bootseer(cluster, "ckpt", "umount", str(tmp_path / "one"))
+            assert code == 0, err
+
+            async def handle_gone() -> bool:
+                return not Path(f"/proc/{mounts[0]['pid']}").exists()
+
+            await until(handle_gone, "the unmounted mount's handle exits")
+            assert is_mounted(tmp_path / "two")
+        finally:
+            server.send_signal(signal.SIGTERM)
+            assert await asyncio.wait_for(server.wait(), 30) == 0
+        assert not is_mounted(tmp_path / "one") and not is_mounted(tmp_path / "two")

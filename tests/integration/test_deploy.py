@@ -30,7 +30,8 @@ from tracker.config import load_config as load_tracker_config
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 UNITS = {"bootseer-agent.service": "bootseer-agent.service",
-         "bootseer-tracker@.service": "bootseer-tracker@1.service"}
+         "bootseer-tracker@.service": "bootseer-tracker@1.service",
+         "bootseer-mount-server.service": "bootseer-mount-server.service"}
 KUBERNETES_VERSION = "1.30.0"  # the oldest release whose schema has appArmorProfile
 # Kinds with no schema in kubernetes-validate (custom resources), each with the check the
 # test makes instead.
@@ -113,8 +114,11 @@ def test_unit_command_lines_and_configs_exist() -> None:
                "/etc/bootseer/tracker-1.toml": DEPLOY / "config" / "tracker.toml"}
     for argv in commands.values():
         words = [samples.get(w.replace("%i", "1"), w.replace("%i", "1")) for w in argv]
-        assert words[0] in {"agent", "tracker"}
-        _configures([str(w) for w in words])
+        assert words[0] in {"agent", "tracker", "fs"}
+        if words[0] == "fs":
+            assert _parses([str(w) for w in words]).socket == Path("/run/bootseer/mount.sock")
+        else:
+            _configures([str(w) for w in words])
     secret = (DEPLOY / "config" / "secret.env.example").read_text()
     assert re.search(r"^BOOTSEER_SECRET=\S{16,}$", secret, re.M)
 
