@@ -137,14 +137,15 @@ class Hosted:
             self.task.cancel()
 
     def ready(self, info: dict[str, Any]) -> None:
-        """The "mounted" line on the command's stdout (then closed), and the mount point
-        to the handle (which unmounts it should this process die)."""
+        """The mount point to the handle (which unmounts it should this process die), then
+        the "mounted" line on the command's stdout (then closed): in that order, so that a
+        caller that kills this process as soon as it has the line leaves no mount."""
+        self._tell({"mounted": info.get("mountpoint")})
         line = json.dumps({"event": "mounted", **info, "server_pid": os.getpid()}) + "\n"
         if self.stdout >= 0:
             with contextlib.suppress(OSError):
                 os.write(self.stdout, line.encode())
             self._close_stdout()
-        self._tell({"mounted": info.get("mountpoint")})
 
     def end(self, status: int) -> None:
         if self.device is not None:  # kept, but not served again: nothing will serve it
