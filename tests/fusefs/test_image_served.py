@@ -10,6 +10,8 @@ What is proved:
   prefetches it, from the first agent) and reports this run's bytes from
   peers and from the registry, which the serving side counted; and the
   `image run` process itself imported no aiohttp (`python -X importtime`);
+- with the variable set and no server answering, `image run` says so and
+  forks its mount's serving process itself;
 - an `image run` killed with SIGKILL leaves no mount: its handle (or the
   serving process the server forked, for a pyfuse3 mount) watches it
   (`end_with_client`) and stops the mount.
@@ -89,6 +91,19 @@ async def test_image_run_through_the_server_runs_records_and_counts_its_bytes(
             assert warm["peer_bytes"] and warm["origin_bytes"] == 0, warm
         finally:
             await server.stop()
+
+
+async def test_with_no_server_answering_image_run_says_so_and_forks_its_mount(
+        fuse_ready: None, registry: RunningRegistry, image: BuiltImage, tmp_path: Path) -> None:
+    ref = await push(registry, "test/served-none", image)
+    async with asyncio.timeout(TEST_BOUND_S), cluster_of(tmp_path, 1) as (cluster, agents):
+        await index(cluster, ref, agents[0])
+        status, timeline, err = await image_run(
+            cluster, tmp_path / "nobody.sock", *agent_flags(cluster, agents[0]), ref, "--",
+            "sh", "-c", "cat /data/hot.bin > /dev/null; exit 3")
+        assert status == 3, err[-3000:]
+        assert "no mount server answers at" in err and "starting the mount process here" in err
+        assert timeline["served_by"] == "forked" and timeline["origin_bytes"], timeline
 
 
 def fuse_mounts_under(where: Path) -> list[str]:
