@@ -16,7 +16,9 @@ its pid. It holds its socket and the mount's log as stderr, nothing else of
 the server's, and blocks on the socket: SIGTERM or SIGINT make it send
 "stop"; {"mounted": path} tells it what to unmount should the host die;
 {"ended": status} ends it with that status (a negative one as that signal, as
-a process killed by it). The server keeps a copy of the host's end of the
+a process killed by it). A handle given a client's pidfd (`fusefs.request`,
+`end_with_client`) watches it too, and sends "stop" once the client has
+exited. The server keeps a copy of the host's end of the
 socket, so the host's death alone does not end it; the end of the socket with
 no "ended" means the server and its host are both gone: it unmounts the mount
 point, lazily, and exits 1.
@@ -25,6 +27,7 @@ point, lazily, and exits 1.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -94,10 +97,12 @@ class HostLink:
         return [fd for k in self.kept.values()
                 for fd in (k.log_fd, k.handle_fd, *(k.device or ()))]
 
-    def take(self, request: bytes, fds: list[int], conn: socket.socket) -> int | None:
+    def take(self, request: bytes, fds: list[int], conn: socket.socket,
+             client: int = -1) -> int | None:
         """Hand the request (its stdout and stderr: `fds`) to the host; the pid of the
         mount's handle if the host serves it, None if it leaves it to a process of its
-        own."""
+        own. `client`: a pidfd the handle watches (the mount stops once it is readable),
+        or -1."""
         mine, its = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._next_id += 1
         ident = self._next_id
@@ -119,7 +124,7 @@ class HostLink:
         if pid == 0:
             for sock in (conn, self.listener, *self.sockets()):
                 sock.close()
-            run_handle(mine, fds[1])
+            run_handle(mine, fds[1], client)
         mine.close()
         return pid
 
@@ -247,30 +252,45 @@ def _host_child(channel: socket.socket) -> NoReturn:
         os._exit(code)
 
 
-def run_handle(sock: socket.socket, log_fd: int) -> NoReturn:
-    """A hosted mount's handle (see the module docstring); never returns."""
+def run_handle(sock: socket.socket, log_fd: int, client: int = -1) -> NoReturn:
+    """A hosted mount's handle (see the module docstring); never returns. `client`: a
+    pidfd of the process the mount ends with (`fusefs.request`), or -1."""
     try:
         os.setsid()
         fd = sock.detach()
         devnull = os.open(os.devnull, os.O_RDWR)
-        for source, target in ((devnull, 0), (devnull, 1), (log_fd, 2), (fd, 3)):
+        moves = [(devnull, 0), (devnull, 1), (log_fd, 2), (fd, 3)]
+        if client >= 0:
+            moves.append((fcntl.fcntl(client, fcntl.F_DUPFD, 5), 4))  # above what moves
+        for source, target in moves:
             if source != target:
                 os.dup2(source, target)
-        os.closerange(4, os.sysconf("SC_OPEN_MAX"))
+        os.closerange(5 if client >= 0 else 4, os.sysconf("SC_OPEN_MAX"))
         handle = socket.socket(fileno=3)
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: _send(handle, b"stop"))
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        _exit_as(_follow(handle))
+        _exit_as(_follow(handle, 4 if client >= 0 else -1))
     except BaseException:
         os._exit(1)
 
 
-def _follow(handle: socket.socket) -> int:
+def _follow(handle: socket.socket, client: int = -1) -> int:
     """The mount's status, from the host; 1 if the server and its host went first (the
-    mount point is then unmounted here)."""
+    mount point is then unmounted here). Once `client` (a pidfd) is readable, the
+    process the mount ends with has exited: "stop", once."""
     mountpoint = None
-    while data := handle.recv(MAX_MESSAGE_BYTES):
+    while True:
+        if client >= 0:
+            readable, _, _ = select.select([handle.fileno(), client], [], [])
+            if client in readable:
+                _send(handle, b"stop")
+                os.close(client)
+                client = -1
+            if handle.fileno() not in readable:
+                continue
+        if not (data := handle.recv(MAX_MESSAGE_BYTES)):
+            break
         message = json.loads(data)
         if "ended" in message:
             return int(message["ended"])

@@ -45,7 +45,9 @@ blocking socket calls.
 Clients. `fusefs.mount.start_detached` (every `mount` command) asks the
 server named by `BOOTSEER_MOUNT_SERVER` when it is set
 (`fusefs.request.fork_serving`); when that socket does not answer, it says
-so and starts the process itself.
+so and starts the process itself. `bootseer image run` (`fusefs.served`)
+asks too, and its request ends with it (`fusefs.request`): the mount's handle,
+or a forked serving process, stops the mount once the client has exited.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ import stat
 import struct
 import sys
 import tempfile
+import threading
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -147,6 +150,13 @@ def serve_forever(path: Path, on_ready: Callable[[dict[str, Any]], None] | None 
             host.stop()
 
 
+def _end_with(client: int) -> None:
+    """In a forked serving process: once the client's pidfd is readable (it has exited),
+    SIGTERM to this process (its serving command unmounts on it)."""
+    select.select([client], [], [])
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
 def _exit_on_signal(signum: int, frame: Any) -> None:
     raise SystemExit(0)
 
@@ -180,17 +190,23 @@ def _listen(path: Path) -> socket.socket:
 
 def _answer(conn: socket.socket, listener: socket.socket, host: Any) -> dict[str, Any]:
     fds: list[int] = []
+    client = -1  # a pidfd of the client, for a request that ends with it
     try:
         data, fds, _, _ = socket.recv_fds(conn, MAX_REQUEST_BYTES, 2)
-        _, uid, _ = _PEERCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
-                                                     _PEERCRED.size))
+        peer, uid, _ = _PEERCRED.unpack(conn.getsockopt(socket.SOL_SOCKET,
+                                                        socket.SO_PEERCRED, _PEERCRED.size))
         if uid != os.getuid():
             raise ServerRefused(f"user {uid} may not use the mount server of user "
                                 f"{os.getuid()}")
         if len(fds) != 2:
             raise ServerRefused("a request carries two descriptors: stdout and stderr")
         request = Request.parse(data)
-        handle = host.take(data, fds, conn) if host is not None else None
+        if request.end_with_client:  # it waits for our answer: alive, so the pidfd is its
+            try:
+                client = os.pidfd_open(peer)
+            except ProcessLookupError:
+                raise ServerRefused("the client is gone") from None
+        handle = host.take(data, fds, conn, client) if host is not None else None
         if handle is not None:
             log.info("the host serves (handle %d): %s", handle, " ".join(request.argv[2:4]))
             return {"pid": handle}
@@ -199,7 +215,7 @@ def _answer(conn: socket.socket, listener: socket.socket, host: Any) -> dict[str
         pid = os.fork()
         if pid == 0:
             _child(request, fds, (conn, listener, *(host.sockets() if host else ())),
-                   host.kept_fds() if host else [])
+                   host.kept_fds() if host else [], client)
         log.info("pid %d serves: %s", pid, " ".join(request.argv[2:4]))
         return {"pid": pid}
     except ServerRefused as exc:
@@ -209,14 +225,16 @@ def _answer(conn: socket.socket, listener: socket.socket, host: Any) -> dict[str
         log.warning("a request failed: %s", exc)
         return {"error": f"the request failed: {exc.strerror or exc}"}
     finally:
-        for fd in fds:
-            os.close(fd)
+        for fd in (*fds, client):
+            if fd >= 0:
+                os.close(fd)
 
 
 def _child(request: Request, fds: list[int], sockets: tuple[socket.socket, ...],
-           kept: list[int]) -> NoReturn:
+           kept: list[int], client: int) -> NoReturn:
     """Become `python -m MODULE ...` (see the module docstring); never returns. `sockets`
-    and `kept` (the hosted mounts' descriptors) are the server's, closed here."""
+    and `kept` (the hosted mounts' descriptors) are the server's, closed here. `client`
+    (a pidfd, or -1): SIGTERM to this process, which stops its mount, once that ends."""
     code = 1
     try:
         for sock in sockets:
@@ -224,6 +242,8 @@ def _child(request: Request, fds: list[int], sockets: tuple[socket.socket, ...],
         for fd in kept:
             os.close(fd)
         os.setsid()
+        if client >= 0:
+            threading.Thread(target=_end_with, args=(client,), daemon=True).start()
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -44,6 +44,7 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
+from fusefs.readbound import READ_TIMEOUT_S
 from p2p.agentclient import AgentClient, AgentError, AgentUnreachable
 from p2p.chunkview import ChunkView, RecentChunks
 from p2p.content import ContentId, Manifest, ManifestError, check_content_id
@@ -52,7 +53,6 @@ from p2p.store import DamagedChunk, MissingChunk
 
 log = logging.getLogger(__name__)
 
-READ_TIMEOUT_S = 30.0
 # A chunk the agent could not supply fails at once for this long: the kernel retries a
 # failed read-ahead right away with a page-sized read, which would wait the bound again.
 RETRY_AFTER_S = 5.0

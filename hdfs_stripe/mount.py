@@ -37,7 +37,8 @@ from typing import Any
 
 from fusefs.backing import WholeFiles
 from fusefs.mount import READ_AHEAD_KB, serve
-from fusefs.source import READ_TIMEOUT_S, AgentSource, Buffer
+from fusefs.readbound import READ_TIMEOUT_S
+from fusefs.source import AgentSource, Buffer
 from fusefs.tree import Entry, Extent, Kind, Layer, Tree, build_tree
 from hdfs_stripe.index import Attach, Resolved, resolve
 from hdfs_stripe.naming import HdfsUri, parse_uri

@@ -34,6 +34,18 @@ fresh agent, an empty store, a new scratch directory):
   process's CPU seconds per GiB and which path served (`*read_path`, by the
   server's own account).
 
+- the mount server: every `image run` above (and the local ones below) runs as
+  on a node that runs `bootseer fs server` beside its agent, started before any
+  clock: BOOTSEER_MOUNT_SERVER names it, and the server serves the mount
+  (`fusefs.image.served`; the timelines' `served_by`). Then those agents stop,
+  and `forked_lazy_seconds` / `forked_prefetch_seconds` are the same lazy
+  (`--record --no-prefetch`, from the registry) and prefetched (from the lazy
+  one's agent) launches on two more fresh agents without the variable: `image
+  run` forks its serving process itself, as before the server, the baseline
+  of the same run (`forked_prefetch_over_lazy`). `*_startup_s`: each launch's
+  seconds before its own clock (the process's start, imports, arguments);
+  `load_average` (1, 5, 15 min) at the end of these cases.
+
 - `local_*` / `merged_local_*`: launches on that second agent, everything
   local now, alternating three times each way: with the image's tree as
   `image index` packed it (what every launch does) and with it merged at
@@ -73,6 +85,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from fusefs.request import SERVER_ENV
 from p2p.bench import workdir
 from p2p.units import MiB
 
@@ -182,15 +195,48 @@ async def _cases(args: argparse.Namespace, cluster: Any, proxy: Any, ref: str, w
     out["full_pull_registry_bytes"] = proxy.sent_bytes - sent
     _check_status(status, "the full-pull launch")
 
+    # As a node runs it beside its agent, started before any clock runs: every launch
+    # below but the forked ones has its mount served by it.
+    server = await cluster.spawn("mount-server", ["fs", "server", "--socket",
+                                                  str(work / "mount.sock")])
+    try:
+        out |= await _served_cases(args, cluster, proxy, ref, argv, caps,
+                                   {**cluster.env, SERVER_ENV: str(work / "mount.sock")}, log)
+    finally:
+        await server.stop()
+    log("forked: a lazy and a prefetched launch on fresh agents, no mount server")
+    d = await cluster.start_agent(4, "rack0", config=caps)
+    out["forked_lazy_seconds"], forked_lazy = await _launch(
+        cluster, d, ref, argv, args.runtime, "--record", "--no-prefetch")
+    e = await cluster.start_agent(5, "rack0", config=caps)
+    out["forked_prefetch_seconds"], forked_warm = await _launch(cluster, e, ref, argv,
+                                                                args.runtime)
+    for agent in (d, e):
+        await agent.child.stop()
+    out["forked_lazy_timeline"], out["forked_prefetch_timeline"] = forked_lazy, forked_warm
+    for case in ("lazy", "prefetch", "forked_lazy", "forked_prefetch"):
+        out[f"{case}_startup_s"] = out[f"{case}_timeline"].get("startup_s")
+    out["load_average"] = [round(x, 2) for x in os.getloadavg()]
+    return out
+
+
+async def _served_cases(args: argparse.Namespace, cluster: Any, proxy: Any, ref: str,
+                        argv: list[str], caps: dict[str, float], env: dict[str, str],
+                        log: Any) -> dict[str, Any]:
+    """The lazy, prefetched, handler and local launches, through the mount server (`env`
+    names it); their agents are stopped at the end, so that the forked launches after
+    them fetch from the registry and from each other, as these did."""
+    out: dict[str, Any] = {}
     a = await cluster.start_agent(0, "rack0", config=caps)
     log("lazy: bootseer image run --record on a fresh agent")
     sent = proxy.sent_bytes
-    out["lazy_seconds"], lazy = await _launch(cluster, a, ref, argv, args.runtime, "--record")
+    out["lazy_seconds"], lazy = await _launch(cluster, a, ref, argv, args.runtime, "--record",
+                                              env=env)
     out["lazy_registry_bytes"] = proxy.sent_bytes - sent
     b = await cluster.start_agent(1, "rack0", config=caps)
     log("prefetch: bootseer image run on a second fresh agent, the hot set from the first")
     sent = proxy.sent_bytes
-    out["prefetch_seconds"], warm = await _launch(cluster, b, ref, argv, args.runtime)
+    out["prefetch_seconds"], warm = await _launch(cluster, b, ref, argv, args.runtime, env=env)
     out["prefetch_registry_bytes"] = proxy.sent_bytes - sent
     layers = await _layer_contents(cluster, ref)
     held = await _held(b, layers)
@@ -208,17 +254,19 @@ async def _cases(args: argparse.Namespace, cluster: Any, proxy: Any, ref: str, w
     out["lazy_timeline"], out["prefetch_timeline"] = lazy, warm
     log("prefetch, handler: the same on a third fresh agent with --no-passthrough")
     c = await cluster.start_agent(3, "rack0", config=caps)
-    out["prefetch_handler_seconds"], handler = await _launch(cluster, c, ref, argv,
-                                                             args.runtime, "--no-passthrough")
+    out["prefetch_handler_seconds"], handler = await _launch(
+        cluster, c, ref, argv, args.runtime, "--no-passthrough", env=env)
     out["prefetch_handler_server"] = handler.get("server")
     out["prefetch_handler_timeline"] = handler
     log("local: launches on the second agent, the tree packed at index vs merged at mount")
-    out |= await _tree_cases(cluster, b, ref, argv, args.runtime)
+    out |= await _tree_cases(cluster, b, ref, argv, args.runtime, env)
+    for agent in (a, b, c):
+        await agent.child.stop()
     return out
 
 
-async def _tree_cases(cluster: Any, agent: Any, ref: str, argv: list[str], runtime: str
-                      ) -> dict[str, Any]:
+async def _tree_cases(cluster: Any, agent: Any, ref: str, argv: list[str], runtime: str,
+                      env: dict[str, str]) -> dict[str, Any]:
     """Launches with everything local, alternating: the image's tree as `image index` packed
     it, and merged at mount from the layers' members (its bindings pushed again without the
     tree, as an image indexed before trees were packed; put back after each)."""
@@ -226,7 +274,7 @@ async def _tree_cases(cluster: Any, agent: Any, ref: str, argv: list[str], runti
     for _ in range(TREE_ROUNDS):
         for how, r in runs.items():
             async with _tree_hidden(ref, hidden=how == "merged"):
-                seconds, timeline = await _launch(cluster, agent, ref, argv, runtime)
+                seconds, timeline = await _launch(cluster, agent, ref, argv, runtime, env=env)
             if timeline.get("tree") != how:
                 raise RuntimeError(f"a launch meant to use the {how} tree used "
                                    f"{timeline.get('tree')!r}")
@@ -265,11 +313,12 @@ async def _tree_hidden(ref: str, hidden: bool) -> AsyncIterator[None]:
 
 
 async def _launch(cluster: Any, agent: Any, ref: str, argv: list[str], runtime: str,
-                  *extra: str) -> tuple[float, dict[str, Any]]:
+                  *extra: str, env: dict[str, str] | None = None
+                  ) -> tuple[float, dict[str, Any]]:
     started = time.monotonic()
     _, out = await _cli(cluster, "image", "run", "--tracker", cluster.tracker_url,
                         "--api-socket", agent.api_socket, "--store-dir", str(agent.store_dir),
-                        "--runtime", runtime, "--json", *extra, ref, "--", *argv)
+                        "--runtime", runtime, "--json", *extra, ref, "--", *argv, env=env)
     seconds = round(time.monotonic() - started, 3)
     timeline = json.loads(out.splitlines()[-1])
     _check_status(timeline["exit_status"], f"the launch on {agent.child.name}")
@@ -281,7 +330,7 @@ async def _launch(cluster: Any, agent: Any, ref: str, argv: list[str], runtime: 
 async def _fuse_read(args: argparse.Namespace, cluster: Any, ref: str, big: Any, work: Path,
                      log: Any) -> dict[str, Any]:
     from fusefs.bench.readpath import read_path
-    from fusefs.image.mount import MountOptions
+    from fusefs.image.options import MountOptions
     from fusefs.mount import Mount
     from fusefs.testing.sample import BIG_FILE_PATH
 
@@ -368,12 +417,13 @@ async def dd_seconds(path: Path) -> float:
     return time.monotonic() - started
 
 
-async def _cli(cluster: Any, *args: str) -> tuple[int, str]:
+async def _cli(cluster: Any, *args: str, env: dict[str, str] | None = None
+               ) -> tuple[int, str]:
     from p2p.testing.localcluster import bootseer_command
 
     proc = await asyncio.create_subprocess_exec(
         *bootseer_command(), *args, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE, env=cluster.env)
+        stderr=asyncio.subprocess.PIPE, env=env or cluster.env)
     out, err = await proc.communicate()
     if proc.returncode != 0:
         raise RuntimeError(f"bootseer {' '.join(args[:3])} failed ({proc.returncode}): "
@@ -421,6 +471,7 @@ def _ratios(r: dict[str, Any]) -> dict[str, Any]:
 
     r["prefetch_over_full_pull"] = ratio("prefetch_seconds", "full_pull_seconds")
     r["prefetch_over_lazy"] = ratio("prefetch_seconds", "lazy_seconds")
+    r["forked_prefetch_over_lazy"] = ratio("forked_prefetch_seconds", "forked_lazy_seconds")
     r["prefetch_handler_over_lazy"] = ratio("prefetch_handler_seconds", "lazy_seconds")
     r["prefetch_over_prefetch_handler"] = ratio("prefetch_seconds", "prefetch_handler_seconds")
     r["startup_fetched_over_hot"] = ratio("startup_fetched_bytes", "hot_bytes")

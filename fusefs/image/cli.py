@@ -57,6 +57,9 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         _mount_flags(m)
         m.set_defaults(run=run)
         if name == "serve":
+            m.add_argument("--summary", type=Path, metavar="FILE",
+                           help="write what the mount reports at its end here, as JSON "
+                                "(a new file: `image run` reads it)")
             m.set_defaults(serving=_serving)
 
     add_umount(image_sub, "an image")
@@ -111,16 +114,13 @@ def _setup(args: argparse.Namespace) -> None:
 
 
 def _ref(text: str) -> Any:
-    from p2p.origin.oci_ref import ImageRefError, parse_reference
+    from fusefs.image.options import image_ref
 
-    try:
-        return parse_reference(text)
-    except ImageRefError as exc:
-        raise UserError(str(exc)) from None
+    return image_ref(text)
 
 
 def _options(args: argparse.Namespace, mountpoint: Path | None = None) -> Any:
-    from fusefs.image.mount import MountOptions
+    from fusefs.image.options import MountOptions
 
     if args.read_timeout_s <= 0 or args.read_ahead_kb <= 0 or args.window_s <= 0:
         raise UserError("--read-timeout, --read-ahead-kb and --window must be positive")
@@ -128,7 +128,7 @@ def _options(args: argparse.Namespace, mountpoint: Path | None = None) -> Any:
                         args.api_socket, args.store_dir.absolute(), args.plain_http,
                         args.record, args.window_s, args.prefetch, args.read_timeout_s,
                         args.read_ahead_kb, args.allow_other, args.record_missing,
-                        args.passthrough)
+                        args.passthrough, getattr(args, "summary", None))
 
 
 def _expected(run: Any) -> Any:
@@ -183,7 +183,21 @@ def _serving(args: argparse.Namespace) -> Any:
     _expected_sync(check_fuse)
     return Serving(lambda ready: serve_image(opts, secret, ref, ready),
                    kernel=opts.passthrough,
-                   finish=lambda summary: log.info("done: %s", json.dumps(summary)))
+                   finish=lambda summary: _finish(opts.summary, summary))
+
+
+def _finish(path: Path | None, summary: dict[str, Any]) -> None:
+    """Log what the mount reports at its end, and write it to `path` (--summary), a new
+    file, never through a link."""
+    log.info("done: %s", json.dumps(summary))
+    if path is None:
+        return
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        with os.fdopen(os.open(path, flags, 0o600), "w") as out:
+            out.write(json.dumps(summary))
+    except OSError as exc:
+        log.warning("cannot write the mount's summary to %s: %s", path, exc.strerror)
 
 
 def _run_mount(args: argparse.Namespace) -> int:
@@ -213,13 +227,13 @@ def _expected_sync(check: Any) -> None:
 
 
 def _run_run(args: argparse.Namespace) -> int:
-    from fusefs.image.mount import launch
+    from fusefs.image.run import launch
 
     _setup(args)
-    ref, secret = _ref(args.ref), load_secret()
+    secret = load_secret()  # the reference is parsed where the mount is served
     opts = _options(args, Path("/"))
     command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
-    status, timeline = _expected(lambda: launch(opts, secret, ref, command or None,
+    status, timeline = _expected(lambda: launch(opts, secret, command or None,
                                                 args.runtime, (UserError,)))
     if args.json:
         print(json.dumps({"exit_status": status, **timeline}))
@@ -228,8 +242,9 @@ def _run_run(args: argparse.Namespace) -> int:
         sys.stderr.write(_record_line(args, timeline["record"]))
     if sys.stderr.isatty():
         sys.stderr.write(f"bootseer image run: {args.ref}: mounted in {timeline['mounted_s']} s; "
-                         f"this run fetched {timeline['peer_bytes'] / 1e6:,.1f} MB of it "
-                         f"from peers and {timeline['origin_bytes'] / 1e6:,.1f} MB from the "
+                         f"this run fetched {(timeline['peer_bytes'] or 0) / 1e6:,.1f} MB of "
+                         f"it from peers and {(timeline['origin_bytes'] or 0) / 1e6:,.1f} MB "
+                         "from the "
                          f"registry; {timeline['prefetch_chunks']} chunks were prefetched\n")
     return int(status)
 

@@ -71,7 +71,7 @@ class ForkedMount:
     async def wait_ready(self, timeout_s: float) -> dict[str, Any]:
         """The child's "mounted" line; MountError with its log if it does not come."""
         try:
-            line = await asyncio.wait_for(asyncio.to_thread(_read_line, self._ready_fd),
+            line = await asyncio.wait_for(asyncio.to_thread(read_line, self._ready_fd),
                                           timeout_s)
             message: dict[str, Any] = dict(json.loads(line))
         except (TimeoutError, json.JSONDecodeError, TypeError, ValueError):
@@ -106,7 +106,7 @@ class ForkedMount:
                     os.kill(self.pid, signal.SIGKILL)
                 status = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
             self._status = status
-            self.ended = _read_summary(self.log_path)
+            self.ended = read_summary(self.log_path)
         if is_mounted(self.mountpoint):
             await asyncio.to_thread(force_unmount, self.mountpoint)
         return self._status
@@ -133,7 +133,7 @@ def _child(write_fd: int, log_path: Path, serve: Serve,
         os.dup2(devnull, sys.stdout.fileno())
         summary = asyncio.run(serve(lambda info: say({"event": "mounted", **info})))
         if isinstance(summary, dict):
-            _summary_path(log_path).write_text(json.dumps(summary))
+            summary_path(log_path).write_text(json.dumps(summary))
         code = 0
     except expected as exc:
         log.error("%s", exc)
@@ -156,19 +156,22 @@ def _end_with_parent(parent: int) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-def _summary_path(log_path: Path) -> Path:
+def summary_path(log_path: Path) -> Path:
+    """Where a mount logging to `log_path` writes what its serving returned, at its end."""
     return log_path.with_name(log_path.name + ".ended.json")
 
 
-def _read_summary(log_path: Path) -> dict[str, Any]:
+def read_summary(log_path: Path) -> dict[str, Any]:
+    """What `summary_path` holds; {} if nothing was written (a mount that failed)."""
     try:
-        summary = json.loads(_summary_path(log_path).read_text())
+        summary = json.loads(summary_path(log_path).read_text())
     except (OSError, ValueError):  # a child killed before it wrote one
         return {}
     return summary if isinstance(summary, dict) else {}
 
 
-def _read_line(fd: int) -> bytes:
+def read_line(fd: int) -> bytes:
+    """One line from `fd` (blocking), or what came before its end."""
     data = bytearray()
     while not data.endswith(b"\n") and (piece := os.read(fd, 65536)):
         data += piece

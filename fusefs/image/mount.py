@@ -1,83 +1,47 @@
-"""Mount an image, and run a command in it.
+"""Serve an image mount: `bootseer image serve`, the serving behind `image mount` and
+`image run`.
 
-`serve_image` is the serving process of one image mount (it must not read its
-own mount, so it is always a process of its own): it opens the image (manifest,
-config, layer indexes and the merged tree `image index` packed, see `catalog`;
-an image indexed before trees were packed has its layers merged here by
+`serve_image` is the serving of one image mount (a process must not read a
+mount it serves, so it runs in a process of its own or in the node's mount
+server, never in the launch's): it opens the image (manifest, config, layer
+indexes and the merged tree `image index` packed, see `catalog`; an image
+indexed before trees were packed has its layers merged here by
 `fusefs.tree.build_tree`: whiteouts, opaque directories, hard links), hands
 the agent the image's hot-block record as per-layer prefetch lists (lazy: the
 agent fetches those chunks in record order, from peers first, and nothing
-else), and serves the tree until SIGTERM or an unmount. In record mode it then
-merges what this launch touched into the stored record.
+else), and serves the tree until it is stopped or unmounted. It then asks the
+agent what this mount's layers received from peers and from the registry since
+it began, and in record mode merges what this launch touched into the stored
+record; what it returns says both (`fusefs.image.run` reads it).
 
-`launch` is `bootseer image run`: it forks that process (`forked`), waits for
-its mount, runs the command under a container runtime with an overlayfs upper
-on tmpfs over the mount (`runtime`), stops the mount (which writes the record)
-and returns the command's exit status.
+`MountOptions` (`options`) is what is asked for; `bootseer image run` is
+`fusefs.image.run`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import shutil
-import sys
-import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 from fusefs.image.backing import ImageBacking
 from fusefs.image.catalog import Image, load_record, open_image, save_record
-from fusefs.image.forked import ForkedMount
-from fusefs.image.record import WINDOW_S, Record, Recorder
+from fusefs.image.options import MountOptions
+from fusefs.image.record import Record, Recorder
 from fusefs.image.source import ImageSource
 from fusefs.image.toc import LayerError
-from fusefs.mount import READ_AHEAD_KB, serve
-from fusefs.mountinfo import is_mounted
-from fusefs.source import READ_TIMEOUT_S, AgentSource, SourceError
+from fusefs.mount import serve
+from fusefs.source import AgentSource, SourceError
 from fusefs.tree import Layer, TreeView, build_tree
-from p2p.agentclient import AgentClient
+from p2p.agentclient import AgentClient, AgentError
 from p2p.origin.oci import RegistryClient, RegistryError
 from p2p.origin.oci_ref import ImageRef
-from p2p.process import age_seconds
 from p2p.progress import totals
 from p2p.tracker_client import TrackerClient
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class MountOptions:
-    ref: str
-    mountpoint: Path
-    tracker: str
-    api_socket: str
-    store_dir: Path
-    plain_http: bool = False
-    record: bool = False
-    window_s: float = WINDOW_S
-    prefetch: bool = True
-    read_timeout_s: float = READ_TIMEOUT_S
-    read_ahead_kb: int = READ_AHEAD_KB
-    allow_other: bool = False
-    record_missing: bool = False  # record this launch if the image has no record yet
-    passthrough: bool = True  # local files read by the kernel (kernelfs; fusefs.image.backing)
-
-    def argv(self) -> list[str]:
-        """The `bootseer image serve` command line for these options."""
-        args = [sys.executable, "-m", "fusefs.image", "serve", self.ref, str(self.mountpoint),
-                "--tracker", self.tracker, "--api-socket", self.api_socket,
-                "--store-dir", str(self.store_dir), "--read-timeout", str(self.read_timeout_s),
-                "--read-ahead-kb", str(self.read_ahead_kb), "--window", str(self.window_s),
-                "--log-level", "INFO"]  # its stderr is the mount's log file
-        flags = {"--plain-http": self.plain_http, "--record": self.record,
-                 "--no-prefetch": not self.prefetch, "--allow-other": self.allow_other,
-                 "--record-missing": self.record_missing,
-                 "--no-passthrough": not self.passthrough}
-        return args + [flag for flag, on in flags.items() if on]
 
 
 def _passthrough(opts: MountOptions, image: Image, source: ImageSource,
@@ -154,7 +118,8 @@ async def serve_image(opts: MountOptions, secret: bytes, ref: ImageRef,
             warming.cancel()
         summary: dict[str, Any] = {"image": image.digest, "prefetch_chunks": queued,
                                    "recording": recorder is not None,
-                                   "backing": None if backing is None else backing.account()}
+                                   "backing": None if backing is None else backing.account(),
+                                   **await _fetched(opts.api_socket, image, before)}
         if recorder is not None and len(recorder):
             try:
                 merged = await save_record(registry, image, recorder.record())
@@ -168,6 +133,20 @@ async def serve_image(opts: MountOptions, secret: bytes, ref: ImageRef,
         return summary
     finally:
         await asyncio.gather(registry.close(), tracker.close(), agent.close())
+
+
+async def _fetched(api_socket: str, image: Image, before: dict[str, int]
+                   ) -> dict[str, int]:
+    """What the image's layers received from peers and from the registry since `before`
+    (this mount's, not the node's); {} if the agent cannot say. (A client of its own: the
+    mount's closed with its source.)"""
+    try:
+        async with AgentClient(api_socket, timeout_s=10.0) as agent:
+            held = totals(await agent.status(), [la.content_id for la in image.layers])
+    except AgentError as exc:
+        log.warning("the agent did not say what this mount fetched: %s", exc)
+        return {}
+    return {key: max(0, held[key] - before[key]) for key in ("peer_bytes", "origin_bytes")}
 
 
 async def _prefetch(agent: AgentClient, image: Image,
@@ -189,62 +168,6 @@ async def _warm(source: ImageSource, hot: list[tuple[str, int]]) -> None:
         await source.warm(hot)
     except (SourceError, LayerError, TimeoutError) as exc:
         log.warning("stopped decoding ahead of the launch: %s", exc)
-
-
-# What the serving process says of the hot-block record when it ends (serve_image).
-RECORD_KEYS = ("recording", "recorded_chunks", "record_chunks", "record_runs", "record_error")
-
-
-def launch(opts: MountOptions, secret: bytes, ref: ImageRef, argv: list[str] | None,
-           runtime: str, expected: tuple[type[Exception], ...]) -> tuple[int, dict[str, Any]]:
-    """`bootseer image run`: mount the image (a forked serving process), run `argv` (or the
-    image's own command) in it, stop the mount (which writes the record); (exit status,
-    timeline). Call from a process with no event loop and no threads yet: it forks."""
-    started, startup = time.monotonic(), age_seconds()
-    scratch = Path(tempfile.mkdtemp(prefix="bootseer-run-"))
-    opts = replace(opts, mountpoint=scratch / "rootfs")
-    opts.mountpoint.mkdir()
-    mount = ForkedMount.start(lambda ready: serve_image(opts, secret, ref, ready),
-                              opts.mountpoint, scratch / "mount.log", expected)
-    try:
-        status, timeline = asyncio.run(_run(mount, argv, runtime, started, opts))
-        # Before the clock: the interpreter's start, imports and arguments (benchmarks/RESULTS.md).
-        return status, {**timeline, "startup_s": None if startup is None else round(startup, 3)}
-    finally:
-        if not is_mounted(opts.mountpoint):
-            shutil.rmtree(scratch, ignore_errors=True)
-
-
-async def _run(mount: ForkedMount, argv: list[str] | None, runtime: str, started: float,
-               opts: MountOptions) -> tuple[int, dict[str, Any]]:
-    from fusefs.image.process import image_process
-    from fusefs.image.runtime import run_in_rootfs
-
-    try:
-        ready = await mount.wait_ready(opts.read_timeout_s + 60.0)
-        timeline: dict[str, Any] = {"mounted_s": round(time.monotonic() - started, 3),
-                                    "image": ready.get("image"),
-                                    "prefetch_chunks": ready.get("prefetch_chunks"),
-                                    "mount_phases": ready.get("phases"),
-                                    "tree": ready.get("tree"), "server": ready.get("server")}
-        config = ready.get("config", {}).get("config") or {}
-        process = await asyncio.to_thread(image_process, mount.mountpoint, config, argv)
-        status = await run_in_rootfs(mount.mountpoint, process, runtime=runtime)
-        timeline["command_s"] = round(time.monotonic() - started, 3)
-        async with AgentClient(opts.api_socket, timeout_s=10.0) as agent:
-            held = totals(await agent.status(), [la["content"] for la in ready["layers"]])
-        before = ready["held_before"]
-        timeline |= {key: max(0, held[key] - before[key])  # this run's, not the node's
-                     for key in ("peer_bytes", "origin_bytes")}
-    finally:
-        stopped = await mount.stop(timeout_s=30.0)
-        if stopped != 0:
-            log.warning("the mount process exited with %d; its log: %s", stopped,
-                        mount.log_path)
-    timeline["record"] = {key: mount.ended[key] for key in RECORD_KEYS if key in mount.ended}
-    timeline["backing"] = mount.ended.get("backing")  # what passthrough served, if any
-    timeline["seconds"] = round(time.monotonic() - started, 3)
-    return status, timeline
 
 
 class _Phases:

@@ -112,8 +112,8 @@ def launch(plan: LaunchPlan, places: NodePlaces, parts: dict[str, LaunchPart],
 def _fork_mounts(plan: LaunchPlan, places: NodePlaces, parts: dict[str, LaunchPart],
                  context: Context, started: float, expected: tuple[type[Exception], ...],
                  forked: list[ForkedMount]) -> Launch:
-    from fusefs.image.mount import MountOptions as ImageOptions
     from fusefs.image.mount import serve_image
+    from fusefs.image.options import MountOptions as ImageOptions
     from p2p.origin.oci_ref import parse_reference
 
     scratch = context.scratch

@@ -50,7 +50,7 @@ from pathlib import Path
 import pytest
 from helpers.registry import RunningRegistry
 
-from fusefs.image.mount import MountOptions
+from fusefs.image.options import MountOptions
 from fusefs.mount import Mount
 from fusefs.mountinfo import is_mounted
 from fusefs.testing.sample import BUSYBOX, BuiltImage, assemble, push_sample
