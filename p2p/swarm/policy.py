@@ -15,6 +15,7 @@ Peer choosers rank the holders of one chunk that still have a free slot.
 
 from __future__ import annotations
 
+import heapq
 import random
 from collections.abc import Sequence
 from typing import Protocol
@@ -38,25 +39,17 @@ class RarestFirst:
 
     def order(self, candidates: Sequence[int], availability: Sequence[int], limit: int,
               rng: random.Random) -> list[int]:
-        # The order of the keys (availability, draw, position): a draw per candidate,
-        # in order, as a key function would make them, and the position as the last
-        # tie-break, as a stable sort keeps it. A draw is in [0, 1), so availability +
-        # draw never orders two candidates against their keys (rounding is monotonic):
-        # sorted by these sums, a list whose first `limit` + 1 sums are distinct is in
-        # key order up to there. The sums are plain floats that sort without a Python
-        # comparison each (in the compiled core, 4-tuples cost an allocation each and
-        # up to four generic comparisons per comparison); in the rare case of equal
-        # sums the keys themselves are sorted.
+        # Both give the same chunks and draws (one key per candidate, in order; none for
+        # a limit of 0). A heap is faster only when few of many are wanted: measured here,
+        # 64 of 1,024 candidates 278 against 374 us, 16 of 64 49 against 16 us.
+        # The keys are drawn up front, one per candidate in order (as a key function
+        # is called), with the position as the last tie-break (as a stable sort keeps
+        # it): the same order and draws, without a Python call per candidate.
         if limit <= 0:
             return []
-        n = len(candidates)
-        draws = [rng.random() for _ in range(n)]
-        sums = [availability[c] + draws[i] for i, c in enumerate(candidates)]
-        ranked = sorted(range(n), key=sums.__getitem__)
-        if all(sums[ranked[j]] != sums[ranked[j + 1]] for j in range(min(limit, n - 1))):
-            return [candidates[i] for i in ranked[:limit]]
-        keyed = sorted([(availability[c], draws[i], i, c) for i, c in enumerate(candidates)])
-        return [entry[3] for entry in keyed[:limit]]
+        keyed = [(availability[c], rng.random(), i, c) for i, c in enumerate(candidates)]
+        best = heapq.nsmallest(limit, keyed) if len(keyed) > 8 * limit else sorted(keyed)[:limit]
+        return [entry[3] for entry in best]
 
 
 class InOrder:
@@ -116,27 +109,15 @@ class RackAware:
     """Same rack first, then fewest requests in flight, fewest failures, fastest."""
 
     def choose(self, holders: Sequence[PeerLoad], rng: random.Random) -> PeerId:
-        # `min` over the keys (not same_rack, inflight, failures, -rate, draw), written
-        # out: one draw per holder, in order, and the first of equal keys wins. The
-        # swarm asks this for every request, so the keys are compared field by field as
-        # a tuple compares them, without building one (in the compiled core a key tuple
-        # is an allocation and five generic comparisons per holder).
+        # `min` with a key, written out (one key and one draw per holder, in order; the
+        # first of equal keys wins): the swarm asks this for every request, and a key
+        # function is a call per holder even where the core is compiled.
         best = holders[0]
-        best_draw = rng.random()
+        best_key = (not best.same_rack, best.inflight, best.failures, -best.rate, rng.random())
         for h in holders[1:]:
-            draw = rng.random()
-            if h.same_rack != best.same_rack:
-                better = h.same_rack
-            elif h.inflight != best.inflight:
-                better = h.inflight < best.inflight
-            elif h.failures != best.failures:
-                better = h.failures < best.failures
-            elif h.rate != best.rate:
-                better = h.rate > best.rate
-            else:
-                better = draw < best_draw
-            if better:
-                best, best_draw = h, draw
+            key = (not h.same_rack, h.inflight, h.failures, -h.rate, rng.random())
+            if key < best_key:
+                best, best_key = h, key
         return best.peer
 
 

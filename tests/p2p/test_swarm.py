@@ -33,7 +33,7 @@ from p2p.swarm.events import (
     WantedAll,
     Withdraw,
 )
-from p2p.swarm.policy import PeerLoad, RackAware, RarestFirst
+from p2p.swarm.policy import RarestFirst
 
 A, B, C = PeerId("a"), PeerId("b"), PeerId("c")
 
@@ -92,46 +92,6 @@ def test_rarest_first_takes_the_same_chunks_and_draws_on_both_of_its_paths(
     assert got == want
     assert ours.random() == theirs.random()
 
-
-
-@pytest.mark.parametrize("limit", [0, 1, 5, 16, 40])
-def test_rarest_first_orders_by_its_keys_when_draws_are_equal(limit: int) -> None:
-    """Equal draws make equal sums of availability and draw: the order is then the
-    keys' (availability, then position)."""
-    class Fixed(random.Random):
-        def random(self) -> float:
-            return 0.25
-    avail = [random.Random(3).randrange(4) for _ in range(40)]
-    got = RarestFirst().order(list(range(40)), avail, limit, Fixed())
-    assert got == sorted(range(40), key=lambda c: avail[c])[:limit]
-    # Different draws, equal sums: 8 + 2**-53 rounds to 8.0; the smaller draw goes first.
-    class Given(random.Random):
-        draws = [2.0 ** -53, 0.0, 0.5]
-
-        def random(self) -> float:
-            return self.draws.pop(0)
-    assert RarestFirst().order([0, 1, 2], [8, 8, 0], limit, Given()) == [2, 1, 0][:limit]
-
-@pytest.mark.parametrize("seed", range(20))
-def test_rack_aware_chooses_as_min_over_its_key_tuples(seed: int) -> None:
-    """Its comparison, written out field by field, picks the holder `min` over the key
-    tuples picks (ties in every field but the draw, equal draws, zero rates) with the
-    same draws."""
-    make = random.Random(seed)
-    holders = [PeerLoad(PeerId(f"p{i}"), make.random() < 0.5, make.randrange(3),
-                        make.randrange(2), make.choice([0.0, -0.0, 1.0, 2.5]))
-               for i in range(make.randrange(1, 12))]
-    ours, theirs = random.Random(seed), random.Random(seed)
-    want = min(holders, key=lambda h: (not h.same_rack, h.inflight, h.failures, -h.rate,
-                                       theirs.random())).peer
-    assert RackAware().choose(holders, ours) == want
-    assert ours.random() == theirs.random()
-
-    class Fixed(random.Random):  # every draw equal: the first of equal keys wins
-        def random(self) -> float:
-            return 0.5
-    twins = [PeerLoad(PeerId(f"t{i}"), True, 0, 0, 0.0) for i in range(3)]
-    assert RackAware().choose(twins, Fixed()) == "t0"
 
 def test_demand_goes_before_rarest() -> None:
     s = swarm("0000", max_inflight=1, per_peer_inflight=1)
