@@ -109,27 +109,15 @@ class RackAware:
     """Same rack first, then fewest requests in flight, fewest failures, fastest."""
 
     def choose(self, holders: Sequence[PeerLoad], rng: random.Random) -> PeerId:
-        # `min` over the keys (not same_rack, inflight, failures, -rate, draw), written
-        # out: one draw per holder, in order, and the first of equal keys wins. The
-        # swarm asks this for every request, so the keys are compared field by field as
-        # a tuple compares them, without building one (in the compiled core a key tuple
-        # is an allocation and five generic comparisons per holder).
+        # `min` with a key, written out (one key and one draw per holder, in order; the
+        # first of equal keys wins): the swarm asks this for every request, and a key
+        # function is a call per holder even where the core is compiled.
         best = holders[0]
-        best_draw = rng.random()
+        best_key = (not best.same_rack, best.inflight, best.failures, -best.rate, rng.random())
         for h in holders[1:]:
-            draw = rng.random()
-            if h.same_rack != best.same_rack:
-                better = h.same_rack
-            elif h.inflight != best.inflight:
-                better = h.inflight < best.inflight
-            elif h.failures != best.failures:
-                better = h.failures < best.failures
-            elif h.rate != best.rate:
-                better = h.rate > best.rate
-            else:
-                better = draw < best_draw
-            if better:
-                best, best_draw = h, draw
+            key = (not h.same_rack, h.inflight, h.failures, -h.rate, rng.random())
+            if key < best_key:
+                best, best_key = h, key
         return best.peer
 
 

@@ -33,7 +33,7 @@ from p2p.swarm.events import (
     WantedAll,
     Withdraw,
 )
-from p2p.swarm.policy import PeerLoad, RackAware, RarestFirst
+from p2p.swarm.policy import RarestFirst
 
 A, B, C = PeerId("a"), PeerId("b"), PeerId("c")
 
@@ -92,28 +92,6 @@ def test_rarest_first_takes_the_same_chunks_and_draws_on_both_of_its_paths(
     assert got == want
     assert ours.random() == theirs.random()
 
-
-
-@pytest.mark.parametrize("seed", range(20))
-def test_rack_aware_chooses_as_min_over_its_key_tuples(seed: int) -> None:
-    """Its comparison, written out field by field, picks the holder `min` over the key
-    tuples picks (ties in every field but the draw, equal draws, zero rates) with the
-    same draws."""
-    make = random.Random(seed)
-    holders = [PeerLoad(PeerId(f"p{i}"), make.random() < 0.5, make.randrange(3),
-                        make.randrange(2), make.choice([0.0, -0.0, 1.0, 2.5]))
-               for i in range(make.randrange(1, 12))]
-    ours, theirs = random.Random(seed), random.Random(seed)
-    want = min(holders, key=lambda h: (not h.same_rack, h.inflight, h.failures, -h.rate,
-                                       theirs.random())).peer
-    assert RackAware().choose(holders, ours) == want
-    assert ours.random() == theirs.random()
-
-    class Fixed(random.Random):  # every draw equal: the first of equal keys wins
-        def random(self) -> float:
-            return 0.5
-    twins = [PeerLoad(PeerId(f"t{i}"), True, 0, 0, 0.0) for i in range(3)]
-    assert RackAware().choose(twins, Fixed()) == "t0"
 
 def test_demand_goes_before_rarest() -> None:
     s = swarm("0000", max_inflight=1, per_peer_inflight=1)
