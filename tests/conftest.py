@@ -29,7 +29,7 @@ FAST_MODULES = frozenset({
     "test_depsnap_core.py", "test_depsnap_source.py",
     "test_stripe_plan.py", "test_webhdfs_errors.py",
     "test_sim_floor.py", "test_sim_imports.py", "test_sim_network.py", "test_sim_scenario.py",
-    "test_sim_uploads.py", "test_sweep_plan.py", "test_sim_pinned.py",
+    "test_sim_uploads.py", "test_sweep_plan.py", "test_sim_pinned.py", "test_values.py",
 })
 
 

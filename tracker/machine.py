@@ -42,7 +42,7 @@ UNREACHABLE = "unreachable"  # a report reason: could not dial the peer (frees i
 STOPPED: dict[str, Any] = {"peers": [], "origin_slot": None, "origin_slots": 1, "origin_filled": 1}
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class ContentAnnounce:
     """One content of an announce, checked."""
 
@@ -53,8 +53,17 @@ class ContentAnnounce:
     event: str | None
     origin_bytes: int = 0
 
+    def __init__(self, content: ContentId, have: int, complete: bool, want: int,
+                 event: str | None, origin_bytes: int = 0) -> None:
+        object.__setattr__(self, "content", content)
+        object.__setattr__(self, "have", have)
+        object.__setattr__(self, "complete", complete)
+        object.__setattr__(self, "want", want)
+        object.__setattr__(self, "event", event)
+        object.__setattr__(self, "origin_bytes", origin_bytes)
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(frozen=True, slots=True, init=False)
 class Announce:
     """A node's announce of all its contents; `addr` is None when it stops them all."""
 
@@ -63,6 +72,14 @@ class Announce:
     addr: str | None  # "host:port" it serves chunks at
     rack: str
     items: tuple[ContentAnnounce, ...]
+
+    def __init__(self, peer: PeerId, host: str, addr: str | None, rack: str,
+                 items: tuple[ContentAnnounce, ...]) -> None:
+        object.__setattr__(self, "peer", peer)
+        object.__setattr__(self, "host", host)
+        object.__setattr__(self, "addr", addr)
+        object.__setattr__(self, "rack", rack)
+        object.__setattr__(self, "items", items)
 
 
 @dataclass(frozen=True, slots=True)

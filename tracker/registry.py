@@ -100,7 +100,7 @@ class IdentityError(Exception):
     """A peer id was used from a host other than the one it is bound to."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Member:
     """One peer's latest announce for one content."""
 
@@ -112,6 +112,17 @@ class Member:
     last_seen: float  # `now` of the latest announce, seconds on the caller's clock
     host: str = ""  # the address the announce came from; "" = unknown (the node is the id)
     origin_bytes: int = 0  # what this member says it fetched from the origin, so far
+
+    def __init__(self, peer: PeerId, addr: str, rack: str, have: int, complete: bool,
+                 last_seen: float, host: str = "", origin_bytes: int = 0) -> None:
+        object.__setattr__(self, "peer", peer)
+        object.__setattr__(self, "addr", addr)
+        object.__setattr__(self, "rack", rack)
+        object.__setattr__(self, "have", have)
+        object.__setattr__(self, "complete", complete)
+        object.__setattr__(self, "last_seen", last_seen)
+        object.__setattr__(self, "host", host)
+        object.__setattr__(self, "origin_bytes", origin_bytes)
 
     @property
     def node(self) -> str:
@@ -139,7 +150,7 @@ class Departure:
     at: float
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class OriginSlot:
     """A member's share of the origin fetching: slot `slot` of `slots` (None: none).
 
@@ -151,6 +162,11 @@ class OriginSlot:
     slot: int | None
     slots: int
     filled: int
+
+    def __init__(self, slot: int | None, slots: int, filled: int) -> None:
+        object.__setattr__(self, "slot", slot)
+        object.__setattr__(self, "slots", slots)
+        object.__setattr__(self, "filled", filled)
 
 
 class _Swarm:

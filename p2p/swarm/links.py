@@ -60,7 +60,7 @@ JOIN_TIMEOUT_S = 10.0  # a peer has this long to answer our Join with its own
 # ---- events -------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class LinkOpened:
     """`link` to `peer` is up: one we dialled (`dialled`), or one the peer opened."""
 
@@ -68,8 +68,13 @@ class LinkOpened:
     peer: PeerId
     dialled: bool
 
+    def __init__(self, link: LinkId, peer: PeerId, dialled: bool) -> None:
+        object.__setattr__(self, "link", link)
+        object.__setattr__(self, "peer", peer)
+        object.__setattr__(self, "dialled", dialled)
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(frozen=True, slots=True, init=False)
 class LinkClosed:
     """`link` closed; `hostile`: the peer broke the protocol or failed authentication."""
 
@@ -77,8 +82,13 @@ class LinkClosed:
     reason: str
     hostile: bool = False
 
+    def __init__(self, link: LinkId, reason: str, hostile: bool = False) -> None:
+        object.__setattr__(self, "link", link)
+        object.__setattr__(self, "reason", reason)
+        object.__setattr__(self, "hostile", hostile)
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(frozen=True, slots=True, init=False)
 class DialFailed:
     """A dial to `peer` failed. `unreachable`: it could not be reached where the tracker
     said it is (not a refusal for misbehaviour), so the tracker should hear of it."""
@@ -88,8 +98,15 @@ class DialFailed:
     hostile: bool = False
     unreachable: bool = False
 
+    def __init__(self, peer: PeerId, reason: str, hostile: bool = False,
+                 unreachable: bool = False) -> None:
+        object.__setattr__(self, "peer", peer)
+        object.__setattr__(self, "reason", reason)
+        object.__setattr__(self, "hostile", hostile)
+        object.__setattr__(self, "unreachable", unreachable)
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(frozen=True, slots=True, init=False)
 class JoinHeard:
     """`peer` sent its Join for `content` on `link`: what it holds and is fetching."""
 
@@ -101,6 +118,16 @@ class JoinHeard:
     pending: tuple[int, ...] = ()
     host: str = ""  # the address the link comes from ("" where there is none: simulations)
 
+    def __init__(self, content: ContentId, peer: PeerId, link: LinkId, rack: str,
+                 have: tuple[bool, ...], pending: tuple[int, ...] = (), host: str = "") -> None:
+        object.__setattr__(self, "content", content)
+        object.__setattr__(self, "peer", peer)
+        object.__setattr__(self, "link", link)
+        object.__setattr__(self, "rack", rack)
+        object.__setattr__(self, "have", have)
+        object.__setattr__(self, "pending", pending)
+        object.__setattr__(self, "host", host)
+
 
 LinkEvent = LinkOpened | LinkClosed | DialFailed | JoinHeard
 
@@ -108,35 +135,50 @@ LinkEvent = LinkOpened | LinkClosed | DialFailed | JoinHeard
 # ---- actions ------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Dial:
     """Open a link to `peer`; answer with `LinkOpened(dialled=True)` or `DialFailed`."""
 
     peer: PeerId
 
+    def __init__(self, peer: PeerId) -> None:
+        object.__setattr__(self, "peer", peer)
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(frozen=True, slots=True, init=False)
 class SendJoin:
     """Send our Join for `content` (what we hold and fetch from the origin) on `link`."""
 
     link: LinkId
     content: ContentId
 
+    def __init__(self, link: LinkId, content: ContentId) -> None:
+        object.__setattr__(self, "link", link)
+        object.__setattr__(self, "content", content)
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(frozen=True, slots=True, init=False)
 class ReportUnreachable:
     """Tell the tracker that `peer`, which it handed out for `content`, cannot be reached."""
 
     content: ContentId
     peer: PeerId
 
+    def __init__(self, content: ContentId, peer: PeerId) -> None:
+        object.__setattr__(self, "content", content)
+        object.__setattr__(self, "peer", peer)
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(frozen=True, slots=True, init=False)
 class CloseLinks:
     """Close these links, all to one peer that broke the protocol (a swarm said so)."""
 
     links: tuple[LinkId, ...]
     reason: str
+
+    def __init__(self, links: tuple[LinkId, ...], reason: str) -> None:
+        object.__setattr__(self, "links", links)
+        object.__setattr__(self, "reason", reason)
 
 
 LinkAction = Dial | SendJoin | ReportUnreachable | CloseLinks

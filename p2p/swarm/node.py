@@ -108,7 +108,7 @@ EARLY_ANNOUNCE_GAP_S = 0.2  # announces prompted by new peers come no faster
 # ---- events -------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Announced:
     """The tracker answered our `AnnounceAll`: the next is due in `interval_s`, and
     these peers were handed out (in any content)."""
@@ -116,26 +116,38 @@ class Announced:
     interval_s: float
     handed_out: tuple[PeerId, ...] = ()
 
+    def __init__(self, interval_s: float, handed_out: tuple[PeerId, ...] = ()) -> None:
+        object.__setattr__(self, "interval_s", interval_s)
+        object.__setattr__(self, "handed_out", handed_out)
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(frozen=True, slots=True, init=False)
 class AnnounceFailed:
     """Our `AnnounceAll` got no answer (the tracker is down or refused it)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class ReaderWaiting:
     """A reader is blocked on `chunk` of `content`."""
 
     content: ContentId
     chunk: int
 
+    def __init__(self, content: ContentId, chunk: int) -> None:
+        object.__setattr__(self, "content", content)
+        object.__setattr__(self, "chunk", chunk)
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(frozen=True, slots=True, init=False)
 class ChunkStored:
     """`chunk` of `content` is verified and on disk: a reader may read it now."""
 
     content: ContentId
     chunk: int
+
+    def __init__(self, content: ContentId, chunk: int) -> None:
+        object.__setattr__(self, "content", content)
+        object.__setattr__(self, "chunk", chunk)
 
 
 NodeEvent = (Announced | AnnounceFailed | ReaderWaiting | ChunkStored | LinkOpened | LinkClosed
@@ -145,7 +157,7 @@ NodeEvent = (Announced | AnnounceFailed | ReaderWaiting | ChunkStored | LinkOpen
 # ---- actions ------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class AnnounceItem:
     """One content's line of an announce. `want`: peers to hand out; 0 none, None as
     many as the tracker gives."""
@@ -155,51 +167,77 @@ class AnnounceItem:
     complete: bool
     want: int | None
 
+    def __init__(self, content: ContentId, have: int, complete: bool, want: int | None) -> None:
+        object.__setattr__(self, "content", content)
+        object.__setattr__(self, "have", have)
+        object.__setattr__(self, "complete", complete)
+        object.__setattr__(self, "want", want)
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(frozen=True, slots=True, init=False)
 class AnnounceAll:
     """Announce these contents in one request; answer with `Announced` or
     `AnnounceFailed`, and hand each content's peers to its swarm."""
 
     items: tuple[AnnounceItem, ...]
 
+    def __init__(self, items: tuple[AnnounceItem, ...]) -> None:
+        object.__setattr__(self, "items", items)
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(frozen=True, slots=True, init=False)
 class Leave:
     """Tell the tracker we stopped swarming on `content`."""
 
     content: ContentId
 
+    def __init__(self, content: ContentId) -> None:
+        object.__setattr__(self, "content", content)
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(frozen=True, slots=True, init=False)
 class WakeReaders:
     """Readers blocked on `chunk` of `content` may read it now."""
 
     content: ContentId
     chunk: int
 
+    def __init__(self, content: ContentId, chunk: int) -> None:
+        object.__setattr__(self, "content", content)
+        object.__setattr__(self, "chunk", chunk)
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(frozen=True, slots=True, init=False)
 class Pin:
     """Keep `content` in the store: its swarm fetches again."""
 
     content: ContentId
 
+    def __init__(self, content: ContentId) -> None:
+        object.__setattr__(self, "content", content)
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(frozen=True, slots=True, init=False)
 class Unpin:
     """`content` may be evicted from the store: its swarm fetches nothing now."""
 
     content: ContentId
 
+    def __init__(self, content: ContentId) -> None:
+        object.__setattr__(self, "content", content)
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(frozen=True, slots=True, init=False)
 class SwarmActions:
     """What the swarm of `content` asks for, in its order: carry them out for that
     content."""
 
     content: ContentId
     actions: list[Action]
+
+    def __init__(self, content: ContentId, actions: list[Action]) -> None:
+        object.__setattr__(self, "content", content)
+        object.__setattr__(self, "actions", actions)
 
 
 NodeAction = AnnounceAll | Leave | WakeReaders | Pin | Unpin | SwarmActions | LinkAction

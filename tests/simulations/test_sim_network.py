@@ -72,6 +72,27 @@ def test_two_flows_into_one_nic_share_it_and_the_survivor_speeds_up() -> None:
     assert done["b"] == pytest.approx(1.5, abs=0.011)
 
 
+def test_flows_keep_their_progress_when_the_flow_table_grows() -> None:
+    """More flows than the table's first size (1,024): the arrays holding each flow's
+    state are copied into bigger ones mid-run, and every flow still ends when the fluid
+    model says: two flows into node 1 share its NIC (1 GB/s each), and 1,500 more, from
+    0.1 s on, each on a pair of nodes of its own, run at a NIC's 2 GB/s."""
+    loop, done = Loop(), {}
+    top = Topology(spec(), nodes=3004)
+    flows = Flows(top, loop)
+    flows.start(top.peer_links(0, 1), 1 * GB, 0.0, lambda f: done.setdefault("a", loop.now))
+    flows.start(top.peer_links(2, 1), 2 * GB, 0.0, lambda f: done.setdefault("b", loop.now))
+
+    def crowd(_: object) -> None:
+        for i in range(1500):
+            flows.start(top.peer_links(4 + 2 * i, 5 + 2 * i), 0.2 * GB, loop.now,
+                        lambda f, i=i: done.setdefault(i, loop.now))
+    loop.at(0.1, crowd)
+    loop.run()
+    assert done["a"] == pytest.approx(1.0, abs=0.011)
+    assert done["b"] == pytest.approx(1.5, abs=0.011)
+    assert [done[i] for i in range(1500)] == [pytest.approx(0.2, abs=0.011)] * 1500
+
 def test_cancel_reports_the_bytes_moved() -> None:
     loop = Loop()
     top = Topology(spec(), nodes=4)
