@@ -70,14 +70,7 @@ class ForkedMount:
 
     async def wait_ready(self, timeout_s: float) -> dict[str, Any]:
         """The child's "mounted" line; MountError with its log if it does not come."""
-        try:
-            line = await asyncio.wait_for(asyncio.to_thread(read_line, self._ready_fd),
-                                          timeout_s)
-            message: dict[str, Any] = dict(json.loads(line))
-        except (TimeoutError, json.JSONDecodeError, TypeError, ValueError):
-            message = {}
-        finally:
-            os.close(self._ready_fd)
+        message = await ready_message(self._ready_fd, timeout_s)
         if message.get("event") == "mounted":
             self.ready = message
             return message
@@ -168,6 +161,18 @@ def read_summary(log_path: Path) -> dict[str, Any]:
     except (OSError, ValueError):  # a child killed before it wrote one
         return {}
     return summary if isinstance(summary, dict) else {}
+
+
+async def ready_message(fd: int, timeout_s: float) -> dict[str, Any]:
+    """The JSON line a serving process writes to `fd` once it serves (or its error), read
+    within `timeout_s`; {} if none came. Closes `fd`."""
+    try:
+        line = await asyncio.wait_for(asyncio.to_thread(read_line, fd), timeout_s)
+        return dict(json.loads(line))
+    except (TimeoutError, json.JSONDecodeError, TypeError, ValueError):
+        return {}
+    finally:
+        os.close(fd)
 
 
 def read_line(fd: int) -> bytes:

@@ -27,14 +27,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import select
 import signal
 from pathlib import Path
 from typing import Any
 
-from fusefs.image.forked import read_line, read_summary
+from fusefs.image.forked import read_summary, ready_message
 from fusefs.mount import MountError, force_unmount
 from fusefs.mountinfo import is_mounted
 from fusefs.request import fork_serving
@@ -77,14 +76,7 @@ class ServedMount:
 
     async def wait_ready(self, timeout_s: float) -> dict[str, Any]:
         """The "mounted" line; MountError with the log's word if it does not come."""
-        try:
-            line = await asyncio.wait_for(asyncio.to_thread(read_line, self._ready_fd),
-                                          timeout_s)
-            message: dict[str, Any] = dict(json.loads(line))
-        except (TimeoutError, json.JSONDecodeError, TypeError, ValueError):
-            message = {}
-        finally:
-            os.close(self._ready_fd)
+        message = await ready_message(self._ready_fd, timeout_s)
         if message.get("event") == "mounted":
             self.ready = message
             return message
