@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from fusefs.kernelmount import unmount
+from p2p.process import end_by_pidfd
 
 log = logging.getLogger(__name__)
 
@@ -215,14 +216,9 @@ def _end(pid: int) -> None:
     except ProcessLookupError:
         return
     try:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-        ended, _, _ = select.select([pidfd], [], [], STOP_TIMEOUT_S)
-        if not ended:
-            log.warning("the host (pid %d) did not end in %g s; killing it", pid,
+        if not end_by_pidfd(pidfd, STOP_TIMEOUT_S):
+            log.warning("the host (pid %d) did not end in %g s; killed it", pid,
                         STOP_TIMEOUT_S)
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
     finally:
         os.close(pidfd)
 

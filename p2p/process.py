@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import os
 import resource
+import select
 import shutil
 import signal
 import socket
@@ -98,6 +99,19 @@ async def stop(proc: asyncio.subprocess.Process, sig: int = signal.SIGTERM,
                 proc.kill()
             await proc.wait()
     return proc.returncode if proc.returncode is not None else -1
+
+
+def end_by_pidfd(pidfd: int, timeout_s: float = STOP_TIMEOUT_S) -> bool:
+    """SIGTERM to the process `pidfd` names, a wait of `timeout_s` for it to end, then
+    SIGKILL and the same wait; whether SIGTERM was enough. For a process that is not our
+    child (no waitpid): the pidfd names it, never a later process given its pid."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError):
+            signal.pidfd_send_signal(pidfd, sig)
+        ended, _, _ = select.select([pidfd], [], [], timeout_s)
+        if ended:
+            return sig == signal.SIGTERM
+    return False
 
 
 def stop_popen(proc: subprocess.Popen[bytes], timeout_s: float = STOP_TIMEOUT_S) -> int:

@@ -26,10 +26,7 @@ status is not ours to read: the summary's presence is the mount's success.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
-import select
-import signal
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +34,7 @@ from fusefs.image.forked import read_summary, ready_message
 from fusefs.mount import MountError, force_unmount
 from fusefs.mountinfo import is_mounted
 from fusefs.request import fork_serving
+from p2p.process import end_by_pidfd
 
 
 class ServedMount:
@@ -98,7 +96,7 @@ class ServedMount:
         reported its end, else 1."""
         if self._status is None:
             if self._pidfd >= 0:
-                await asyncio.to_thread(_end, self._pidfd, timeout_s)
+                await asyncio.to_thread(end_by_pidfd, self._pidfd, timeout_s)
                 os.close(self._pidfd)
             self.ended = read_summary(self.log_path)
             self._status = 0 if self.ended else 1
@@ -107,10 +105,3 @@ class ServedMount:
         return self._status
 
 
-def _end(pidfd: int, timeout_s: float) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        with contextlib.suppress(ProcessLookupError):
-            signal.pidfd_send_signal(pidfd, sig)
-        ended, _, _ = select.select([pidfd], [], [], timeout_s)
-        if ended:
-            return
