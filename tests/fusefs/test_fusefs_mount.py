@@ -143,9 +143,11 @@ async def world(tmp_path: Path, read_bound_s: float) -> AsyncIterator[World]:
                                   env=cluster.env)
         yield World(cluster, agent, mount, tree, data, a, b, dead)
     finally:
-        if mount is not None:
-            await mount.stop()
-        await cluster.stop()
+        try:
+            if mount is not None:
+                await mount.stop()
+        finally:
+            await cluster.stop()
         assert not is_mounted(mountpoint), "the mount outlived its test"
 
 

@@ -176,12 +176,16 @@ class Node:
             return self.lazy_content in (await client.status())["contents"]
 
     async def stop(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.origin.pid, signal.SIGCONT)
-        for pid, where in self.mounts:
-            if is_mounted(where):
-                await stop_mount(pid, where)
-        await self.cluster.stop()
+        """Every mount stopped, then the cluster, even when a mount's stop fails (a dead
+        mount whose stop raises must not leak the tracker, origin and agent)."""
+        try:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.origin.pid, signal.SIGCONT)
+            for pid, where in self.mounts:
+                if is_mounted(where):
+                    await stop_mount(pid, where)
+        finally:
+            await self.cluster.stop()
 
 
 @pytest.fixture

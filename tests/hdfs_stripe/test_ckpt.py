@@ -411,7 +411,9 @@ async def test_checkpoint_mounts_through_the_mount_server_are_served_by_one_proc
             stdout=asyncio.subprocess.PIPE, env=cluster.env)
         assert server.stdout is not None
         host = json.loads(await asyncio.wait_for(server.stdout.readline(), 30))["host_pid"]
-        env = {**cluster.env, "BOOTSEER_MOUNT_SERVER": str(sock)}
+        # The failed mount below keeps its log (as a user's would): here, in tmp_path.
+        env = {**cluster.env, "BOOTSEER_MOUNT_SERVER": str(sock),
+               "BOOTSEER_LOG_DIR": str(tmp_path)}
         mounts = []
         try:
             for name in ("one", "two"):
