@@ -16,7 +16,9 @@ chunk files directly (4 MiB `readinto` per file), `dd bs=4M` of one file through
 a pyfuse3 mount (`--no-passthrough`: the handler path, today's baseline), and
 the same through the kernel-protocol mount (passthrough: the kernel reads the
 whole file; its first open hashes the whole file once, as every new serving
-process does). All read from the page cache, so the ratios are the cost of the
+process does), and through a kernel-protocol mount before the whole file exists
+(`unbuilt_*`: every chunk local, as after `ckpt prefetch`, the first read a job
+makes). All read from the page cache, so the ratios are the cost of the
 FUSE paths. Medians are printed as one JSON line (GB/s = 1e9 bytes per second)
 with each path's serving-process CPU seconds per GiB, the path that really
 served (the server's own account: passthrough means no READ reached it), and
@@ -135,18 +137,26 @@ async def run(args: argparse.Namespace, work: Path) -> dict[str, object]:
     (work / "mnt").mkdir()
     build_s, build_cpu = await asyncio.to_thread(build_whole, store_dir, manifest)
     direct: list[float] = []
-    runs: dict[str, list[dict[str, object]]] = {"handler": [], "passthrough": []}
+    runs: dict[str, list[dict[str, object]]] = {"handler": [], "passthrough": [],
+                                                "unbuilt": []}
     await asyncio.to_thread(direct_gbps, store_dir, manifest)  # warm the page cache
+    whole = WholeFiles(store_dir).path(manifest.content_id)
     for i in range(args.rounds):
         direct.append(await asyncio.to_thread(direct_gbps, store_dir, manifest))
         for mode, extra in (("handler", ("--no-passthrough",)), ("passthrough", ())):
             runs[mode].append(await one_read(work, store_dir, f"file{i}", manifest.size,
                                              args.read_ahead_kb, *extra))
+        # The first read after a prefetch: every chunk local, no backing file yet.
+        whole.unlink()
+        runs["unbuilt"].append(await one_read(work, store_dir, f"file{i}", manifest.size,
+                                              args.read_ahead_kb))
+        if not whole.exists():  # this revision built none: the next round needs it
+            await asyncio.to_thread(build_whole, store_dir, manifest)
     d = statistics.median(direct)
     out: dict[str, object] = {"bytes": args.bytes, "rounds": args.rounds,
                               "direct_read_gbps": round(d, 3)}
     for mode, results in runs.items():
-        key = "" if mode == "passthrough" else "handler_"
+        key = {"passthrough": "", "handler": "handler_", "unbuilt": "unbuilt_"}[mode]
 
         def med(field: str, rs: list[dict[str, object]] = results) -> float:
             return statistics.median(float(r[field]) for r in rs)  # type: ignore[arg-type]
@@ -161,6 +171,9 @@ async def run(args: argparse.Namespace, work: Path) -> dict[str, object]:
     out["read_ahead_kb"] = runs["handler"][-1]["read_ahead_kb"]
     out["passthrough_over_handler"] = round(float(out["fuse_read_gbps"]) /  # type: ignore[arg-type]
                                             float(out["handler_fuse_read_gbps"]), 2)  # type: ignore[arg-type]
+    out["unbuilt_over_built_with_open"] = round(
+        float(out["unbuilt_fuse_read_with_open_gbps"]) /  # type: ignore[arg-type]
+        float(out["fuse_read_with_open_gbps"]), 3)  # type: ignore[arg-type]
     out["fuse_to_direct"] = round(float(out["fuse_read_gbps"]) / d, 3)  # type: ignore[arg-type]
     out["whole_build_seconds"] = round(build_s, 3)
     out["whole_build_cpu_s_per_gib"] = round(build_cpu, 3)

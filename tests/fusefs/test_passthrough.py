@@ -14,6 +14,7 @@ What is proved:
   chunks under it, then by passthrough;
 - a content with only chunk files is served by the handler first, its whole file
   is built from the verified chunks meanwhile, and the next open is passthrough;
+  a large one's first open waits for that build instead, and is passthrough;
 - a whole file damaged on disk is never handed to the kernel: the reader gets
   the right bytes (from the chunks, through the handler) and the bad file is
   dropped;
@@ -26,6 +27,7 @@ directory entry packing.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -35,7 +37,7 @@ import pytest
 from helpers.waiting import until
 
 from fusefs import protocol as P
-from fusefs.backing import WHOLE_NAME, WholeFiles
+from fusefs.backing import BUILD_AT_OPEN_BYTES, WHOLE_NAME, WholeFiles
 from fusefs.mount import Mount
 from fusefs.tree import Entry, Extent, Kind, Layer, build_tree
 from p2p.content import Manifest, ManifestBuilder
@@ -48,8 +50,8 @@ PART = (5 * MiB + 7, 100_000)  # an extent inside the content: never passthrough
 pytestmark = pytest.mark.usefixtures("fuse_ready")
 
 
-def make_store(store_dir: Path) -> tuple[Manifest, bytes]:
-    data = os.urandom(SIZE)
+def make_store(store_dir: Path, size: int = SIZE) -> tuple[Manifest, bytes]:
+    data = os.urandom(size)
     builder = ManifestBuilder(4 * MiB)
     builder.feed(data)
     manifest = builder.finish("blob", "file:///nowhere")
@@ -119,6 +121,23 @@ async def test_chunks_only_are_served_by_the_handler_until_the_whole_file_is_bui
     account = served(tmp_path / "mount.log")
     assert account["handler_opens"] == 1 and account["passthrough_opens"] == 1, account
     assert account["handler_bytes"] >= SIZE  # the first reader's bytes, and only those
+    assert whole_file.read_bytes() == data
+
+
+async def test_a_large_file_with_its_chunks_local_waits_for_its_build_at_its_first_open(
+        tmp_path: Path) -> None:
+    """The first read after a prefetch: every chunk local, no whole file yet. A file of
+    BUILD_AT_OPEN_BYTES or more is built and checked while its first open waits, so
+    even that first read is the kernel's; one build serves concurrent opens."""
+    manifest, data = make_store(tmp_path / "store", BUILD_AT_OPEN_BYTES + 12345)
+    whole_file = tmp_path / "store" / manifest.content_id / WHOLE_NAME
+    async with await mounted(tmp_path, manifest) as mount:
+        both = await asyncio.gather(asyncio.to_thread(read, mount.mountpoint / "whole"),
+                                    asyncio.to_thread(read, mount.mountpoint / "again"))
+        assert both == [data, data]
+    account = served(tmp_path / "mount.log")
+    assert account["passthrough_opens"] == 2 and account["handler_reads"] == 0, account
+    assert "1 whole files built" in (tmp_path / "mount.log").read_text()
     assert whole_file.read_bytes() == data
 
 
