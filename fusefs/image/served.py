@@ -90,6 +90,10 @@ class ServedMount:
         return (f"the mount at {self.mountpoint} did not start; its log ({self.log_path}):\n"
                 + "\n".join(lines[-20:]))
 
+    @property
+    def stopped(self) -> bool:
+        return self._status is not None
+
     async def stop(self, timeout_s: float = 30.0) -> int:
         """SIGTERM to the mount's handle, a bounded wait for its end, SIGKILL if need be
         (its host then stops the mount); nothing stays mounted. 0 if the serving
