@@ -30,7 +30,8 @@ proved, with one launch.toml:
   launches the image pinned by digest from its card, every block from the
   first node; by tag it cannot, and says so;
 - `bootseer bench launch` at its smallest runs both arms on a testbed it builds
-  and removes, and every node of both sees the same files.
+  and removes, and a round of launches forked and through a mount server per
+  node, and every node of every arm sees the same files.
 """
 
 from __future__ import annotations
@@ -352,11 +353,13 @@ async def test_a_launch_killed_mid_job_leaves_nothing_and_the_relaunch_finishes_
 
 def test_bench_launch_runs_both_arms_on_a_testbed_and_every_node_sees_the_same_files(
         fuse_ready: None, wheels: Path) -> None:
-    """`bootseer bench launch` end to end at its smallest (2 nodes, a 16 MiB checkpoint):
-    what it reports, not how fast (no timing here: this machine is shared)."""
+    """`bootseer bench launch` end to end at its smallest (2 nodes, a 16 MiB checkpoint, one
+    round of forked and mount-server launches): what it reports, not how fast (no timing
+    here: this machine is shared)."""
     done = subprocess.run(
         [*bootseer_command(), "bench", "launch", "--nodes", "2", "--racks", "1",
-         "--name", "blt", "--subnet", "10.216.0.0/16", "--ckpt-mib", "16", "--json"],
+         "--name", "blt", "--subnet", "10.216.0.0/16", "--ckpt-mib", "16", "--rounds", "1",
+         "--json"],
         capture_output=True, text=True, timeout=TEST_BOUND_S, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
@@ -366,6 +369,11 @@ def test_bench_launch_runs_both_arms_on_a_testbed_and_every_node_sees_the_same_f
     assert 0 < result["hdfs_bytes_ratio"] <= 1.1
     assert result["index_bytes_ratio"] == 0 and result["bootseer_mirror_bytes"] == 0
     assert {"image_ready_s", "env_ready_s", "ckpt_ready_s"} <= set(result["bootseer_phases"])
+    (row,) = result["mount_server"]["rounds"]
+    assert row["forked"]["served_by"] == ["ckpt:forked", "env:none", "image:forked"], row
+    assert row["served"]["served_by"] == ["ckpt:mount server", "env:none",
+                                          "image:mount server"], row
+    assert row["served_over_forked_p50"] > 0 and "startup_s" in row["served"]["phases"]
     assert subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
                           check=True).stdout.count("blt-") == 0, "the testbed was left up"
 
