@@ -9,9 +9,11 @@ server` per node, in that node's network namespace, started before the clock and
 named to the node's launch by BOOTSEER_MOUNT_SERVER; then every node launches the
 job at once. What each arm reports is what the launches' own timelines say: the
 nodes' seconds, the parts' ready times, `startup_s` (each launch process's
-seconds before its own clock) and the image mount's phases, who served the
-mounts. The agents and servers are stopped and their stores removed after each
-arm.
+seconds before its own clock), `mounts_started_s` and the image mount's phases,
+who served the mounts; and the arm's CPU seconds: the launches' own and their
+children's, and the mount servers' hosts' during the arm (a forked mount's CPU is
+its launch's child's; a served one's is its host's). The agents and servers are
+stopped and their stores removed after each arm.
 """
 
 from __future__ import annotations
@@ -26,10 +28,12 @@ from typing import Any
 
 from fusefs.bench.launch import Origins, bootseer, flat, medians
 from fusefs.request import SERVER_ENV
+from p2p.process import cpu_seconds_of
 
 ARMS = ("forked", "served")
-PHASES = ("image_ready_s", "env_ready_s", "ckpt_ready_s", "command_started_s", "command_s",
-          "startup_s", "seconds", "cpu_ready_s", "cpu_launch_s", "cpu_children_s")
+PHASES = ("mounts_started_s", "image_ready_s", "env_ready_s", "ckpt_ready_s",
+          "command_started_s", "command_s", "startup_s", "seconds", "cpu_ready_s",
+          "cpu_launch_s", "cpu_children_s")
 
 
 async def server_rounds(args: argparse.Namespace, cluster: Any, origins: Origins, key: str,
@@ -41,10 +45,11 @@ async def server_rounds(args: argparse.Namespace, cluster: Any, origins: Origins
         row: dict[str, Any] = {}
         for arm in ARMS if r % 2 == 0 else tuple(reversed(ARMS)):
             log(f"round {r + 1}: {arm}")
-            launched = await _arm(args, cluster, origins, key, work, f"r{r}{arm}",
-                                  served=arm == "served")
+            launched, host_cpu = await _arm(args, cluster, origins, key, work, f"r{r}{arm}",
+                                            served=arm == "served")
             outputs |= {tuple(lines) for lines, _ in launched}
-            row[arm] = _figures([t for _, t in launched])
+            row[arm] = _figures([t for _, t in launched]) | {"cpu_seconds": _cpu(
+                [t for _, t in launched], host_cpu)}
         row["served_over_forked_p50"] = round(row["served"]["p50_seconds"]
                                               / row["forked"]["p50_seconds"], 3)
         row["load_average"] = [round(x, 2) for x in os.getloadavg()]
@@ -57,7 +62,10 @@ async def server_rounds(args: argparse.Namespace, cluster: Any, origins: Origins
 
 
 async def _arm(args: argparse.Namespace, cluster: Any, origins: Origins, key: str, work: Path,
-               tag: str, served: bool) -> list[tuple[list[str], dict[str, Any]]]:
+               tag: str, served: bool
+               ) -> tuple[list[tuple[list[str], dict[str, Any]]], float]:
+    """Every node's launch of the job on a fresh agent (and, `served`, its own mount
+    server); (their outputs and timelines, the CPU seconds the servers' hosts spent)."""
     agents = [await cluster.start_agent(i, "", name=f"{tag}-agent{i}")
               for i in range(args.nodes)]
     servers = []
@@ -70,8 +78,11 @@ async def _arm(args: argparse.Namespace, cluster: Any, origins: Origins, key: st
                     "fs", "server", "--socket", str(sock), "--log-level", "WARNING"],
                     netns=node.netns))
                 envs[i] = {**cluster.env, SERVER_ENV: str(sock)}
-        return list(await asyncio.gather(*(bootseer(args, cluster, origins, a, key, work,
-                                                    envs[a.index]) for a in agents)))
+        hosts = [s.ready["host_pid"] for s in servers if s.ready.get("host_pid")]
+        before = cpu_seconds_of(hosts)
+        launched = await asyncio.gather(*(bootseer(args, cluster, origins, a, key, work,
+                                                   envs[a.index]) for a in agents))
+        return list(launched), round(cpu_seconds_of(hosts) - before, 2)
     finally:
         for child in (*servers, *(a.child for a in agents)):
             await child.stop()
@@ -89,6 +100,14 @@ def _figures(timelines: list[dict[str, Any]]) -> dict[str, Any]:
             "image_mount_phases": _phase_medians([t["image"].get("mount_phases") or {}
                                                   for t in timelines]),
             "served_by": served_by}
+
+
+def _cpu(timelines: list[dict[str, Any]], host_cpu: float) -> dict[str, float]:
+    """The arm's CPU seconds: the launches' own and their children's (runc, the job, forked
+    mounts), and the mount servers' hosts' (what serving the mounts cost there)."""
+    launches = sum(t["cpu_s"]["launch"] + t["cpu_s"]["children"] for t in timelines)
+    return {"launches": round(launches, 2), "mount_server_hosts": host_cpu,
+            "total": round(launches + host_cpu, 2)}
 
 
 def _as_list(value: Any) -> list[Any]:

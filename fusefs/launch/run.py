@@ -24,7 +24,8 @@ Theory of operation. `launch(plan, places, expected)`:
    scratch directory; returns the command's exit status and the timeline: when
    each part was ready, who served its mount, and its bytes from peers and from
    the origin; `startup_s`, the seconds before the launch's clock (the
-   interpreter's start, imports, arguments).
+   interpreter's start, imports, arguments), and `mounts_started_s`, when every
+   mount had been asked for or forked.
 
 A part that fails stops the launch before the command runs: nothing half-up is
 presented as up. Every mount of the launch allows other users (the container's
@@ -163,6 +164,7 @@ async def _run(job: Launch) -> tuple[int, dict[str, Any]]:
     from fusefs.image.process import image_process
     from fusefs.image.runtime import run_in_rootfs
 
+    job.timeline["mounts_started_s"] = job.since()  # this process's own work before them
     try:
         try:
             async with asyncio.TaskGroup() as parts:
