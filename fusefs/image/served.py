@@ -1,4 +1,5 @@
-"""The mount of `bootseer image run`, served by the node's mount server.
+"""A mount of `bootseer image run` or `bootseer launch`, served by the node's mount server
+(which of them serves it: `fusefs.image.starter`).
 
 Why. `image run` forked its serving process from itself (`forked`), so every
 launch first imported what serving needs (aiohttp, the image catalog,
