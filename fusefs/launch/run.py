@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import logging
 import shutil
 import signal
@@ -183,8 +184,16 @@ async def _run(job: Launch) -> tuple[int, dict[str, Any]]:
         job.timeline["cpu_ready_s"] = round(sum(cpu.own_and_children()) + cpu.cpu_seconds_of(
             m.pid for m in job.mounts() if isinstance(m, ForkedMount)), 2)
         log.info("all parts up in %.3f s; running %s", job.since(), " ".join(process.argv))
-        status = await run_in_rootfs(job.image.mountpoint, process, runtime=job.plan.runtime,
-                                     scratch_dir=job.scratch, binds=job.binds)
+        # The agent's client (aiohttp), which `_bytes` needs, is imported while the command
+        # runs: a launch whose mounts the server serves has not imported it yet.
+        importing = asyncio.ensure_future(asyncio.to_thread(importlib.import_module,
+                                                            "p2p.agentclient"))
+        try:
+            status = await run_in_rootfs(job.image.mountpoint, process,
+                                         runtime=job.plan.runtime, scratch_dir=job.scratch,
+                                         binds=job.binds)
+        finally:
+            await importing
         job.timeline["command_s"] = round(job.since() - job.timeline["command_started_s"], 3)
         await _bytes(job)
     finally:
