@@ -53,6 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fusefs.bench.launch_rounds import flat, medians, server_rounds
 from p2p import process as cpu
 from p2p.bench import workdir
 from p2p.errors import UserError
@@ -266,7 +267,7 @@ async def _arms(args: argparse.Namespace, bed: Any, origins: Origins, work: Path
         sent = origins.registry_proxy.sent_bytes, origins.mirror_proxy.sent_bytes
         origin_before = await cluster.origin_bytes()
         spent, agents_cpu = _children_cpu(), cpu.cpu_seconds_of(a.child.pid for a in agents)
-        launched = await asyncio.gather(*(bootseer(args, cluster, origins, a, key, work)
+        launched = await asyncio.gather(*(_bootseer(args, cluster, origins, a, key, work)
                                           for a in agents))
         out["bootseer_cpu_seconds"] = {
             "launch": round(_children_cpu() - spent, 1),
@@ -279,9 +280,9 @@ async def _arms(args: argparse.Namespace, bed: Any, origins: Origins, work: Path
         out = _summary(out, baseline, launched)
         if args.rounds > 0:
             log(f"{args.rounds} rounds: forked and through a mount server, fresh agents")
-            from fusefs.bench.launch_rounds import server_rounds
-
-            out["mount_server"] = await server_rounds(args, cluster, origins, key, work, log)
+            out["mount_server"] = await server_rounds(
+                args, cluster, lambda agent, env: _bootseer(args, cluster, origins, agent, key,
+                                                            work, env), work, log)
             out["same_output"] = out["same_output"] and out["mount_server"].pop("same_output") \
                 == {tuple(lines) for lines, _ in launched}
         return out
@@ -359,9 +360,9 @@ async def _baseline(args: argparse.Namespace, cluster: Any, origins: Origins, wo
     return _split(out)
 
 
-async def bootseer(args: argparse.Namespace, cluster: Any, origins: Origins, agent: Any,
-                   key: str, work: Path, env: dict[str, str] | None = None
-                   ) -> tuple[list[str], dict[str, Any]]:
+async def _bootseer(args: argparse.Namespace, cluster: Any, origins: Origins, agent: Any,
+                    key: str, work: Path, env: dict[str, str] | None = None
+                    ) -> tuple[list[str], dict[str, Any]]:
     """`bootseer launch` of the job on `agent`'s node (with `env`: the cluster's by default);
     (its output lines, its timeline)."""
     out = await _bootseer_cli(cluster, cluster.testbed.nodes[agent.index], [
@@ -411,14 +412,3 @@ def _summary(out: dict[str, Any], baseline: list[tuple[list[str], dict[str, Any]
                                          "command_s", "cpu_ready_s", "cpu_launch_s",
                                          "cpu_children_s"))}
     return out
-
-
-def flat(timeline: dict[str, Any]) -> dict[str, Any]:
-    return {**timeline, **{f"{part}_ready_s": timeline[part]["ready_s"]
-                           for part in ("image", "env", "ckpt") if part in timeline},
-            **{f"cpu_{name}_s": value for name, value in timeline.get("cpu_s", {}).items()}}
-
-
-def medians(rows: list[dict[str, Any]], names: tuple[str, ...]) -> dict[str, float]:
-    return {n: round(statistics.median(r[n] for r in rows), 3) for n in names
-            if all(n in r for r in rows)}

@@ -23,10 +23,10 @@ import asyncio
 import os
 import shutil
 import statistics
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from fusefs.bench.launch import Origins, bootseer, flat, medians
 from fusefs.request import SERVER_ENV
 from p2p.process import cpu_seconds_of
 
@@ -36,8 +36,14 @@ PHASES = ("mounts_started_s", "image_ready_s", "env_ready_s", "ckpt_ready_s",
           "cpu_launch_s", "cpu_children_s")
 
 
-async def server_rounds(args: argparse.Namespace, cluster: Any, origins: Origins, key: str,
-                        work: Path, log: Any) -> dict[str, Any]:
+# The job launched on an agent's node with an environment (None: the cluster's): (its
+# output lines, its timeline). `fusefs.bench.launch.bootseer`, bound to the bench's run.
+Launch = Callable[[Any, dict[str, str] | None],
+                  Awaitable[tuple[list[str], dict[str, Any]]]]
+
+
+async def server_rounds(args: argparse.Namespace, cluster: Any, launch: Launch, work: Path,
+                        log: Any) -> dict[str, Any]:
     """The rounds (module docstring): one dict for the bench's JSON line."""
     rounds: list[dict[str, Any]] = []
     outputs: set[tuple[str, ...]] = set()
@@ -45,7 +51,7 @@ async def server_rounds(args: argparse.Namespace, cluster: Any, origins: Origins
         row: dict[str, Any] = {}
         for arm in ARMS if r % 2 == 0 else tuple(reversed(ARMS)):
             log(f"round {r + 1}: {arm}")
-            launched, host_cpu = await _arm(args, cluster, origins, key, work, f"r{r}{arm}",
+            launched, host_cpu = await _arm(args, cluster, launch, work, f"r{r}{arm}",
                                             served=arm == "served")
             outputs |= {tuple(lines) for lines, _ in launched}
             row[arm] = _figures([t for _, t in launched]) | {"cpu_seconds": _cpu(
@@ -61,7 +67,7 @@ async def server_rounds(args: argparse.Namespace, cluster: Any, origins: Origins
             "same_output": outputs}
 
 
-async def _arm(args: argparse.Namespace, cluster: Any, origins: Origins, key: str, work: Path,
+async def _arm(args: argparse.Namespace, cluster: Any, launch: Launch, work: Path,
                tag: str, served: bool
                ) -> tuple[list[tuple[list[str], dict[str, Any]]], float]:
     """Every node's launch of the job on a fresh agent (and, `served`, its own mount
@@ -80,8 +86,7 @@ async def _arm(args: argparse.Namespace, cluster: Any, origins: Origins, key: st
                 envs[i] = {**cluster.env, SERVER_ENV: str(sock)}
         hosts = [s.ready["host_pid"] for s in servers if s.ready.get("host_pid")]
         before = cpu_seconds_of(hosts)
-        launched = await asyncio.gather(*(bootseer(args, cluster, origins, a, key, work,
-                                                   envs[a.index]) for a in agents))
+        launched = await asyncio.gather(*(launch(a, envs[a.index]) for a in agents))
         return list(launched), round(cpu_seconds_of(hosts) - before, 2)
     finally:
         for child in (*servers, *(a.child for a in agents)):
@@ -117,3 +122,14 @@ def _as_list(value: Any) -> list[Any]:
 def _phase_medians(rows: list[dict[str, Any]]) -> dict[str, float]:
     names = sorted({n for r in rows for n, v in r.items() if isinstance(v, int | float)})
     return {n: round(statistics.median(r[n] for r in rows if n in r), 3) for n in names}
+
+
+def flat(timeline: dict[str, Any]) -> dict[str, Any]:
+    return {**timeline, **{f"{part}_ready_s": timeline[part]["ready_s"]
+                           for part in ("image", "env", "ckpt") if part in timeline},
+            **{f"cpu_{name}_s": value for name, value in timeline.get("cpu_s", {}).items()}}
+
+
+def medians(rows: list[dict[str, Any]], names: tuple[str, ...]) -> dict[str, float]:
+    return {n: round(statistics.median(r[n] for r in rows), 3) for n in names
+            if all(n in r for r in rows)}
