@@ -17,13 +17,14 @@ import asyncio
 import logging
 import os
 import posixpath
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from depsnap.key import KeyInputError, check_key
 from fusefs.image.process import Bind
+from fusefs.image.starter import MountCommand, served_by
 from fusefs.launch.part import BringUp, Context, Fork, Up
 from fusefs.launch.plan import PartPlan, PlanError, absolute, choice, known, text
 
@@ -125,7 +126,7 @@ class EnvPart:
         return parse_env(table, base_dir)
 
     def fork(self, plan: PartPlan, context: Context, fork: Fork) -> BringUp:
-        from depsnap.mount import MountOptions, serve_snapshot
+        from depsnap.mount import MountOptions
         from depsnap.places import places
 
         assert isinstance(plan, EnvPlan)
@@ -134,16 +135,27 @@ class EnvPart:
             return lambda ctx: _bring_up(plan, where, ctx)
         assert plan.key is not None
         key = plan.key
-        mount = fork("env", lambda at: lambda ready: serve_snapshot(
-            MountOptions(key, at, where.tracker, where.api_socket, where.store_dir,
-                         allow_other=True, origin_url=where.origin_url,
-                         origin_dir=where.origin_dir),
-            where.secret, ready))
+
+        def command(at: Path) -> MountCommand:
+            opts = MountOptions(key, at, where.tracker, where.api_socket, where.store_dir,
+                                allow_other=True, origin_url=where.origin_url,
+                                origin_dir=where.origin_dir)
+
+            async def serve(ready: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+                from depsnap.mount import serve_snapshot
+
+                return await serve_snapshot(opts, where.secret, ready)
+
+            return MountCommand(lambda summary: replace(opts, summary=summary).argv(), serve)
+
+        mount = fork("env", command)
 
         async def mounted(ctx: Context) -> Up:
             ready = await mount.wait_ready(READY_TIMEOUT_S)
-            return _up(_Env(mount.mountpoint, str(ready["prefix"]), "mounted", ready["key"],
-                            ready["packs"]), ctx)
+            up = _up(_Env(mount.mountpoint, str(ready["prefix"]), "mounted", ready["key"],
+                          ready["packs"]), ctx)
+            up.timeline["served_by"] = served_by(mount)
+            return up
 
         return mounted
 

@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, Any
 
 from depsnap.mounttree import open_tree, snapshot_tree
 from depsnap.snapshot import Snapshot
-from fusefs.cli import add_serving_flags, add_umount
+from fusefs.cli import add_serving_flags, add_summary_flag, add_umount
 from fusefs.record import WINDOW_S, Recorder, RecordError
 from fusefs.tree import Tree
 from p2p.errors import UserError
@@ -87,6 +87,7 @@ class MountOptions:
     prefetch: bool = True  # prefetch the recorded frames' chunks
     passthrough: bool = False  # files with a decoded copy read by the kernel (depsnap.backing)
     server: str = "kernel"  # SERVERS: who answers the kernel's requests
+    summary: Path | None = None  # where the serving writes what it reports at its end
 
     def argv(self) -> list[str]:
         """The `depsnap serve` command line for these options."""
@@ -100,7 +101,8 @@ class MountOptions:
                 *(["--origin-dir", str(self.origin_dir)] if self.origin_dir else []),
                 *(["--no-prefetch"] if not self.prefetch else []),
                 *(["--passthrough"] if self.passthrough else []), "--server", self.server,
-                *(["--allow-other"] if self.allow_other else [])]
+                *(["--allow-other"] if self.allow_other else []),
+                *(["--summary", str(self.summary)] if self.summary else [])]
 
 
 async def serve_snapshot(opts: MountOptions, secret: bytes,
@@ -329,6 +331,7 @@ def add_mount_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser],
                        choices=["DEBUG", "INFO", "WARNING", "ERROR"])
         m.set_defaults(run=run)
         if name == "serve":
+            add_summary_flag(m)
             m.set_defaults(serving=_serving)
     add_umount(sub, "a snapshot")
 
@@ -350,7 +353,8 @@ def _options(args: argparse.Namespace) -> MountOptions:
                         args.tracker, args.api_socket, args.store_dir.absolute(),
                         args.read_timeout_s, args.read_ahead_kb, args.allow_other,
                         origin_url, origin_dir, args.record, args.record_window_s,
-                        args.prefetch, args.passthrough, args.server)
+                        args.prefetch, args.passthrough, args.server,
+                        getattr(args, "summary", None))
 
 
 def _run_serve(args: argparse.Namespace) -> int:
@@ -375,7 +379,14 @@ def _serving(args: argparse.Namespace) -> Any:
             raise UserError(f"{exc.filename or ''}: {exc.strerror}") from None
 
     return Serving(serve, kernel=opts.passthrough or opts.server == "kernel",
-                   finish=lambda summary: log.info("served key %s: %s", opts.key, summary))
+                   finish=lambda summary: _finish(opts, summary))
+
+
+def _finish(opts: MountOptions, summary: dict[str, Any]) -> None:
+    from fusefs.mount import write_summary
+
+    log.info("served key %s: %s", opts.key, summary)
+    write_summary(opts.summary, summary)
 
 
 def _run_mount(args: argparse.Namespace) -> int:

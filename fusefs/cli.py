@@ -107,6 +107,13 @@ def add_serving_flags(p: argparse.ArgumentParser) -> None:
                    "/etc/fuse.conf unless root)")
 
 
+def add_summary_flag(p: argparse.ArgumentParser) -> None:
+    """`--summary FILE`, for the `serve` commands: what the mount reports at its end, written
+    there as JSON (`fusefs.mount.write_summary`; `image run` and `launch` read it)."""
+    p.add_argument("--summary", type=Path, metavar="FILE",
+                   help="write what the mount reports at its end here, as JSON (a new file)")
+
+
 def add_umount(sub: argparse._SubParsersAction[argparse.ArgumentParser], what: str) -> None:
     """`umount DIR`, for the commands that mount `what` from a background process."""
     u = sub.add_parser("umount", help=f"unmount {what} mounted with `mount`")

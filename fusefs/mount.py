@@ -277,6 +277,20 @@ def force_unmount(path: Path | str) -> None:
             log.warning("%s %s %s: %s", FUSERMOUNT, " ".join(args), path, result.stderr.strip())
 
 
+def write_summary(path: Path | None, summary: Any) -> None:
+    """Write what a serving command reports at its end to `path` (--summary), as JSON, a
+    new file, never through a link: a client that is not the mount's parent (the mount
+    server's) reads it as the mount's success (`fusefs.image.served`)."""
+    if path is None:
+        return
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        with os.fdopen(os.open(path, flags, 0o600), "w") as out:
+            out.write(json.dumps(summary))
+    except OSError as exc:
+        log.warning("cannot write the mount's summary to %s: %s", path, exc.strerror)
+
+
 def ready_line(info: dict[str, Any]) -> None:
     """The one JSON line a serving command prints on stdout once its mount serves (what
     `start_detached` and `Mount.spawn` wait for)."""

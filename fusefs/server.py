@@ -45,9 +45,10 @@ blocking socket calls.
 Clients. `fusefs.mount.start_detached` (every `mount` command) asks the
 server named by `BOOTSEER_MOUNT_SERVER` when it is set
 (`fusefs.request.fork_serving`); when that socket does not answer, it says
-so and starts the process itself. `bootseer image run` (`fusefs.served`)
-asks too, and its request ends with it (`fusefs.request`): the mount's handle,
-or a forked serving process, stops the mount once the client has exited.
+so and starts the process itself. `bootseer image run` and `bootseer launch`
+(`fusefs.image.starter`, `fusefs.image.served`) ask too, for each of their
+mounts, and each request ends with its client (`fusefs.request`): the mount's
+handle, or a forked serving process, stops the mount once the client has exited.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fusefs.cli import add_passthrough_flag, add_serving_flags, add_umount
+from fusefs.cli import add_passthrough_flag, add_serving_flags, add_summary_flag, add_umount
 from p2p.auth import load_secret
 from p2p.errors import UserError
 
@@ -57,6 +57,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         add_passthrough_flag(m)
         m.set_defaults(run=run)
         if name == "serve":
+            add_summary_flag(m)
             m.set_defaults(serving=_serving)
 
     add_umount(ckpt_sub, "a checkpoint")
@@ -163,7 +164,7 @@ def _options(args: argparse.Namespace) -> Any:
         raise UserError("--read-timeout and --read-ahead-kb must be positive")
     return MountOptions(args.uri, args.mountpoint.absolute(), args.tracker, args.api_socket,
                         args.store_dir.absolute(), args.read_timeout_s, args.read_ahead_kb,
-                        args.allow_other, args.passthrough)
+                        args.allow_other, args.passthrough, getattr(args, "summary", None))
 
 
 def _run_serve(args: argparse.Namespace) -> int:
@@ -174,12 +175,13 @@ def _run_serve(args: argparse.Namespace) -> int:
 
 def _serving(args: argparse.Namespace) -> Any:
     """`ckpt serve`'s `fusefs.mount.Serving`."""
-    from fusefs.mount import Serving, check_fuse
+    from fusefs.mount import Serving, check_fuse, write_summary
     from hdfs_stripe.mount import serve_ckpt
 
     secret, opts, env = load_secret(), _options(args), dict(os.environ)
     check_fuse()
-    return Serving(lambda ready: serve_ckpt(opts, secret, ready, env), kernel=opts.passthrough)
+    return Serving(lambda ready: serve_ckpt(opts, secret, ready, env), kernel=opts.passthrough,
+                   finish=lambda summary: write_summary(opts.summary, summary))
 
 
 def _run_mount(args: argparse.Namespace) -> int:

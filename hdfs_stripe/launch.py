@@ -15,12 +15,12 @@ import asyncio
 import logging
 import posixpath
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from fusefs.image.forked import Serve
 from fusefs.image.process import Bind
+from fusefs.image.starter import MountCommand, served_by
 from fusefs.launch.part import BringUp, Context, Fork, Up
 from fusefs.launch.plan import PartPlan, PlanError, absolute, flag, known, strings
 
@@ -97,19 +97,27 @@ class CkptPart:
         return parse_ckpt(table, base_dir)
 
     def fork(self, plan: PartPlan, context: Context, fork: Fork) -> BringUp:
-        from hdfs_stripe.mount import MountOptions, serve_ckpt
+        from hdfs_stripe.mount import MountOptions
         from p2p.auth import load_secret
 
         assert isinstance(plan, CkptPlan)
         args, secret = context.args, load_secret()
 
-        def serve(uri: str) -> Callable[[Path], Serve]:
-            return lambda at: lambda ready: serve_ckpt(
-                MountOptions(uri, at, args.tracker, args.api_socket,
-                             args.store_dir.absolute(), allow_other=True),
-                secret, ready)
+        def command(uri: str) -> Callable[[Path], MountCommand]:
+            def at(mountpoint: Path) -> MountCommand:
+                opts = MountOptions(uri, mountpoint, args.tracker, args.api_socket,
+                                    args.store_dir.absolute(), allow_other=True)
 
-        mounts = [(target, fork(f"ckpt{i}", serve(uri)))
+                async def serve(ready: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+                    from hdfs_stripe.mount import serve_ckpt
+
+                    return await serve_ckpt(opts, secret, ready)
+
+                return MountCommand(lambda summary: replace(opts, summary=summary).argv(),
+                                    serve)
+            return at
+
+        mounts = [(target, fork(f"ckpt{i}", command(uri)))
                   for i, (uri, target) in enumerate(plan.mounts())]
 
         async def bring_up(ctx: Context) -> Up:
@@ -131,7 +139,8 @@ class CkptPart:
             return Up({"ready_s": ctx.since(), "files": len(files),
                        "bytes": sum(f["size"] for f in files),
                        "indexed_here": sum(bool(f["indexed"]) for f in files),
-                       "prefetched": plan.prefetch},
+                       "prefetched": plan.prefetch,
+                       "served_by": sorted({served_by(m) for _, m in mounts})},
                       binds=[Bind(m.mountpoint, target) for target, m in mounts],
                       environ={"BOOTSEER_CKPT": plan.path}, contents=contents)
 

@@ -166,6 +166,7 @@ class MountOptions:
     read_ahead_kb: int = READ_AHEAD_KB
     allow_other: bool = False
     passthrough: bool = True  # whole, verified files read by the kernel (fusefs.kernelfs)
+    summary: Path | None = None  # where the serving writes what it reports at its end
 
     def argv(self) -> list[str]:
         """The `bootseer ckpt serve` command line for these options."""
@@ -174,15 +175,16 @@ class MountOptions:
                 "--store-dir", str(self.store_dir), "--read-timeout", str(self.read_timeout_s),
                 "--read-ahead-kb", str(self.read_ahead_kb)]
         return args + (["--allow-other"] if self.allow_other else []) + \
-            ([] if self.passthrough else ["--no-passthrough"])
+            ([] if self.passthrough else ["--no-passthrough"]) + \
+            (["--summary", str(self.summary)] if self.summary else [])
 
 
 async def serve_ckpt(opts: MountOptions, secret: bytes,
                      on_ready: Callable[[dict[str, Any]], None],
-                     env: Mapping[str, str] = os.environ) -> None:
-    """Resolve the URI's files, then serve them until stopped or unmounted. `env`: the
-    mount command's environment (the HDFS user and token), where a mount server serves
-    it in a process of its own."""
+                     env: Mapping[str, str] = os.environ) -> dict[str, Any]:
+    """Resolve the URI's files, then serve them until stopped or unmounted; the URI and its
+    files' count. `env`: the mount command's environment (the HDFS user and token), where
+    a mount server serves it in a process of its own."""
     uri = parse_uri(opts.uri)
     reader = StripeReader(webhdfs_for(uri, env=env))
     agent = AgentClient(opts.api_socket)
@@ -206,4 +208,5 @@ async def serve_ckpt(opts: MountOptions, secret: bytes,
     whole = WholeFiles(opts.store_dir) if opts.passthrough else None
     await serve(tree, source, opts.mountpoint, opts.read_ahead_kb, opts.allow_other, ready,
                 whole=whole)
+    return {"uri": opts.uri, "files": len(files)}
 

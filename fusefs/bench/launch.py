@@ -18,8 +18,18 @@ Timed, two arms, every node at once, each node in its own namespace:
   mirror, then the command under runc), nothing shared between nodes;
 - bootseer: `bootseer launch --env-key KEY` through a fresh agent per node.
 
+With `--rounds R`, then R rounds of two more Bootseer arms, in ABBA order, each
+on fresh agents (empty stores): `forked` (as above: every launch forks its
+mounts' serving children) and `served` (each node runs `bootseer fs server` in
+its namespace, started before the clock, named to its launches by
+BOOTSEER_MOUNT_SERVER: the server serves the launch's mounts). Reported under
+`mount_server`: per round and arm the nodes' p50 and max seconds, the served
+over forked ratio of the p50s, who served each launch's mounts (the timelines'
+`served_by`), the phases' medians (with `startup_s`: each launch's seconds
+before its own clock, and the image mount's own phases), the load average.
+
 The command reads the image's Python library, the venv's site-packages and
-imports numpy, and prints their digests: every node of both arms must print
+imports numpy, and prints their digests: every node of every arm must print
 the same lines. One JSON line: per-arm p50 and max of the nodes' times, the
 reduction (1 - bootseer_max / baseline_max), the registry's and the mirror's
 egress during the Bootseer arm over one image's and one environment's bytes,
@@ -43,6 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fusefs.bench.launch_rounds import flat, medians, server_rounds
 from p2p import process as cpu
 from p2p.bench import workdir
 from p2p.errors import UserError
@@ -95,6 +106,8 @@ def add_parser(kinds: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--package", dest="packages", action="append", metavar="SPEC",
                    help=f"pinned packages of the environment (default: {' '.join(TEST_WHEELS)})")
     p.add_argument("--runtime", choices=("runc", "bwrap"), default="runc")
+    p.add_argument("--rounds", type=int, default=0,
+                   help="rounds of forked against mount-server launches (default 0: none)")
     p.add_argument("--name", default="bl", help="the testbed's name (built and removed)")
     p.add_argument("--subnet", default="10.215.0.0/16",
                    help="the testbed's /16 (default: not `bootseer testbed`'s own)")
@@ -262,7 +275,17 @@ async def _arms(args: argparse.Namespace, bed: Any, origins: Origins, work: Path
         out["bootseer_registry_bytes"] = origins.registry_proxy.sent_bytes - sent[0]
         out["bootseer_mirror_bytes"] = origins.mirror_proxy.sent_bytes - sent[1]
         out["bootseer_snapshot_origin_bytes"] = await cluster.origin_bytes() - origin_before
-        return _summary(out, baseline, launched)
+        for agent in agents:
+            await agent.child.stop()
+        out = _summary(out, baseline, launched)
+        if args.rounds > 0:
+            log(f"{args.rounds} rounds: forked and through a mount server, fresh agents")
+            out["mount_server"] = await server_rounds(
+                args, cluster, lambda agent, env: _bootseer(args, cluster, origins, agent, key,
+                                                            work, env), work, log)
+            out["same_output"] = out["same_output"] and out["mount_server"].pop("same_output") \
+                == {tuple(lines) for lines, _ in launched}
+        return out
     finally:
         await cluster.stop()
 
@@ -303,12 +326,14 @@ def _node_flags(cluster: Any, agent: Any, work: Path) -> list[str]:
             "--cache-dir", str(work / f"cache-{agent.child.name}")]
 
 
-async def _bootseer_cli(cluster: Any, host: Any, argv: list[str]) -> str:
+async def _bootseer_cli(cluster: Any, host: Any, argv: list[str],
+                        env: dict[str, str] | None = None) -> str:
     """`bootseer ARGV` (in `host`'s namespace if given); its stdout."""
     from p2p.testing.localcluster import bootseer_command
 
     argv = [*bootseer_command(), *argv]
-    return await _call(cluster.testbed.command(host, argv) if host else argv, cluster.env)
+    return await _call(cluster.testbed.command(host, argv) if host else argv,
+                       env or cluster.env)
 
 
 async def _call(argv: list[str], env: dict[str, str]) -> str:
@@ -336,11 +361,14 @@ async def _baseline(args: argparse.Namespace, cluster: Any, origins: Origins, wo
 
 
 async def _bootseer(args: argparse.Namespace, cluster: Any, origins: Origins, agent: Any,
-                    key: str, work: Path) -> tuple[list[str], dict[str, Any]]:
+                    key: str, work: Path, env: dict[str, str] | None = None
+                    ) -> tuple[list[str], dict[str, Any]]:
+    """`bootseer launch` of the job on `agent`'s node (with `env`: the cluster's by default);
+    (its output lines, its timeline)."""
     out = await _bootseer_cli(cluster, cluster.testbed.nodes[agent.index], [
         "launch", "--json", "--image", origins.ref, "--plain-http", "--env-key", key,
         "--ckpt", origins.ckpt_uri, "--runtime", args.runtime, "--log-level", "WARNING",
-        *_node_flags(cluster, agent, work), "--", "python3", "-c", JOB])
+        *_node_flags(cluster, agent, work), "--", "python3", "-c", JOB], env)
     return _split(out)
 
 
@@ -375,23 +403,12 @@ def _summary(out: dict[str, Any], baseline: list[tuple[list[str], dict[str, Any]
                                       / out["ckpt_bytes"], 3),
             "same_output": len(outputs) == 1,
             "load_average": round(os.getloadavg()[0], 2),
-            "baseline_phases": _medians([t for _, t in baseline],
+            "baseline_phases": medians([t for _, t in baseline],
                                         ("image_s", "env_s", "ckpt_s", "command_started_s",
                                          "command_s", "cpu_ready_s")),
-            "bootseer_phases": _medians([_flat(t) for _, t in launched],
+            "bootseer_phases": medians([flat(t) for _, t in launched],
                                         ("image_ready_s", "env_ready_s", "ckpt_ready_s",
                                          "command_started_s",
                                          "command_s", "cpu_ready_s", "cpu_launch_s",
                                          "cpu_children_s"))}
     return out
-
-
-def _flat(timeline: dict[str, Any]) -> dict[str, Any]:
-    return {**timeline, **{f"{part}_ready_s": timeline[part]["ready_s"]
-                           for part in ("image", "env", "ckpt") if part in timeline},
-            **{f"cpu_{name}_s": value for name, value in timeline.get("cpu_s", {}).items()}}
-
-
-def _medians(rows: list[dict[str, Any]], names: tuple[str, ...]) -> dict[str, float]:
-    return {n: round(statistics.median(r[n] for r in rows), 3) for n in names
-            if all(n in r for r in rows)}

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fusefs.cli import add_passthrough_flag, add_serving_flags, add_umount
+from fusefs.cli import add_passthrough_flag, add_serving_flags, add_summary_flag, add_umount
 from p2p.auth import load_secret
 from p2p.errors import UserError
 
@@ -57,9 +57,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         _mount_flags(m)
         m.set_defaults(run=run)
         if name == "serve":
-            m.add_argument("--summary", type=Path, metavar="FILE",
-                           help="write what the mount reports at its end here, as JSON "
-                                "(a new file: `image run` reads it)")
+            add_summary_flag(m)
             m.set_defaults(serving=_serving)
 
     add_umount(image_sub, "an image")
@@ -187,17 +185,11 @@ def _serving(args: argparse.Namespace) -> Any:
 
 
 def _finish(path: Path | None, summary: dict[str, Any]) -> None:
-    """Log what the mount reports at its end, and write it to `path` (--summary), a new
-    file, never through a link."""
+    """Log what the mount reports at its end, and write it to `path` (--summary)."""
+    from fusefs.mount import write_summary
+
     log.info("done: %s", json.dumps(summary))
-    if path is None:
-        return
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    try:
-        with os.fdopen(os.open(path, flags, 0o600), "w") as out:
-            out.write(json.dumps(summary))
-    except OSError as exc:
-        log.warning("cannot write the mount's summary to %s: %s", path, exc.strerror)
+    write_summary(path, summary)
 
 
 def _run_mount(args: argparse.Namespace) -> int:

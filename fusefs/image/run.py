@@ -5,14 +5,19 @@ under a container runtime with an overlayfs upper on tmpfs over the mount
 (`runtime`), stops the mount (which saves the hot-block record, in record
 mode) and returns the command's exit status and a timeline.
 
-Who serves the mount. Where the node runs a mount server (BOOTSEER_MOUNT_SERVER
-names its socket), the server does (`served`): an `image serve` command line,
-ended with this process, so this process imports none of the serving code
-(aiohttp, the image catalog, the agent's client), only the command line, the
-request's client and the runtime. Without one, or when it does not answer
-(said on stderr), this process forks its serving child itself (`forked`), as
-before the server existed; the child imports the serving code after the fork.
-A refusal by the server is the launch's error, as for `image mount`.
+Who serves the mount (`starter`, the rule `bootseer launch` follows too). Where
+the node runs a mount server (BOOTSEER_MOUNT_SERVER names its socket), the server
+does (`served`): an `image serve` command line, ended with this process, so this
+process imports none of the serving code (aiohttp, the image catalog, the
+agent's client), only the command line, the request's client and the runtime.
+Without one, or when it does not answer (said on stderr), this process forks its
+serving child itself (`forked`), as before the server existed; the child imports
+the serving code after the fork. A refusal by the server is the launch's error,
+as for `image mount`.
+
+Killed. Everything of a run lives in its scratch directory (the mount point, the
+runtime's tmpfs, overlay and bundle); its guard (`leftover`) removes what a
+killed run leaves there: its runc container, the runtime's mounts.
 
 What the timeline reports of the serving side (the record saved, the backing
 files' account, this mount's bytes from peers and from the registry) is what
@@ -24,21 +29,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import shutil
-import sys
 import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from fusefs.image.forked import ForkedMount, summary_path
+from fusefs.image.leftover import Guard
 from fusefs.image.options import MountOptions, image_ref
-from fusefs.image.served import ServedMount
-from fusefs.mount import MountError
+from fusefs.image.starter import Mount, MountCommand, MountStarter, served_by
 from fusefs.mountinfo import is_mounted
-from fusefs.request import SERVER_ENV, ServerRefused, ServerUnavailable
 from p2p.process import age_seconds
 
 log = logging.getLogger(__name__)
@@ -58,40 +59,31 @@ def launch(opts: MountOptions, secret: bytes, argv: list[str] | None, runtime: s
     scratch = Path(tempfile.mkdtemp(prefix="bootseer-run-"))
     opts = replace(opts, mountpoint=scratch / "rootfs")
     opts.mountpoint.mkdir()
+    guard = Guard.start(scratch)
     try:
         mount = _start(opts, secret, scratch / "mount.log", expected)
-        status, timeline = asyncio.run(_run(mount, argv, runtime, started, opts))
+        status, timeline = asyncio.run(_run(mount, argv, runtime, started, opts, scratch))
         # Before the clock: the interpreter's start, imports and arguments (benchmarks/RESULTS.md).
         return status, {**timeline, "startup_s": None if startup is None else round(startup, 3)}
     finally:
         if not is_mounted(opts.mountpoint):
             shutil.rmtree(scratch, ignore_errors=True)
+        guard.done()
 
 
 def _start(opts: MountOptions, secret: bytes, log_path: Path,
-           expected: tuple[type[Exception], ...]) -> ForkedMount | ServedMount:
-    server = os.environ.get(SERVER_ENV)
-    if server:
-        argv = replace(opts, summary=summary_path(log_path)).argv()
-        try:
-            return ServedMount.start(server, argv, opts.mountpoint, log_path)
-        except ServerRefused as exc:
-            raise MountError(str(exc)) from None
-        except ServerUnavailable as exc:
-            print(f"bootseer: {exc} ({SERVER_ENV}); starting the mount process here",
-                  file=sys.stderr)
-            log_path.unlink(missing_ok=True)
-
+           expected: tuple[type[Exception], ...]) -> Mount:
     async def serve(ready: Any) -> Any:
         from fusefs.image.mount import serve_image
 
         return await serve_image(opts, secret, image_ref(opts.ref), ready)
 
-    return ForkedMount.start(serve, opts.mountpoint, log_path, expected)
+    command = MountCommand(lambda summary: replace(opts, summary=summary).argv(), serve)
+    return MountStarter(expected).start(command, opts.mountpoint, log_path)
 
 
-async def _run(mount: ForkedMount | ServedMount, argv: list[str] | None, runtime: str,
-               started: float, opts: MountOptions) -> tuple[int, dict[str, Any]]:
+async def _run(mount: Mount, argv: list[str] | None, runtime: str, started: float,
+               opts: MountOptions, scratch: Path) -> tuple[int, dict[str, Any]]:
     from fusefs.image.process import image_process
     from fusefs.image.runtime import run_in_rootfs
 
@@ -102,11 +94,11 @@ async def _run(mount: ForkedMount | ServedMount, argv: list[str] | None, runtime
                                     "prefetch_chunks": ready.get("prefetch_chunks"),
                                     "mount_phases": ready.get("phases"),
                                     "tree": ready.get("tree"), "server": ready.get("server"),
-                                    "served_by": "mount server"
-                                    if isinstance(mount, ServedMount) else "forked"}
+                                    "served_by": served_by(mount)}
         config = ready.get("config", {}).get("config") or {}
         process = await asyncio.to_thread(image_process, mount.mountpoint, config, argv)
-        status = await run_in_rootfs(mount.mountpoint, process, runtime=runtime)
+        status = await run_in_rootfs(mount.mountpoint, process, runtime=runtime,
+                                     scratch_dir=scratch)
         timeline["command_s"] = round(time.monotonic() - started, 3)
     finally:
         stopped = await mount.stop(timeout_s=30.0)

@@ -1,4 +1,5 @@
-"""The mount of `bootseer image run`, served by the node's mount server.
+"""A mount of `bootseer image run` or `bootseer launch`, served by the node's mount server
+(which of them serves it: `fusefs.image.starter`).
 
 Why. `image run` forked its serving process from itself (`forked`), so every
 launch first imported what serving needs (aiohttp, the image catalog,
@@ -89,6 +90,10 @@ class ServedMount:
             return said[-1].partition(": ")[2] or said[-1]  # "bootseer image: why"
         return (f"the mount at {self.mountpoint} did not start; its log ({self.log_path}):\n"
                 + "\n".join(lines[-20:]))
+
+    @property
+    def stopped(self) -> bool:
+        return self._status is not None
 
     async def stop(self, timeout_s: float = 30.0) -> int:
         """SIGTERM to the mount's handle, a bounded wait for its end, SIGKILL if need be

@@ -12,11 +12,13 @@ A part is an object with:
   table they give (None for a flag not given, laid over the file's table);
 - `parse(table, base_dir)`: the checked plan (`fusefs.launch.plan.PartPlan`) or None;
   its expected failures are `p2p.errors.UserError`s, like everyone's;
-- `fork(plan, context, fork)`: called before the launch has an event loop or a
-  thread, it forks the mounts the part serves (`fork(name, serve)`), and returns the
+- `fork(plan, context, start)`: called before the launch has an event loop or a
+  thread, it starts the mounts the part serves (`start(name, command)`, where
+  `command(mountpoint)` is the mount's `fusefs.image.starter.MountCommand`: the
+  node's mount server serves it, or a child the launch forks), and returns the
   coroutine function that brings the part up on the loop and says what it brought:
   binds into the container, environment variables, the contents it fetched and its
-  timeline entry (`Up`).
+  timeline entry (`Up`, which says who served each mount: `served_by`).
 """
 
 from __future__ import annotations
@@ -29,8 +31,8 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Protocol
 
-from fusefs.image.forked import ForkedMount, Serve
 from fusefs.image.process import Bind
+from fusefs.image.starter import Mount, MountCommand
 from fusefs.launch.plan import PartPlan
 
 GROUP = "bootseer.launch_parts"
@@ -56,7 +58,7 @@ class Up:
     contents: list[str] = field(default_factory=list)  # content ids: its bytes are counted
 
 
-Fork = Callable[[str, Callable[[Path], Serve]], ForkedMount]
+Fork = Callable[[str, Callable[[Path], MountCommand]], Mount]
 BringUp = Callable[[Context], Awaitable[Up]]
 
 

@@ -2,21 +2,30 @@
 
 Theory of operation. `launch(plan, places, expected)`:
 
-1. forks the serving processes before this process has an event loop or a thread
-   (`fusefs.image.forked`): the image mount (its hot-block record prefetched, or,
-   with no record yet, this launch recorded as the first), and whatever mounts
-   the other parts serve (`fusefs.launch.part`: a checkpoint mount per URI, the
-   snapshot mount when the environment is mounted lazily);
-2. brings the parts up concurrently on one event loop, each timed from the
+1. starts every mount before this process has an event loop or a thread
+   (`fusefs.image.starter`): the image mount (its hot-block record prefetched,
+   or, with no record yet, this launch recorded as the first), and whatever
+   mounts the other parts serve (`fusefs.launch.part`: a checkpoint mount per
+   URI, the snapshot mount when the environment is mounted lazily). Where the
+   node runs a mount server (BOOTSEER_MOUNT_SERVER), it serves them all, each
+   ended with this process; else (or if it does not answer, said once) each is
+   a child forked here. The timeline says which served each mount (`served_by`);
+2. forks the guard of its scratch directory (`fusefs.image.leftover`): should
+   this process be killed, the guard deletes its runc container and unmounts the
+   runtime's tmpfs and overlay (the mounts themselves end with this process);
+3. brings the parts up concurrently on one event loop, each timed from the
    start: the image is up when its mount serves; every other part when its
    bring-up says so (depsnap.launch: the environment restored, installed or
    mounted; hdfs_stripe.launch: the checkpoint mounted and, with prefetch, local);
-3. runs the command in the image (`fusefs.image.runtime`) with every part's binds
+4. runs the command in the image (`fusefs.image.runtime`) with every part's binds
    and environment variables (the environment's venv first on PATH, as
    VIRTUAL_ENV; the checkpoint read-only at its path, as BOOTSEER_CKPT);
-4. always stops the mounts (the image's writes its record) and removes its
+5. always stops the mounts (the image's writes its record) and removes its
    scratch directory; returns the command's exit status and the timeline: when
-   each part was ready, and its bytes from peers and from the origin.
+   each part was ready, who served its mount, and its bytes from peers and from
+   the origin; `startup_s`, the seconds before the launch's clock (the
+   interpreter's start, imports, arguments), and `mounts_started_s`, when every
+   mount had been asked for or forked.
 
 A part that fails stops the launch before the command runs: nothing half-up is
 presented as up. Every mount of the launch allows other users (the container's
@@ -27,12 +36,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
+import importlib
 import logging
-import os
 import shutil
 import signal
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable
@@ -40,8 +47,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from fusefs.image.forked import ForkedMount, Serve
+from fusefs.image.forked import ForkedMount
+from fusefs.image.leftover import Guard, claim, sweep_abandoned
+from fusefs.image.options import MountOptions as ImageOptions
+from fusefs.image.options import image_ref
 from fusefs.image.process import Bind
+from fusefs.image.starter import Mount, MountCommand, MountStarter, served_by
 from fusefs.launch.part import BringUp, Context, LaunchPart
 from fusefs.launch.plan import LaunchPlan
 from fusefs.mountinfo import is_mounted
@@ -53,7 +64,6 @@ log = logging.getLogger(__name__)
 
 READY_TIMEOUT_S = 300.0  # a mount that has not served by then has failed
 SCRATCH_PREFIX = "bootseer-launch-"
-OWNER_FILE = "owner"  # the launch process: "pid start-time", to tell an abandoned scratch
 
 
 @dataclass
@@ -64,8 +74,8 @@ class Launch:
     places: NodePlaces
     context: Context
     started: float
-    image: ForkedMount
-    forked: list[ForkedMount]  # every mount: the image's and the parts'
+    image: Mount
+    started_mounts: list[Mount]  # every mount: the image's and the parts'
     bring_ups: dict[str, BringUp] = field(default_factory=dict)  # by part name
     binds: list[Bind] = field(default_factory=list)
     environ: dict[str, str] = field(default_factory=dict)
@@ -76,8 +86,8 @@ class Launch:
     def scratch(self) -> Path:
         return self.context.scratch
 
-    def mounts(self) -> list[ForkedMount]:
-        return list(self.forked)
+    def mounts(self) -> list[Mount]:
+        return list(self.started_mounts)
 
     def since(self) -> float:
         return round(time.monotonic() - self.started, 3)
@@ -89,51 +99,60 @@ def launch(plan: LaunchPlan, places: NodePlaces, parts: dict[str, LaunchPart],
     """Run the plan (see the module docstring) with `parts` (by name) bringing up the
     plan's parts, which read their settings from `args` (the command line); (exit status,
     timeline). Call from a process with no event loop and no threads yet: it forks."""
-    started = time.monotonic()
+    started, startup = time.monotonic(), cpu.age_seconds()
     parent = scratch_parent or Path(tempfile.gettempdir())
-    sweep_abandoned(parent)
+    sweep_abandoned(parent, SCRATCH_PREFIX)
     scratch = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=parent))
-    (scratch / OWNER_FILE).write_text(_process_identity(os.getpid()))
-    forked: list[ForkedMount] = []
+    claim(scratch)
+    guard = Guard.start(scratch)
+    mounts: list[Mount] = []
     job = None
     try:
         context = Context(args, scratch, contextlib.ExitStack(),
                           lambda: round(time.monotonic() - started, 3))
-        job = _fork_mounts(plan, places, parts, context, started, expected, forked)
-        return asyncio.run(_run(job))
+        job = _start_mounts(plan, places, parts, context, started, expected, mounts)
+        status, timeline = asyncio.run(_run(job))
+        return status, {**timeline,
+                        "startup_s": None if startup is None else round(startup, 3)}
     finally:
-        asyncio.run(_stop(forked))  # a no-op for mounts `_run` stopped
+        asyncio.run(_stop(mounts))  # a no-op for mounts `_run` stopped
         if job is not None:
             job.context.memory.close()
-        if not any(is_mounted(m.mountpoint) for m in forked):
+        if not any(is_mounted(m.mountpoint) for m in mounts):
             shutil.rmtree(scratch, ignore_errors=True)
+        guard.done()
 
 
-def _fork_mounts(plan: LaunchPlan, places: NodePlaces, parts: dict[str, LaunchPart],
-                 context: Context, started: float, expected: tuple[type[Exception], ...],
-                 forked: list[ForkedMount]) -> Launch:
-    from fusefs.image.mount import serve_image
-    from fusefs.image.options import MountOptions as ImageOptions
-    from p2p.origin.oci_ref import parse_reference
+def _start_mounts(plan: LaunchPlan, places: NodePlaces, parts: dict[str, LaunchPart],
+                  context: Context, started: float, expected: tuple[type[Exception], ...],
+                  mounts: list[Mount]) -> Launch:
+    scratch, starter = context.scratch, MountStarter(expected)
 
-    scratch = context.scratch
-
-    def fork(name: str, serve: Callable[[Path], Serve]) -> ForkedMount:
+    def start(name: str, command: Callable[[Path], MountCommand]) -> Mount:
         mountpoint = scratch / name
         mountpoint.mkdir()
-        mount = ForkedMount.start(serve(mountpoint), mountpoint, scratch / f"{name}.log",
-                                  expected)
-        forked.append(mount)
+        mount = starter.start(command(mountpoint), mountpoint, scratch / f"{name}.log")
+        mounts.append(mount)
         return mount
 
     p, secret = places, places.secret
-    ref = parse_reference(plan.image)
-    image = fork("image", lambda at: lambda ready: serve_image(
-        ImageOptions(plan.image, at, p.tracker, p.api_socket, _store(p),
-                     plan.plain_http, record_missing=True), secret, ref, ready))
-    job = Launch(plan, places, context, started, image, forked)
+
+    def image(at: Path) -> MountCommand:
+        opts = ImageOptions(plan.image, at, p.tracker, p.api_socket, _store(p),
+                            plan.plain_http, record_missing=True)
+
+        async def serve(ready: Any) -> Any:
+            from fusefs.image.mount import serve_image
+
+            return await serve_image(opts, secret, image_ref(opts.ref), ready)
+
+        # Forked, the image's serving code is imported once, here, before the forks.
+        return MountCommand(lambda summary: replace(opts, summary=summary).argv(), serve,
+                            preload=("fusefs.image.mount", "p2p.origin.oci_ref"))
+
+    job = Launch(plan, places, context, started, start("image", image), mounts)
     for name, part_plan in plan.parts.items():
-        job.bring_ups[name] = parts[name].fork(part_plan, context, fork)
+        job.bring_ups[name] = parts[name].fork(part_plan, context, start)
     return job
 
 
@@ -146,6 +165,7 @@ async def _run(job: Launch) -> tuple[int, dict[str, Any]]:
     from fusefs.image.process import image_process
     from fusefs.image.runtime import run_in_rootfs
 
+    job.timeline["mounts_started_s"] = job.since()  # this process's own work before them
     try:
         try:
             async with asyncio.TaskGroup() as parts:
@@ -159,12 +179,21 @@ async def _run(job: Launch) -> tuple[int, dict[str, Any]]:
                                           list(job.plan.command) if job.plan.command else None)
         process = replace(process, env=with_environ(process.env, job.environ))
         job.timeline["command_started_s"] = job.since()
-        # what bringing the parts up cost this node: us, finished children, mount servers
-        job.timeline["cpu_ready_s"] = round(sum(cpu.own_and_children())
-                                            + cpu.cpu_seconds_of(m.pid for m in job.mounts()), 2)
+        # what bringing the parts up cost this node: us, finished children, forked mounts
+        # (a mount server's host serves other mounts too: its CPU is not counted here)
+        job.timeline["cpu_ready_s"] = round(sum(cpu.own_and_children()) + cpu.cpu_seconds_of(
+            m.pid for m in job.mounts() if isinstance(m, ForkedMount)), 2)
         log.info("all parts up in %.3f s; running %s", job.since(), " ".join(process.argv))
-        status = await run_in_rootfs(job.image.mountpoint, process, runtime=job.plan.runtime,
-                                     scratch_dir=job.scratch, binds=job.binds)
+        # The agent's client (aiohttp), which `_bytes` needs, is imported while the command
+        # runs: a launch whose mounts the server serves has not imported it yet.
+        importing = asyncio.ensure_future(asyncio.to_thread(importlib.import_module,
+                                                            "p2p.agentclient"))
+        try:
+            status = await run_in_rootfs(job.image.mountpoint, process,
+                                         runtime=job.plan.runtime, scratch_dir=job.scratch,
+                                         binds=job.binds)
+        finally:
+            await importing
         job.timeline["command_s"] = round(job.since() - job.timeline["command_started_s"], 3)
         await _bytes(job)
     finally:
@@ -180,7 +209,8 @@ async def _run(job: Launch) -> tuple[int, dict[str, Any]]:
 async def _image(job: Launch) -> dict[str, Any]:
     ready = await job.image.wait_ready(READY_TIMEOUT_S)
     job.contents["image"] = [layer["content"] for layer in ready["layers"]]
-    job.timeline["image"] = {"ready_s": job.since(), "digest": ready.get("image"),
+    job.timeline["image"] = {"ready_s": job.since(), "served_by": served_by(job.image),
+                             "digest": ready.get("image"),
                              "prefetch_chunks": ready.get("prefetch_chunks"),
                              "mount_phases": ready.get("phases")}
     log.info("image %s mounted in %.3f s (%s chunks prefetched)", job.plan.image,
@@ -236,61 +266,6 @@ async def _bytes(job: Launch) -> None:
                                "origin_bytes": held["origin_bytes"]}
 
 
-def sweep_abandoned(parent: Path) -> list[Path]:
-    """Remove the scratch directories of launches that died without cleaning up (SIGKILL,
-    a node that went down): a runc container whose bundle is in one is killed and deleted
-    (runc does not end with its parent; bwrap does), everything still mounted under one is
-    unmounted lazily, then it is deleted. Their mount servers have ended with them
-    (`fusefs.image.forked`). What was removed."""
-    from fusefs.image.mounts import unmount
-
-    removed: list[Path] = []
-    containers: list[dict[str, Any]] | None = None
-    for scratch in sorted(parent.glob(f"{SCRATCH_PREFIX}*")):
-        try:
-            owner = (scratch / OWNER_FILE).read_text().split()
-        except OSError:
-            continue  # being made, or not ours
-        if len(owner) != 2 or _process_identity(int(owner[0])) == " ".join(owner):
-            continue  # its launch is alive
-        if containers is None:
-            containers = _runc_containers()
-        for c in containers:
-            if str(c.get("bundle", "")).startswith(f"{scratch}/"):
-                subprocess.run(["runc", "delete", "--force", str(c["id"])],
-                               capture_output=True, check=False, timeout=30)
-        with open("/proc/self/mountinfo") as f:
-            points = [line.split()[4] for line in f]
-        for point in sorted((p for p in points if p.startswith(f"{scratch}/")),
-                            key=len, reverse=True):
-            with contextlib.suppress(Exception):
-                unmount(Path(point))
-        shutil.rmtree(scratch, ignore_errors=True)
-        log.info("removed %s, left by a launch that died", scratch)
-        removed.append(scratch)
-    return removed
-
-
-def _runc_containers() -> list[dict[str, Any]]:
-    """`runc list` (empty if runc is missing or says nothing useful)."""
-    try:
-        done = subprocess.run(["runc", "list", "--format", "json"], capture_output=True,
-                              text=True, check=False, timeout=30)
-        listed = json.loads(done.stdout or "null")
-    except (OSError, subprocess.TimeoutExpired, ValueError):
-        return []
-    return [c for c in listed or [] if isinstance(c, dict)]
-
-
-def _process_identity(pid: int) -> str:
-    """"pid start-time" of a live process ("" if there is none): a pid alone may be reused."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return ""
-    return f"{pid} {fields[19]}"
-
-
 def _cpu() -> dict[str, float]:
     """CPU seconds of this process, and of its children (the mounts, the runtime, the job,
     the environment's extractors)."""
@@ -298,7 +273,7 @@ def _cpu() -> dict[str, float]:
     return {"launch": round(own, 2), "children": round(children, 2)}
 
 
-async def _stop(mounts: list[ForkedMount]) -> None:
+async def _stop(mounts: list[Mount]) -> None:
     """Stop every mount not stopped yet. One that ended otherwise than by our SIGTERM or
     its own reported error (exit 2, already the launch's error) has its log's tail logged:
     the log goes with the scratch directory."""

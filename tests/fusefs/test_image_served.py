@@ -14,7 +14,9 @@ What is proved:
   forks its mount's serving process itself;
 - an `image run` killed with SIGKILL leaves no mount: its handle (or the
   serving process the server forked, for a pyfuse3 mount) watches it
-  (`end_with_client`) and stops the mount.
+  (`end_with_client`) and stops the mount; and its guard deletes its runc
+  container and unmounts the runtime's tmpfs and overlay: no mount, no
+  process, no scratch directory is left.
 """
 
 from __future__ import annotations
@@ -118,12 +120,34 @@ def mounts_under(where: Path) -> list[str]:
         return [line.split()[4] for line in f if line.split()[4].startswith(f"{where}/")]
 
 
-@pytest.mark.parametrize("flags", [(), ("--no-passthrough",)], ids=["hosted", "forked"])
-async def test_an_image_run_killed_by_sigkill_leaves_no_mount_behind(
+def processes_naming(word: str) -> list[str]:
+    """The command lines of live processes that contain `word`."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue  # gone meanwhile
+        if word in text:
+            found.append(text)
+    return found
+
+
+def runc_containers_in(where: Path) -> list[str]:
+    listed = json.loads(subprocess.run(["runc", "list", "--format", "json"], check=True,
+                                       capture_output=True, text=True).stdout or "null")
+    return [c["id"] for c in listed or [] if c["bundle"].startswith(f"{where}/")]
+
+
+@pytest.mark.parametrize(("flags", "runtime"), [((), "runc"), (("--no-passthrough",), "bwrap")],
+                         ids=["hosted-runc", "forked-bwrap"])
+async def test_an_image_run_killed_by_sigkill_leaves_no_mount_or_process_behind(
         fuse_ready: None, registry: RunningRegistry, image: BuiltImage, tmp_path: Path,
-        flags: tuple[str, ...]) -> None:
+        flags: tuple[str, ...], runtime: str) -> None:
     """Hosted: the server's host serves the mount, its handle watches `image run`. Forked
-    (pyfuse3, with --no-passthrough): the server forks a serving process, which does."""
+    (pyfuse3, with --no-passthrough): the server forks a serving process, which does. The
+    runtime's tmpfs and overlay, and runc's container (runc does not end with its parent),
+    are removed by image run's guard."""
     ref = await push(registry, f"test/served-killed{'-'.join(flags)}", image)
     scratch = tmp_path / "tmp"  # image run's scratch directories, and its runtime's
     scratch.mkdir()
@@ -134,28 +158,36 @@ async def test_an_image_run_killed_by_sigkill_leaves_no_mount_behind(
         try:
             killed = subprocess.Popen(
                 [sys.executable, "-m", "fusefs.image", "run", *agent_flags(cluster, agents[0]),
-                 "--runtime", "bwrap", *flags, ref, "--", "sh", "-c", "echo up; sleep 2"],
+                 "--runtime", runtime, *flags, ref, "--", "sh", "-c", "echo up; sleep 120"],
                 env={**cluster.env, SERVER_ENV: str(server.socket), "TMPDIR": str(scratch)},
                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
             assert killed.stdout is not None
             line = await asyncio.to_thread(killed.stdout.readline)
             assert line == b"up\n", line
             assert len(fuse_mounts_under(scratch)) == 1, "the image was not mounted"
+            assert len(mounts_under(scratch)) == 3, "not the image, a tmpfs and an overlay"
             killed.send_signal(signal.SIGKILL)
             await asyncio.to_thread(killed.wait)
             for _ in range(300):  # bounded: 30 s
-                if not fuse_mounts_under(scratch):
+                if not (mounts_under(scratch) or processes_naming(str(scratch))):
                     break
                 await asyncio.sleep(0.1)
             assert not fuse_mounts_under(scratch), "the image mount outlived its image run"
+            assert not mounts_under(scratch), "the runtime's tmpfs and overlay stayed"
+            assert not processes_naming(str(scratch)), "runc or bwrap outlived image run"
+            if runtime == "runc":
+                assert not runc_containers_in(scratch), "the container outlived image run"
+            assert list(scratch.iterdir()) == [], "its scratch directory stayed"
         finally:
             if killed is not None and killed.poll() is None:
                 killed.kill()
                 killed.wait()
+            if runtime == "runc":  # what the guard should have removed, should it fail
+                for container in runc_containers_in(scratch):
+                    subprocess.run(["runc", "delete", "--force", container], check=False)
             if killed is not None and killed.stdout is not None:
                 await asyncio.to_thread(killed.stdout.read)  # the orphaned command's end
                 killed.stdout.close()
-            # The runtime's tmpfs and overlay of the killed run (not the mount's): its own.
             for where in sorted(mounts_under(scratch), reverse=True):
                 subprocess.run(["umount", "-l", where], check=False)
             await server.stop()
