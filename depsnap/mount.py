@@ -169,7 +169,8 @@ async def serve_snapshot(opts: MountOptions, secret: bytes,
         saver.unmounted()
         await window  # at once, or when a save the window's end began is written
         await saver.save()
-    return {"key": opts.key, "prefetch_chunks": _queued(prefetching), **saver.summary}
+    return {"key": opts.key, "prefetch_chunks": _queued(prefetching), **source.account(),
+            **saver.summary}
 
 
 def _copies(opts: MountOptions, snapshot: Snapshot, source: SnapshotSource,

@@ -65,6 +65,8 @@ class SnapshotSource:
         self.recorder = recorder
         self._clock = clock
         self.prefetched_files = 0
+        self.decoded_frames = 0  # decodes, repeats included (a frame evicted, then read)
+        self._seen: set[tuple[str, int]] = set()  # frames decoded at least once
         self._packs = {p.content: p for p in snapshot.packs}
         self._offsets = {p.content: stored_offsets(p) for p in snapshot.packs if p.frames}
         self._members: dict[str, tuple[list[int], tuple[Member, ...]]] = {
@@ -132,6 +134,11 @@ class SnapshotSource:
             await self.inner.client.prefetch(content, chunks)
         return sum(len(chunks) for chunks in plan.values())
 
+    def account(self) -> dict[str, int]:
+        """Frames decoded, and how many of them were distinct (the rest were repeats)."""
+        return {"decoded_frames": self.decoded_frames, "distinct_frames": len(self._seen),
+                "verified_files": len(self._verified)}
+
     async def close(self) -> None:
         tasks = [*self._tasks, *self._decoding.values()]
         for task in tasks:
@@ -160,6 +167,8 @@ class SnapshotSource:
         except FrameError as exc:
             raise SourceError(f"{exc} ({pack.content})") from None
         self._decoded[(pack.content, index)] = raw
+        self.decoded_frames += 1
+        self._seen.add((pack.content, index))
         if len(self._decoded) > CACHED_FRAMES:
             self._decoded.popitem(last=False)
         return raw
