@@ -22,9 +22,10 @@ the next first open uses it.
 The codec is `fusefs.protocol`; this module reads requests (one `readv` each into
 one reused buffer, on the event loop, non-blocking), answers metadata inline from
 the tree, and runs OPEN and READ as tasks (they wait on disk threads or the
-agent). Mounting is `fusefs.kernelmount`. `PassthroughUnavailable` says why
-the mount cannot be served this way (no privilege, a kernel that does not offer
-passthrough); `fusefs.mount.serve` then serves with pyfuse3 instead.
+agent). Mounting is `fusefs.kernelmount`, a mount's life `fusefs.kernelserve`.
+`PassthroughUnavailable` says why the mount cannot be served this way (no
+privilege, a kernel that does not offer passthrough); `fusefs.mount.serve` then
+serves with pyfuse3 instead.
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ from __future__ import annotations
 import asyncio
 import errno
 import fcntl
-import json
 import logging
 import os
 import time
@@ -42,9 +42,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from fusefs import protocol as P
-from fusefs.kept import KeptDevice, OpenJournal
-from fusefs.kernelmount import PassthroughUnavailable, mount_device, unmount
-from fusefs.mountstop import mount_server, stopped_by
+from fusefs.kept import OpenJournal
+from fusefs.kernelmount import unmount
 from fusefs.source import Source, SourceError
 from fusefs.tree import Extent, Kind, Node, TreeError, TreeView
 
@@ -447,59 +446,3 @@ def _sized(value: bytes, size: int) -> bytes:
     if len(value) > size:
         raise FuseReply(errno.ERANGE)
     return value
-
-
-async def serve_kernel(tree: TreeView, source: Source, backing: Backing | None, path: str,
-                       read_ahead_kb: int, allow_other: bool,
-                       on_ready: Callable[[dict[str, Any]], None] | None) -> None:
-    """Mount at `path`, serve until stopped (`fusefs.mountstop.stopped_by`: SIGTERM/SIGINT, or
-    the mount server's stop of this mount) or unmounted, then unmount and close
-    `source`. With a `backing`, files it has are read by passthrough; without one, the
-    mount asks for no-open (every read through the handler, no OPEN or RELEASE round
-    trips). PassthroughUnavailable, with nothing mounted and `source` still open, if
-    this node cannot (no privilege, or, with a backing, the kernel did not take
-    passthrough at INIT): the caller serves another way."""
-    from fusefs.mountinfo import set_read_ahead
-
-    server = mount_server.get()
-    kept = server.kept() if server is not None else None
-    journal: OpenJournal | None
-    if kept is not None:  # served before, by a host that died: the same device
-        fd, journal = kept.fd, kept.journal
-    else:
-        fd = mount_device(path, allow_other)
-        journal = OpenJournal.create() if server is not None else None
-    fs = KernelFS(tree, source, backing, fd, path, journal=journal)
-    if kept is not None:
-        fs.adopt(kept.state)
-    refused: list[str] = []
-
-    def initialised() -> None:
-        if kept is None and backing is not None and not fs.passthrough:
-            refused.append("the kernel did not take FUSE passthrough at INIT")
-            fs.stop()
-            return
-        if server is not None and kept is None and journal is not None:
-            server.keep(KeptDevice(fd, journal, {**fs.negotiated(), "mountpoint": path}))
-        if on_ready is not None:
-            on_ready({"mountpoint": path, "read_ahead_kb": set_read_ahead(path, read_ahead_kb),
-                      "server": "kernel", "passthrough": fs.passthrough,
-                      "no_open": fs.no_open, "resumed": kept is not None})
-
-    try:
-        with stopped_by(fs.stop):
-            await fs.serve(initialised, resumed=kept is not None)
-    finally:
-        unmount(path)
-        os.close(fd)
-        if journal is not None:
-            journal.close()
-        if not refused:
-            await source.close()
-    if refused:
-        raise PassthroughUnavailable(refused[0])
-    log.info("unmounted %s: %d passthrough opens, %d handler opens, %d handler reads of %d "
-             "bytes, %d failed, %d whole files built, %d backing files checked; requests %s",
-             path, fs.passthrough_opens, fs.handler_opens, fs.reads, fs.read_bytes,
-             fs.failed_reads, 0 if backing is None else backing.built,
-             0 if backing is None else backing.checked, json.dumps(fs.account()))

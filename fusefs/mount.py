@@ -119,15 +119,15 @@ async def serve(tree: Any, source: Any, mountpoint: Path, read_ahead_kb: int = R
     passthrough (`fusefs.kernelfs`), where the kernel and our privilege allow it;
     elsewhere, and without `whole`, the pyfuse3 shell serves every read. With `kernel`
     and no `whole`, the kernel-protocol server serves where it can, with no-open
-    (`fusefs.kernelfs.serve_kernel`): many small files opened once each cost two round
+    (`fusefs.kernelserve.serve_kernel`): many small files opened once each cost two round
     trips fewer per file than through pyfuse3."""
     keep_reply_buffers_on_the_heap()
     path = os.path.realpath(mountpoint)  # before the mount: never stat our own mount
     in_server = mount_server.get() is not None
     if whole is not None or kernel or in_server:
         from fusefs.backing import WholeBacking, WholeFiles
-        from fusefs.kernelfs import serve_kernel
         from fusefs.kernelmount import PassthroughUnavailable, kernel_supports_passthrough
+        from fusefs.kernelserve import serve_kernel
 
         why = kernel_supports_passthrough()
         backing = WholeBacking(whole) if isinstance(whole, WholeFiles) else whole

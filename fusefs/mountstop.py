@@ -4,7 +4,7 @@ A serving process of its own ends its mount on SIGTERM or SIGINT. A mount
 served by a mount server's host (`fusefs.mounthost`) shares the process with
 others: a signal would end them all, so the host stops each one by itself.
 The host sets `mount_server` in the context of each mount's task; the code
-that serves (`fusefs.kernelfs.serve_kernel`, `fusefs.mount`'s pyfuse3 path)
+that serves (`fusefs.kernelserve.serve_kernel`, `fusefs.mount`'s pyfuse3 path)
 says what stops it with `stopped_by`, which asks whichever applies.
 """
 

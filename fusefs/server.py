@@ -90,7 +90,7 @@ PRELOAD = ("aiohttp", "pyfuse3", "pyfuse3.asyncio", "zstandard", "blake3",
            "fusefs.cli", "fusefs.fs", "fusefs.mount", "fusefs.record", "fusefs.source",
            "depsnap.cli", "depsnap.hot", "depsnap.mount", "depsnap.publish", "depsnap.source",
            "fusefs.image.cli", "fusefs.image.mount", "hdfs_stripe.cli", "hdfs_stripe.mount",
-           "fusefs.kernelfs", "fusefs.backing", "fusefs.mounthost", "p2p.cli")
+           "fusefs.kernelserve", "fusefs.backing", "fusefs.mounthost", "p2p.cli")
 _PEERCRED = struct.Struct("3i")  # pid, uid, gid
 
 
