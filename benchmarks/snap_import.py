@@ -64,7 +64,6 @@ from p2p.process import cpu_seconds
 from p2p.testing.localcluster import AgentHandle, LocalCluster
 
 REQUESTS = re.compile(r"unmounted .*requests (\{.*\})")
-PUSHED = re.compile(r"(\d+) files pushed whole, (\d+) bytes")
 DECODED = re.compile(r"'decoded_frames': (\d+), 'distinct_frames': (\d+)")
 WORKTREE = "WORKTREE"  # a revision name: this checkout as it is, uncommitted changes too
 
@@ -188,7 +187,6 @@ async def _measured(env: dict[str, str], agent: AgentHandle, key: str, mountpoin
         shutil.copy(log, logs / f"{mountpoint.name}.log")
     requests = REQUESTS.findall(text)
     decoded = DECODED.findall(text)
-    pushed = PUSHED.findall(text)
     if proc.returncode != 0:
         raise RuntimeError(f"the import failed: {err.decode()[-800:]}")
     return {"import_seconds": round(seconds, 3), "mount_seconds": round(mounted, 3),
@@ -198,7 +196,6 @@ async def _measured(env: dict[str, str], agent: AgentHandle, key: str, mountpoin
                                  for p in ready["packs"] if p in contents),
             "requests": json.loads(requests[-1]) if requests else None,
             "frames_decoded": [int(n) for n in decoded[-1]] if decoded else None,
-            "pushed_files_bytes": [int(n) for n in pushed[-1]] if pushed else None,
             "load": [round(x, 2) for x in load]}
 
 
