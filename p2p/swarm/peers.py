@@ -96,9 +96,12 @@ class PeerTable:
     def forget_pending(self, chunk: int) -> None:
         """Drop every peer's mark of `chunk` (we hold it now)."""
         if self.pending_mask >> chunk & 1:
+            count = self._pending_count
             for state in self.peers.values():
                 if chunk in state.pending:
                     self.withdrawn(state, chunk)
+                    if not count[chunk]:
+                        break  # that was the last mark: the other peers have none
 
     def asked(self, peer: PeerId, chunk: int, now: float, deadline: float) -> None:
         self.peers[peer].inflight[chunk] = (now, deadline)

@@ -84,7 +84,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from itertools import chain
 
 from p2p.content import PeerId
@@ -721,8 +721,9 @@ class Swarm:
             self._retry_at.pop(peer, None)
         return [Connect(peer) for peer in chosen]
 
-    def _ordered(self, mask: int, limit: int) -> list[int]:
-        """Chunks of `mask`: demand first, then prefetch order, then the picker."""
+    def _ordered(self, mask: int, limit: int) -> Iterator[int]:
+        """Chunks of `mask`: demand first, then prefetch order, then the picker (whose
+        draws are made here, however much of the order is read)."""
         head: list[int] = []
         if self._demand or mask & self._prefetch_mask:  # (else the loop takes nothing)
             for chunk in self._demand + self._prefetch:
@@ -731,10 +732,10 @@ class Swarm:
                     mask &= ~(1 << chunk)
             self._demand = [c for c in self._demand if not self._have >> c & 1]
         if len(head) >= limit or not mask:
-            return head[:limit]
-        rest = self._picker.order(list(bits.indices(mask)), self._table.avail, limit - len(head),
+            return iter(head[:limit])
+        rest = self._picker.order(bits.indices(mask), self._table.avail, limit - len(head),
                                   self._rng)
-        return head + rest
+        return chain(head, rest) if head else rest
 
     def _request_from_peers(self, now: float) -> list[Action]:
         budget = self.config.max_inflight - self._table.inflight_total

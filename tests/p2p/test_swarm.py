@@ -86,7 +86,7 @@ def test_rarest_first_takes_the_same_chunks_and_draws_on_both_of_its_paths(
     and the agents compute must not depend on which (the draws included)."""
     avail = [random.Random(chunks).randrange(6) for _ in range(chunks)]
     ours, theirs = random.Random(7), random.Random(7)
-    got = RarestFirst().order(list(range(chunks)), avail, limit, ours)
+    got = list(RarestFirst().order(list(range(chunks)), avail, limit, ours))
     want = sorted(range(chunks), key=lambda c: (avail[c], theirs.random()))[:limit] \
         if limit else []
     assert got == want
