@@ -51,6 +51,7 @@ class PeerTable:
         self.requested = 0  # chunks with at least one request in flight
         self.inflight_total = 0  # requests in flight, duplicates included
         self.requesters: dict[int, list[PeerId]] = {}
+        self.changes = 0  # bumped whenever `requested` or `requesters` may have changed
 
     def add(self, peer: PeerId, state: PeerState, pending: Iterable[int], until: float) -> None:
         self.peers[peer] = state
@@ -95,13 +96,17 @@ class PeerTable:
     def forget_pending(self, chunk: int) -> None:
         """Drop every peer's mark of `chunk` (we hold it now)."""
         if self.pending_mask >> chunk & 1:
+            count = self._pending_count
             for state in self.peers.values():
                 if chunk in state.pending:
                     self.withdrawn(state, chunk)
+                    if not count[chunk]:
+                        break  # that was the last mark: the other peers have none
 
     def asked(self, peer: PeerId, chunk: int, now: float, deadline: float) -> None:
         self.peers[peer].inflight[chunk] = (now, deadline)
         self.inflight_total += 1
+        self.changes += 1
         self.requesters.setdefault(chunk, []).append(peer)
         self.requested |= 1 << chunk
 
@@ -115,6 +120,7 @@ class PeerTable:
             self.inflight_total -= 1
         askers = self.requesters.get(chunk)
         if askers and peer in askers:
+            self.changes += 1
             askers.remove(peer)
             if not askers:
                 del self.requesters[chunk]
@@ -124,6 +130,7 @@ class PeerTable:
     def clear_all(self, chunk: int) -> list[PeerId]:
         """Forget every request for `chunk` (it arrived); the peers still asked."""
         others = self.requesters.pop(chunk, [])
+        self.changes += 1
         for other in others:
             if self.peers[other].inflight.pop(chunk, None) is not None:
                 self.inflight_total -= 1

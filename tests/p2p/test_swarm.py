@@ -80,16 +80,18 @@ def test_rarest_chunk_is_requested_next(seed: int) -> None:
 
 @pytest.mark.parametrize("chunks,limit", [(1, 1), (16, 4), (64, 16), (64, 64), (1024, 64),
                                           (1024, 1), (5, 0)])
-def test_rarest_first_takes_the_same_chunks_and_draws_on_both_of_its_paths(
+def test_rarest_first_takes_a_keyed_sorts_chunks_and_draws_them_all_at_once(
         chunks: int, limit: int) -> None:
-    """It sorts, or keeps a heap when few of many are wanted: either way what the simulator
-    and the agents compute must not depend on which (the draws included)."""
+    """It heaps its keys and pops them as they are read: what the simulator and the
+    agents compute must be what a keyed sort gives (the draws included), and every draw
+    is made in the call, however little of the order the caller reads."""
     avail = [random.Random(chunks).randrange(6) for _ in range(chunks)]
     ours, theirs = random.Random(7), random.Random(7)
-    got = RarestFirst().order(list(range(chunks)), avail, limit, ours)
+    order = RarestFirst().order(list(range(chunks)), avail, limit, ours)
     want = sorted(range(chunks), key=lambda c: (avail[c], theirs.random()))[:limit] \
         if limit else []
-    assert got == want
+    assert ours.getstate() == theirs.getstate()  # (before a chunk is read)
+    assert list(order) == want
     assert ours.random() == theirs.random()
 
 

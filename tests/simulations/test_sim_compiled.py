@@ -131,3 +131,17 @@ def test_runs_started_together_make_one_build(tmp_path: Path,
                                range(3)))
     assert len(made) == 1
     assert len(set(builds)) == 1 and (builds[0] / ".complete").exists()
+
+
+def test_a_run_process_gets_glibc_malloc_on_huge_pages_unless_the_caller_chose(
+        tmp_path: Path) -> None:
+    build = tmp_path / "build"
+    env = compiled.child_env(build, {"PATH": "/usr/bin", "PYTHONPATH": "/elsewhere"})
+    assert env["PYTHONPATH"].split(":") == [str(build), "/elsewhere"]
+    assert (env["PYTHONMALLOC"], env["GLIBC_TUNABLES"]) == ("malloc", "glibc.malloc.hugetlb=1")
+    assert env["PATH"] == "/usr/bin"
+    mine = compiled.child_env(build, {"PYTHONMALLOC": "pymalloc",
+                                      "GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"})
+    assert (mine["PYTHONMALLOC"], mine["GLIBC_TUNABLES"]) == ("pymalloc", "glibc.malloc.hugetlb=0")
+    other = compiled.child_env(build, {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"})
+    assert other["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"
