@@ -39,6 +39,7 @@ FIGURES = ("wall_s", "startup_s", "mounts_started_s", "image_ready_s", "command_
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
+    from fusefs.bench.launch import call
     from fusefs.request import SERVER_ENV
     from fusefs.testing.registry import local_registry
     from fusefs.testing.sample import push_sample, python3_image
@@ -57,7 +58,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         try:
             await cluster.start_tracker()
             agent = await cluster.start_agent(0, "rack0")
-            await _run([*bootseer_command(), "image", "index", ref, "--tracker",
+            await call([*bootseer_command(), "image", "index", ref, "--tracker",
                         cluster.tracker_url], cluster.env)
             sock = work / "mount.sock"
             server = await cluster.spawn("mount-server", ["fs", "server", "--socket", str(sock)])
@@ -92,8 +93,10 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 
 async def _launch(argv: list[str], env: dict[str, str], host: int,
                   cpu_seconds: Any) -> dict[str, Any]:
+    from fusefs.bench.launch import call
+
     before, started = cpu_seconds(host), time.monotonic()
-    out = await _run(argv, env)
+    out = await call(argv, env)
     wall = round(time.monotonic() - started, 3)
     timeline = json.loads(out.splitlines()[-1])
     if timeline["exit_status"] != 0:
@@ -106,19 +109,14 @@ async def _launch(argv: list[str], env: dict[str, str], host: int,
             "cpu_children_s": timeline["cpu_s"]["children"]}
 
 
-async def _run(argv: list[str], env: dict[str, str]) -> str:
-    proc = await asyncio.create_subprocess_exec(*argv, env=env, stdout=asyncio.subprocess.PIPE,
-                                                stderr=asyncio.subprocess.PIPE)
-    out, err = await proc.communicate()
-    if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(argv[:4])} exited {proc.returncode}:\n"
-                         f"{err.decode(errors='replace')[-3000:]}")
-    return out.decode()
-
-
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--runtime", choices=("runc", "bwrap"), default="runc")
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    print(json.dumps(asyncio.run(main(parser.parse_args()))), flush=True)
+    from p2p.errors import UserError
+
+    try:
+        print(json.dumps(asyncio.run(main(parser.parse_args()))), flush=True)
+    except UserError as exc:
+        raise SystemExit(str(exc)) from None

@@ -332,11 +332,11 @@ async def _bootseer_cli(cluster: Any, host: Any, argv: list[str],
     from p2p.testing.localcluster import bootseer_command
 
     argv = [*bootseer_command(), *argv]
-    return await _call(cluster.testbed.command(host, argv) if host else argv,
+    return await call(cluster.testbed.command(host, argv) if host else argv,
                        env or cluster.env)
 
 
-async def _call(argv: list[str], env: dict[str, str]) -> str:
+async def call(argv: list[str], env: dict[str, str]) -> str:
     """Run `argv`; its stdout, or UserError with its stderr."""
     proc = await asyncio.create_subprocess_exec(*argv, env=env,
                                                 stdout=asyncio.subprocess.PIPE,
@@ -355,7 +355,7 @@ async def _baseline(args: argparse.Namespace, cluster: Any, origins: Origins, wo
             "--mirror", origins.mirror, "--python", python, "--runtime", args.runtime,
             "--work", str(work / f"baseline-{i}"), "--ckpt", origins.ckpt_uri,
             *(f"--package={p}" for p in packages), "--", "python3", "-c", JOB]
-    out = await _call(cluster.testbed.command(cluster.testbed.nodes[i], argv), cluster.env)
+    out = await call(cluster.testbed.command(cluster.testbed.nodes[i], argv), cluster.env)
     shutil.rmtree(work / f"baseline-{i}", ignore_errors=True)
     return _split(out)
 

@@ -29,6 +29,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.procs import processes_naming
 from helpers.registry import RunningRegistry
 from test_image import TEST_BOUND_S, agent_flags, cluster_of, image, index, push
 from test_mount_server import start_server
@@ -118,19 +119,6 @@ def fuse_mounts_under(where: Path) -> list[str]:
 def mounts_under(where: Path) -> list[str]:
     with open("/proc/self/mountinfo") as f:
         return [line.split()[4] for line in f if line.split()[4].startswith(f"{where}/")]
-
-
-def processes_naming(word: str) -> list[str]:
-    """The command lines of live processes that contain `word`."""
-    found = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue  # gone meanwhile
-        if word in text:
-            found.append(text)
-    return found
 
 
 def runc_containers_in(where: Path) -> list[str]:

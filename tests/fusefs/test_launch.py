@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.procs import processes_naming
 from helpers.registry import RunningRegistry, running_registry
 from test_mount_server import Server, start_server
 
@@ -237,19 +238,6 @@ def containers_in(scratch: Path) -> list[str]:
 
 def launch_scratches() -> list[Path]:
     return sorted(Path(os.environ.get("TMPDIR", "/tmp")).glob("bootseer-launch-*"))
-
-
-def processes_naming(*words: str) -> list[str]:
-    """The command lines of live processes that contain any of `words`."""
-    found = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue  # gone meanwhile
-        if any(word in text for word in words):
-            found.append(text)
-    return found
 
 
 def mounts_under(where: Path) -> list[str]:
