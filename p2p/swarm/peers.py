@@ -2,7 +2,7 @@
 
 Bookkeeping only: which chunks each peer holds and is fetching from the
 origin, and our requests to it. Which peer to ask, when, and what a failure
-costs are the swarm's decisions (`swarm.py`); this table keeps the figures
+costs are the swarm's decisions (`scheduling.py`, `swarm.py`); this table keeps the figures
 those decisions read consistent with each other: how many peers hold each
 chunk, the masks of chunks held, pending and requested, and the number of
 requests in flight. Times are passed in; nothing here reads a clock or draws
