@@ -27,16 +27,19 @@ from fusefs.launch.plan import PartPlan, PlanError, absolute, flag, known, strin
 log = logging.getLogger(__name__)
 
 
-def open_once(mountpoint: Path, ready: Mapping[str, Any]) -> None:
-    """Open every file of a mount once, now that its chunks are local: its serving process
-    builds and checks each large file's backing file at that open (fusefs.backing,
+def content_files(mountpoint: Path, ready: Mapping[str, Any]) -> list[Path]:
+    """The files of a checkpoint mount that hold bytes (an empty file has no content)."""
+    return [mountpoint / f["path"].lstrip("/") for f in ready["files"] if f["content"]]
+
+
+def open_once(path: Path) -> None:
+    """Open a file of a mount once, now that its chunks are local: its serving process
+    builds and checks a large file's backing file at that open (fusefs.backing,
     BUILD_AT_OPEN_BYTES), so the job's first read goes by passthrough instead of
-    through the handler (benchmarks/fuse_read.py, `unbuilt_*`). Concurrent with the
-    image's and the environment's bring-up."""
-    for f in ready["files"]:
-        if f["content"]:
-            with open(mountpoint / f["path"].lstrip("/"), "rb"):
-                pass
+    through the handler (benchmarks/fuse_read.py, `unbuilt_*`)."""
+    with open(path, "rb"):
+        pass
+
 
 READY_TIMEOUT_S = 300.0  # a mount that has not served by then has failed
 DEFAULT_PATH = "/ckpt"
@@ -133,8 +136,13 @@ class CkptPart:
                     await while_fetching(agent, "checkpoint", contents,
                                          asyncio.gather(*(agent.ensure(c) for c in contents)),
                                          total=sum(f["size"] for f in files if f["content"]))
-                await asyncio.gather(*(asyncio.to_thread(open_once, m.mountpoint, ready)
-                                       for (_, m), ready in zip(mounts, readies, strict=True)))
+                # Every file at once, concurrent with the image's and the environment's
+                # bring-up: the serving process builds each on a thread of its own
+                # (benchmarks/open_many.py), as many at a time as the default executor
+                # runs these opens (min(32, cores + 4)).
+                await asyncio.gather(*(asyncio.to_thread(open_once, path)
+                                       for (_, m), ready in zip(mounts, readies, strict=True)
+                                       for path in content_files(m.mountpoint, ready)))
             log.info("checkpoint up in %.3f s: %d files", ctx.since(), len(files))
             return Up({"ready_s": ctx.since(), "files": len(files),
                        "bytes": sum(f["size"] for f in files),
