@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
-import importlib.machinery
 import os
 import shutil
 import subprocess
@@ -42,9 +41,6 @@ HOT = ("p2p/swarm/*.py", "p2p/ratelimit.py", "p2p/content.py", "tracker/registry
        "simulations/simulation.py", "simulations/tracker.py", "simulations/workload.py",
        "simulations/strategy.py", "simulations/floor.py", "simulations/cpu.py")
 SUFFIXES = (".py", ".toml")
-# The arena allocator's extension, copied into the build as it is (simulations.hugearena).
-NATIVE = tuple(f"simulations/_hugearena{suffix}"
-               for suffix in importlib.machinery.EXTENSION_SUFFIXES)
 
 
 class BuildError(Exception):
@@ -74,7 +70,8 @@ def cache_dir() -> Path:
 def _sources(root: Path) -> list[Path]:
     found = [p.relative_to(root) for pkg in PACKAGES for p in (root / pkg).rglob("*")
              if p.suffix in SUFFIXES and p.is_file() and "__pycache__" not in p.parts]
-    return sorted(found + [Path(n) for n in NATIVE if (root / n).is_file()])
+    # The arena allocator's binary too, copied as it is (simulations.hugearena).
+    return sorted(found + [Path(n) for n in hugearena.NATIVE if (root / n).is_file()])
 
 
 def digest(root: Path) -> str:

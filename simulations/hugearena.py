@@ -39,13 +39,15 @@ from pathlib import Path
 from typing import Any
 
 HUGETLB = "glibc.malloc.hugetlb="
+# Where the arena module's binary may be, relative to the directory holding `simulations`.
+NATIVE = tuple(f"simulations/_hugearena{suffix}"
+               for suffix in importlib.machinery.EXTENSION_SUFFIXES)
 
 
 def built_in(root: Path) -> bool:
     """Whether the arena module is built in the `simulations` package under `root` (this
     installation's, or a compiled build that copied it)."""
-    return any((root / "simulations" / f"_hugearena{suffix}").is_file()
-               for suffix in importlib.machinery.EXTENSION_SUFFIXES)
+    return any((root / name).is_file() for name in NATIVE)
 
 
 def environ(base: Mapping[str, str], arenas: bool) -> dict[str, str]:

@@ -153,7 +153,7 @@ def test_a_run_process_gets_glibc_malloc_on_huge_pages_unless_the_caller_chose(
 def test_with_the_arena_module_in_the_build_the_child_stays_on_pymalloc(tmp_path: Path) -> None:
     build = tmp_path / "build"
     (build / "simulations").mkdir(parents=True)
-    (build / compiled.NATIVE[0]).write_bytes(b"")
+    (build / hugearena.NATIVE[0]).write_bytes(b"")
     env = compiled.child_env(build, {"PATH": "/usr/bin"})
     assert "PYTHONMALLOC" not in env
     assert env["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=1"  # for what pymalloc passes on
