@@ -1,9 +1,9 @@
 # One command from a clean clone: `make test` or `make demo` (as root on Debian bookworm).
 #
 # `setup` installs the Debian packages that building and mounting need, creates .venv
-# and installs the project into it (building the one C extension, p2p/_bytepath.c). A
-# stamp file makes it a no-op until pyproject.toml, setup.py, the C source or this
-# Makefile changes.
+# and installs the project into it (building the C extensions, p2p/_bytepath.c and
+# simulations/_hugearena.c). A stamp file makes it a no-op until pyproject.toml,
+# setup.py, a C source or this Makefile changes.
 
 PYTHON ?= python3
 VENV := .venv
@@ -36,7 +36,7 @@ SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py p2p/_bytepath.c Makefile hdfs_stripe/testing/minicluster/pom.xml
+$(STAMP): pyproject.toml setup.py p2p/_bytepath.c simulations/_hugearena.c Makefile hdfs_stripe/testing/minicluster/pom.xml
 	@missing=$$(for p in $(DEB_PACKAGES); do \
 	    dpkg -s $$p 2>/dev/null | grep -q '^Status: install ok installed' || echo $$p; done); \
 	if [ -n "$$missing" ]; then \

@@ -10,7 +10,9 @@ starting the cluster to its close. Checks that both gave the same summaries,
 then prints one JSON line with both times and their ratio (issue 37's target:
 at most 0.6 with two workers). `--pairs N` repeats the pair N times, baseline
 and sweep alternating, and reports every ratio and their median: on a machine
-shared with other work one pair says little.
+shared with other work one pair says little. The baseline runs on the allocator
+the local workers get (simulations.hugearena: huge pages), so that the ratio
+compares the same work: the script re-executes itself once on that environment.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from simulations import report
+from simulations import compiled, hugearena, report
 from simulations.sweep import data
 from simulations.sweep.run import client_for, execute, load, run_serially
 
@@ -60,7 +62,17 @@ def pair(runs: int, scenario: str, workers: int) -> tuple[float, float]:
     return serial_s, sweep_s
 
 
+def on_the_workers_allocator() -> bool:
+    """This process on the allocator of the sweep's local workers (simulations.sweep.run);
+    whether pymalloc's arenas are on huge pages."""
+    wanted = hugearena.environ(os.environ, hugearena.built_in(compiled.source_root()))
+    if wanted != dict(os.environ):
+        os.execve(sys.executable, [sys.executable, *sys.argv], wanted)
+    return hugearena.install()
+
+
 def main() -> int:
+    arenas = on_the_workers_allocator()
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scenario", default="small")
     ap.add_argument("--runs", type=int, default=16)
@@ -80,6 +92,7 @@ def main() -> int:
         "workers": args.workers, "serial_s": [round(a, 2) for a, _ in times],
         "sweep_s": [round(b, 2) for _, b in times], "sweep_over_serial": ratios,
         "median_ratio": statistics.median(ratios), "target": 0.6, "identical": True,
+        "allocator": "pymalloc_huge_arenas" if arenas else os.environ.get("PYTHONMALLOC"),
         "host_cpus": os.cpu_count(), "load_avg_1m": round(os.getloadavg()[0], 2)}))
     return 0
 

@@ -15,8 +15,8 @@ mypyc's, and kept under the cache directory (`BOOTSEER_CACHE`, else
 source version, in about a minute on two cores, and reused; an edited file
 gives a new key, never a stale module.
 When it cannot be made (no C compiler, no Python headers) the run says why and
-goes on in plain Python. The child runs on glibc's malloc backed by transparent
-huge pages (`child_env` says why); that too changes the time, not the results.
+goes on in plain Python. The child's small objects live on transparent huge pages
+(simulations.hugearena says why and how); that too changes the time, not the results.
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+
+from simulations import hugearena
 
 PACKAGES = ("p2p", "tracker", "simulations")
 HOT = ("p2p/swarm/*.py", "p2p/ratelimit.py", "p2p/content.py", "tracker/registry.py",
@@ -66,12 +68,15 @@ def cache_dir() -> Path:
 
 
 def _sources(root: Path) -> list[Path]:
-    return sorted(p.relative_to(root) for pkg in PACKAGES for p in (root / pkg).rglob("*")
-                  if p.suffix in SUFFIXES and p.is_file() and "__pycache__" not in p.parts)
+    found = [p.relative_to(root) for pkg in PACKAGES for p in (root / pkg).rglob("*")
+             if p.suffix in SUFFIXES and p.is_file() and "__pycache__" not in p.parts]
+    # The arena allocator's binary too, copied as it is (simulations.hugearena).
+    return sorted(found + [Path(n) for n in hugearena.NATIVE if (root / n).is_file()])
 
 
 def digest(root: Path) -> str:
-    """A key for the build: every copied file, the Python and mypyc versions, `HOT`."""
+    """A key for the build: every copied file (the arena module's binary too), the Python
+    and mypyc versions, `HOT`."""
     import mypy.version
 
     h = hashlib.sha256(f"{sys.version}\0{mypy.version.__version__}\0{HOT}".encode())
@@ -159,27 +164,16 @@ def run_child(build_dir: Path, argv: list[str]) -> int:
     """`bootseer ARGV` with the compiled build first on the import path, on the
     allocator of `child_env`; its exit status."""
     # -P: the working directory (a checkout, perhaps) must not come before the build.
-    return subprocess.run([sys.executable, "-P", "-m", "p2p", *argv],
+    # simulations.hugearena's entry installs the huge-page arenas, then runs `bootseer`.
+    return subprocess.run([sys.executable, "-P", "-m", "simulations.hugearena", *argv],
                           env=child_env(build_dir)).returncode
 
 
 def child_env(build_dir: Path, environ: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of a run's process: the build first on its path, and glibc's
-    malloc backed by transparent huge pages rather than CPython's own allocator.
-
-    A big run is bound by memory latency, not by instructions: every event touches
-    another node's objects, spread over about a gigabyte at 10,000 nodes, and a
-    miss in the TLB comes on top of most cache misses. CPython's allocator
-    (pymalloc) maps 1 MiB arenas that the kernel never backs with 2 MiB pages
-    unless asked (THP in `madvise` mode, the default here); glibc's malloc asks for
-    them (`glibc.malloc.hugetlb=1`, glibc 2.35 and later) once `PYTHONMALLOC=malloc`
-    hands it every allocation. Allocation order changes nothing a run computes (no
-    decision reads an address). Settings the caller made stay as they were."""
+    """The environment of a run's process: the build first on its path, and an allocator
+    on transparent huge pages (simulations.hugearena): CPython's own with the arena
+    module where the build holds it, else glibc's. Settings the caller made stay."""
     environ = dict(os.environ if environ is None else environ)
     env = dict(environ, PYTHONPATH=os.pathsep.join(
         [str(build_dir), *filter(None, [environ.get("PYTHONPATH")])]))
-    env.setdefault("PYTHONMALLOC", "malloc")
-    tunables = env.get("GLIBC_TUNABLES", "")
-    if "glibc.malloc.hugetlb=" not in tunables:
-        env["GLIBC_TUNABLES"] = ":".join(filter(None, [tunables, "glibc.malloc.hugetlb=1"]))
-    return env
+    return hugearena.environ(env, arenas=hugearena.built_in(build_dir))

@@ -4,8 +4,9 @@ Each run is one task, `run_point(scenario)`: a pure function of the scenario
 (its seed included) that returns the run's summary and per-node table, the
 same numbers on whichever worker runs it. With no scheduler address a
 LocalCluster of one single-threaded worker process per core (or `--workers`)
-runs the tasks; with one, the workers of that cluster do, and all they need
-is this installation's packages. The client gathers each result as it comes
+runs the tasks, on the allocator of the compiled engine's child (huge pages,
+simulations.hugearena); with one, the workers of that cluster do, and all they
+need is this installation's packages. The client gathers each result as it comes
 and writes it into the output directory (simulations.sweep.data), so a run
 is in the directory whole or not at all. A worker that dies takes no run with
 it: the scheduler gives its tasks to another worker. A run that raises is
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from simulations import compiled, report, scenario
+from simulations import compiled, hugearena, report, scenario
 from simulations.scenario import Scenario, ScenarioError
 from simulations.simulation import Simulation
 from simulations.sweep import data
@@ -118,9 +119,12 @@ def client_for(scheduler: str | None, workers: int | None,
     dd = _distributed()
     if scheduler is None:
         count = workers or os.cpu_count() or 1
-        with _first_on_path(build), \
+        arenas = hugearena.built_in(build or compiled.source_root())
+        with _first_on_path(build), _worker_environ(arenas), \
                 dd.LocalCluster(n_workers=count, threads_per_worker=1, processes=True,
-                                dashboard_address=":0", silence_logs=logging.ERROR) as cluster, \
+                                dashboard_address=":0", silence_logs=logging.ERROR,
+                                preload=["simulations.hugearena"] if arenas else []
+                                ) as cluster, \
                 dd.Client(cluster) as client:
             yield client
         return
@@ -148,6 +152,26 @@ def _first_on_path(build: Path | None) -> Iterator[None]:
         yield
     finally:
         sys.path.remove(str(build))
+
+
+@contextlib.contextmanager
+def _worker_environ(arenas: bool) -> Iterator[None]:
+    """The allocator of the compiled engine's child (simulations.hugearena) in this
+    process's environment while the cluster lives: a local worker is spawned with it
+    (and respawned if it dies), and starts on it; the preload of `client_for` then
+    installs the `arenas`. Dask's `pre-spawn-environ` would not do: the environment's
+    own value of a variable wins over it, so it cannot add to a `GLIBC_TUNABLES`."""
+    wanted = hugearena.environ(os.environ, arenas)
+    before = {k: os.environ.get(k) for k, v in wanted.items() if os.environ.get(k) != v}
+    os.environ.update({k: wanted[k] for k in before})
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def execute(loaded: Loaded, out: Path, client: Any, progress: Progress | None) -> Outcome:

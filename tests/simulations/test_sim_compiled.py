@@ -9,6 +9,8 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import shutil
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +20,7 @@ import pytest
 from test_sim import BASE
 
 from p2p.cli import main
-from simulations import compiled
+from simulations import compiled, hugearena
 
 # Two contents (one with a hot set); then the same with nodes failing midway.
 SCENARIO = BASE + """
@@ -135,6 +137,7 @@ def test_runs_started_together_make_one_build(tmp_path: Path,
 
 def test_a_run_process_gets_glibc_malloc_on_huge_pages_unless_the_caller_chose(
         tmp_path: Path) -> None:
+    """The fallback: a build without the arena module (no C compiler at install time)."""
     build = tmp_path / "build"
     env = compiled.child_env(build, {"PATH": "/usr/bin", "PYTHONPATH": "/elsewhere"})
     assert env["PYTHONPATH"].split(":") == [str(build), "/elsewhere"]
@@ -145,3 +148,40 @@ def test_a_run_process_gets_glibc_malloc_on_huge_pages_unless_the_caller_chose(
     assert (mine["PYTHONMALLOC"], mine["GLIBC_TUNABLES"]) == ("pymalloc", "glibc.malloc.hugetlb=0")
     other = compiled.child_env(build, {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"})
     assert other["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"
+
+
+def test_with_the_arena_module_in_the_build_the_child_stays_on_pymalloc(tmp_path: Path) -> None:
+    build = tmp_path / "build"
+    (build / "simulations").mkdir(parents=True)
+    (build / hugearena.NATIVE[0]).write_bytes(b"")
+    env = compiled.child_env(build, {"PATH": "/usr/bin"})
+    assert "PYTHONMALLOC" not in env
+    assert env["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=1"  # for what pymalloc passes on
+    mine = compiled.child_env(build, {"PYTHONMALLOC": "malloc"})
+    assert mine["PYTHONMALLOC"] == "malloc"
+
+
+def test_the_child_of_the_build_installs_the_arenas_of_the_build(cache: Path) -> None:
+    [build] = [p for p in (cache / "sim-compiled").iterdir() if (p / ".complete").exists()]
+    assert hugearena.built_in(build)  # copied in, and part of the build's key
+    probe = ("import json; from simulations import hugearena; "
+             "print(json.dumps([hugearena.__file__, hugearena.install(), hugearena.stats()]))")
+    done = subprocess.run([sys.executable, "-P", "-c", probe], env=compiled.child_env(build),
+                          capture_output=True, text=True, check=True, cwd=build)
+    where, installed, stats = json.loads(done.stdout)
+    assert Path(where).is_relative_to(build)
+    assert installed and stats["installed"]
+
+
+def test_the_run_on_huge_page_arenas_computes_what_the_run_on_glibc_does(
+        cache: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PYTHONMALLOC", raising=False)
+    arenas, _ = _run(tmp_path, capfd, "arenas", CHURN)
+    monkeypatch.setenv("PYTHONMALLOC", "malloc")  # the caller's choice: glibc's malloc
+    glibc, _ = _run(tmp_path, capfd, "glibc", CHURN)
+    assert arenas["engine"] == glibc["engine"] == "compiled"
+    assert {k: v for k, v in arenas.items() if k not in VARIES} == \
+           {k: v for k, v in glibc.items() if k not in VARIES}
+    per_node = [pq.read_table(tmp_path / run / "nodes.parquet") for run in ("arenas", "glibc")]
+    assert per_node[0].equals(per_node[1])

@@ -264,3 +264,25 @@ def test_a_run_that_raises_is_written_with_its_parameters_and_error(tmp_path: Pa
     assert failure["seed"] == broken.seed
     assert "network.racks" in failure["error"]
     assert data.done(out) == {loaded.runs[0].name}
+
+
+def _worker_allocator() -> tuple[bool, str | None, str | None]:
+    from simulations import hugearena
+
+    found = hugearena.stats()
+    return (bool(found and found["installed"]), os.environ.get("PYTHONMALLOC"),
+            os.environ.get("GLIBC_TUNABLES"))
+
+
+def test_local_workers_run_on_the_allocator_of_the_compiled_child() -> None:
+    """pymalloc's arenas on huge pages (simulations.hugearena), installed by the preload;
+    the client's own environment is left as it was."""
+    from simulations.sweep.run import client_for
+
+    before = dict(os.environ)
+    with client_for(None, 1, None) as client:
+        installed, pymalloc, tunables = client.submit(_worker_allocator, pure=False).result()
+    assert installed and pymalloc is None
+    assert tunables is not None and "glibc.malloc.hugetlb=1" in tunables
+    assert {k: os.environ.get(k) for k in ("PYTHONMALLOC", "GLIBC_TUNABLES")} == \
+           {k: before.get(k) for k in ("PYTHONMALLOC", "GLIBC_TUNABLES")}
