@@ -14,6 +14,10 @@ whole-process CPU seconds by 15-25% between runs minutes apart. Prints one JSON
 line per run and a last one with each revision's runs and median, and whether
 every revision made the same run (swarm calls, nodes ready, virtual end time).
 `benchmarks/sim_ab.py` remains the check that every summary figure agrees.
+Each process gets the environment `bootseer sim` gives its child
+(`simulations.compiled.child_env`): glibc's malloc on huge pages, since an exported
+tree holds no built arena module; `PYTHONMALLOC=pymalloc` measures CPython's own
+allocator instead, and `benchmarks/sim_alloc.py` compares allocators.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from ab import export  # benchmarks/ab.py: the same export of a revision's tree
+
+from simulations.compiled import child_env
 
 # Run in the child, on the build: the loop's own CPU, and what identifies the run.
 CHILD = """
@@ -56,7 +62,10 @@ def build(tree: Path, cache: Path) -> Path:
 
 
 def run(built: Path, scenario: str, nodes: int) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": str(built)}
+    # The environment `bootseer sim` gives its child (simulations.compiled.child_env): an
+    # exported tree holds no built arena module, so every revision runs on glibc's malloc
+    # on huge pages, unless the caller set PYTHONMALLOC (`pymalloc`: CPython's own).
+    env = child_env(built)
     done = subprocess.run([sys.executable, "-P", "-c", CHILD, scenario, str(nodes)],
                           env=env, capture_output=True, text=True, cwd=built)
     if done.returncode != 0:
