@@ -35,25 +35,8 @@ from typing import Any
 
 from simulations import compiled, hugearena
 
-CHILD = """
-import json, sys, time
-from simulations import hugearena
-installed = hugearena.install()
-from simulations import compiled
-from simulations.scenario import load, override
-from simulations.simulation import Simulation
-assert compiled.active(), "not the compiled build"
-sim = Simulation(override(load(sys.argv[1]), nodes=int(sys.argv[2])))
-cpu, wall = time.thread_time(), time.perf_counter()
-stop = sim.run()
-cpu, wall = time.thread_time() - cpu, time.perf_counter() - wall
-ours, total = hugearena.huge_page_bytes()
-rss = max(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM"))
-print(json.dumps({"run_cpu_seconds": round(cpu, 3), "run_wall_seconds": round(wall, 3),
-                  "arenas_installed": installed, "arena_huge_mb": ours >> 20,
-                  "huge_mb": total >> 20, "peak_rss_mb": rss >> 10,
-                  "same": [stop, sim.events_delivered, sim.ready, sim.loop.now]}))
-"""
+# The child each run is (benchmarks/sim_loop_child.py).
+CHILD = str(Path(__file__).with_name("sim_loop_child.py"))
 
 
 def variant_env(name: str, build: Path) -> dict[str, str]:
@@ -65,7 +48,7 @@ def variant_env(name: str, build: Path) -> dict[str, str]:
 
 
 def run(build: Path, variant: str, scenario: str, nodes: int) -> dict[str, Any]:
-    done = subprocess.run([sys.executable, "-P", "-c", CHILD, scenario, str(nodes)],
+    done = subprocess.run([sys.executable, "-P", CHILD, scenario, str(nodes)],
                           env=variant_env(variant, build), capture_output=True, text=True,
                           cwd=build)
     if done.returncode != 0:

@@ -37,19 +37,8 @@ from ab import export  # benchmarks/ab.py: the same export of a revision's tree
 from simulations.compiled import child_env
 
 # Run in the child, on the build: the loop's own CPU, and what identifies the run.
-CHILD = """
-import json, sys, time
-from simulations import compiled
-from simulations.scenario import load, override
-from simulations.simulation import Simulation
-assert compiled.active(), "not the compiled build"
-sim = Simulation(override(load(sys.argv[1]), nodes=int(sys.argv[2])))
-cpu, wall = time.thread_time(), time.perf_counter()
-stop = sim.run()
-cpu, wall = time.thread_time() - cpu, time.perf_counter() - wall
-print(json.dumps({"run_cpu_seconds": round(cpu, 3), "run_wall_seconds": round(wall, 3),
-                  "same": [stop, sim.events_delivered, sim.ready, sim.loop.now]}))
-"""
+# The child each run is (benchmarks/sim_loop_child.py).
+CHILD = str(Path(__file__).with_name("sim_loop_child.py"))
 
 
 def build(tree: Path, cache: Path) -> Path:
@@ -66,7 +55,7 @@ def run(built: Path, scenario: str, nodes: int) -> dict[str, Any]:
     # exported tree holds no built arena module, so every revision runs on glibc's malloc
     # on huge pages, unless the caller set PYTHONMALLOC (`pymalloc`: CPython's own).
     env = child_env(built)
-    done = subprocess.run([sys.executable, "-P", "-c", CHILD, scenario, str(nodes)],
+    done = subprocess.run([sys.executable, "-P", CHILD, scenario, str(nodes)],
                           env=env, capture_output=True, text=True, cwd=built)
     if done.returncode != 0:
         raise SystemExit(f"run on {built} failed:\n{done.stderr[-2000:]}")

@@ -41,6 +41,7 @@ from simulations.sweep import data
 from simulations.sweep.run import client_for, execute, load, run_serially
 
 MACHINE = {"wall_seconds", "cpu_seconds", "peak_rss_mb", "engine"}
+BOOTSEER = str(Path(sys.executable).with_name("bootseer"))  # this installation's command
 
 
 def _same(summary: dict[str, object]) -> dict[str, object]:
@@ -67,7 +68,6 @@ def commands_pair(runs: int, scenario: str, workers: int,
                   sweep_first: bool) -> tuple[float, float]:
     """(seconds of the `bootseer sim` commands one after another, seconds of one `bootseer
     sim sweep` command); raises RuntimeError if a command fails or the runs differ."""
-    bootseer = str(Path(sys.executable).with_name("bootseer"))
     with tempfile.TemporaryDirectory(prefix="sim-sweep-bench-") as tmp:
         sweep = _sweep_file(tmp, scenario, runs)
         names = {p.seed: p.name for p in load(str(sweep)).runs}
@@ -75,7 +75,7 @@ def commands_pair(runs: int, scenario: str, workers: int,
         def serial() -> dict[str, dict[str, object]]:
             found = {}
             for seed, name in names.items():
-                out = subprocess.run([bootseer, "sim", scenario, "--seed", str(seed), "--json",
+                out = subprocess.run([BOOTSEER, "sim", scenario, "--seed", str(seed), "--json",
                                       "--out", f"{tmp}/serial-{seed}"], capture_output=True,
                                      text=True)
                 if out.returncode != 0:
@@ -84,7 +84,7 @@ def commands_pair(runs: int, scenario: str, workers: int,
             return found
 
         def swept() -> None:
-            out = subprocess.run([bootseer, "sim", "sweep", str(sweep), "--out", f"{tmp}/sweep",
+            out = subprocess.run([BOOTSEER, "sim", "sweep", str(sweep), "--out", f"{tmp}/sweep",
                                   "--workers", str(workers)], capture_output=True, text=True)
             if out.returncode != 0:
                 raise RuntimeError(f"bootseer sim sweep failed: {out.stderr.strip()}")
@@ -140,7 +140,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.commands:  # the compiled engine's build, made before anything is timed
         with tempfile.TemporaryDirectory(prefix="sim-sweep-bench-") as tmp:
-            subprocess.run([str(Path(sys.executable).with_name("bootseer")), "sim",
+            subprocess.run([BOOTSEER, "sim",
                             args.scenario, "--json", "--out", tmp], capture_output=True,
                            check=True)
     times = []
