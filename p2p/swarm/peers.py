@@ -20,10 +20,13 @@ from p2p.swarm import bits
 class PeerState:
     """What we know of one connected peer."""
 
-    __slots__ = ("backoff_until", "failures", "have", "inflight", "pending", "rack", "rate")
+    __slots__ = ("backoff_until", "failures", "have", "inflight", "peer", "pending", "rack",
+                 "rate", "same_rack")
 
-    def __init__(self, rack: str, have: int) -> None:
+    def __init__(self, peer: PeerId, rack: str, have: int, same_rack: bool) -> None:
+        self.peer = peer
         self.rack = rack
+        self.same_rack = same_rack  # in our rack (the rack-aware chooser's first key)
         self.have = have
         self.pending: dict[int, float] = {}  # chunk -> when the mark expires
         self.inflight: dict[int, tuple[float, float]] = {}  # chunk -> (sent, deadline)
@@ -43,6 +46,9 @@ class PeerTable:
 
     def __init__(self, chunks: int) -> None:
         self.peers: dict[PeerId, PeerState] = {}
+        # The same states in the order they joined (the dict's order): the scheduling
+        # pass walks them every time, and a list is walked without a dict iterator.
+        self.states: list[PeerState] = []
         self.avail = [0] * chunks  # connected peers holding each chunk
         self.avail_mask = 0
         self._pending_count = [0] * chunks  # connected peers with a mark of each chunk
@@ -53,8 +59,10 @@ class PeerTable:
         self.requesters: dict[int, list[PeerId]] = {}
         self.changes = 0  # bumped whenever `requested` or `requesters` may have changed
 
-    def add(self, peer: PeerId, state: PeerState, pending: Iterable[int], until: float) -> None:
-        self.peers[peer] = state
+    def add(self, state: PeerState, pending: Iterable[int], until: float) -> None:
+        self.drop(state.peer)  # (a peer joining again starts afresh, last in the order)
+        self.peers[state.peer] = state
+        self.states.append(state)
         avail = self.avail
         for chunk in bits.indices(state.have):
             avail[chunk] += 1
@@ -97,7 +105,7 @@ class PeerTable:
         """Drop every peer's mark of `chunk` (we hold it now)."""
         if self.pending_mask >> chunk & 1:
             count = self._pending_count
-            for state in self.peers.values():
+            for state in self.states:
                 if chunk in state.pending:
                     self.withdrawn(state, chunk)
                     if not count[chunk]:
@@ -146,6 +154,7 @@ class PeerTable:
         for chunk in list(state.pending):
             self.withdrawn(state, chunk)
         del self.peers[peer]
+        self.states.remove(state)
         for chunk in bits.indices(state.have):
             self.avail[chunk] -= 1
             if self.avail[chunk] == 0:
@@ -155,20 +164,20 @@ class PeerTable:
         expiry = self.pending_expiry()
         if expiry is None or expiry > now:
             return
-        for state in self.peers.values():
+        for state in self.states:
             for chunk in [c for c, until in state.pending.items() if until <= now]:
                 self.withdrawn(state, chunk)
 
     def pending_expiry(self) -> float | None:
         """When the earliest pending mark expires (None: there is none)."""
         if self._expiry is None and self.pending_mask:
-            self._expiry = min(until for state in self.peers.values()
+            self._expiry = min(until for state in self.states
                                for until in state.pending.values())
         return self._expiry if self.pending_mask else None
 
     def deadlines(self) -> Iterator[float]:
         """When requests time out and the earliest pending mark expires."""
-        for state in self.peers.values():
+        for state in self.states:
             yield from (deadline for _, deadline in state.inflight.values())
         expiry = self.pending_expiry()
         if expiry is not None:

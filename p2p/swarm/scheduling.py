@@ -209,7 +209,7 @@ class Scheduling:
         candidates.sort(key=lambda p: (self._known[p] != self.rack, self._rng.random()))
         # Same rack first, but keep `cross_rack_share` of our connections for other racks.
         others = [p for p in candidates if self._known[p] != self.rack]
-        linked = sum(1 for p in self._peers if self._peers[p].rack != self.rack) + \
+        linked = sum(1 for s in self._table.states if not s.same_rack) + \
             sum(1 for p in self._connecting if self._known.get(p) != self.rack)
         owed = math.ceil(self.config.max_peers * self.config.cross_rack_share) - linked
         first = others[:max(0, min(owed, room))]
@@ -241,11 +241,11 @@ class Scheduling:
         if budget <= 0:
             return []
         per_peer = self.config.per_peer_inflight
-        free: dict[PeerId, PeerState] = {}
+        free: list[PeerState] = []  # peers with a free slot, in the table's order
         offered = 0
-        for p, s in self._peers.items():
+        for s in self._table.states:
             if len(s.inflight) < per_peer and s.backoff_until <= now:
-                free[p] = s
+                free.append(s)
                 offered |= s.have
         if not free:
             return []
@@ -271,7 +271,7 @@ class Scheduling:
                                    now)
         return actions
 
-    def _relay(self, free: dict[PeerId, PeerState], budget: int, now: float) -> list[Action]:
+    def _relay(self, free: list[PeerState], budget: int, now: float) -> list[Action]:
         """Slots left over: ask peers for chunks they are fetching from the origin. They
         send the bytes as they arrive, so the origin's last chunks spread while they come
         in, not one chunk-time later (measured in the simulator: 8 x 256 MiB at 50 MB/s,
@@ -295,23 +295,25 @@ class Scheduling:
                     offered = _offer(free, pending=True)
         return actions
 
-    def _ask(self, chunk: int, free: dict[PeerId, PeerState], now: float,
+    def _ask(self, chunk: int, free: list[PeerState], now: float,
              exclude: Sequence[PeerId] = (), pending: bool = False) -> PeerId | None:
-        """Give `chunk` to the best free peer holding it (fetching it, if `pending`)."""
-        holders = [PeerLoad(p, s.rack == self.rack, len(s.inflight), s.failures, s.rate)
-                   for p, s in free.items()
+        """Give `chunk` to the best free peer holding it (fetching it, if `pending`); a
+        peer left without a free slot leaves `free`."""
+        holders = [PeerLoad(s.peer, s.same_rack, len(s.inflight), s.failures, s.rate)
+                   for s in free
                    if (chunk in s.pending if pending else s.have >> chunk & 1)
-                   and p not in exclude]
+                   and s.peer not in exclude]
         if not holders:
             return None
         peer = self._chooser.choose(holders, self._rng)
         self._stall.peer_tried(peer)
         self._table.asked(peer, chunk, now, now + self.config.request_timeout_s)
-        if len(free[peer].inflight) >= self.config.per_peer_inflight:
-            del free[peer]
+        state = self._peers[peer]
+        if len(state.inflight) >= self.config.per_peer_inflight:
+            free.remove(state)
         return peer
 
-    def _endgame(self, free: dict[PeerId, PeerState], budget: int, now: float) -> list[Action]:
+    def _endgame(self, free: list[PeerState], budget: int, now: float) -> list[Action]:
         """Every missing chunk is requested: duplicate the tail into idle slots."""
         actions: list[Action] = []
         for chunk, askers in sorted(self._table.requesters.items()):
@@ -391,14 +393,14 @@ class Scheduling:
         return self._eager and bits.count(self._missing()) <= self.config.endgame_tail
 
 
-def _offer(free: dict[PeerId, PeerState], pending: bool) -> int:
+def _offer(free: list[PeerState], pending: bool) -> int:
     """The chunks some peer of `free` holds (is fetching, if `pending`): a chunk outside
     them is one `Scheduling._ask` would find no holder of. The request walks skip those
     without the call, which builds a holder list over every free peer; a pass asks
     most of its chunks of no one (its first request takes the one free peer that a
     chunk's arrival left, typically), 5.6 of them per request made in `launch`."""
     mask = 0
-    for state in free.values():
+    for state in free:
         if pending:
             if state.pending:
                 mask |= bits.from_indices(state.pending)

@@ -309,7 +309,8 @@ class Swarm(Scheduling):
         if peer in self._peers:
             self._drop_peer(peer, now)
         self._ban_keys[peer] = key
-        self._table.add(peer, PeerState(event.rack, bits.from_bools(event.have)),
+        self._table.add(PeerState(peer, event.rack, bits.from_bools(event.have),
+                                  event.rack == self.rack),
                         [c for c in event.pending if not self.held(c)],
                         now + self.config.pending_ttl_s)
         self._known.setdefault(peer, event.rack)
@@ -443,7 +444,7 @@ class Swarm(Scheduling):
         """When `handle_timer` must next run, on the caller's clock."""
         if self._finished:
             return None
-        peers = self._peers.values()
+        peers = self._table.states
         bookkeeping = chain(self._origin.values(), self._table.deadlines(),
                             self._retry_at.values())
         if self._missing():
@@ -465,9 +466,10 @@ class Swarm(Scheduling):
             self._finished = self._aborted = True
             return [abort]
         actions: list[Action] = []
-        for peer, state in list(self._peers.items()):
+        for state in list(self._table.states):
             if not state.inflight:
                 continue  # (most peers at most wake-ups)
+            peer = state.peer
             late = [c for c, (_, deadline) in state.inflight.items() if deadline <= now]
             for chunk in late:
                 self.stats["timeouts"] += 1
