@@ -37,7 +37,7 @@ from sim_alt import CHILD, build
 
 
 def instructions(built: Path, scenario: str, nodes: int, out: Path) -> tuple[int, object]:
-    env = {**os.environ, "PYTHONPATH": str(built), "PYTHONMALLOC": "malloc"}
+    env = {**os.environ, "PYTHONPATH": str(built), "PYTHONMALLOC": "pymalloc"}
     done = subprocess.run(["valgrind", "--tool=cachegrind", "--cache-sim=no",
                            f"--cachegrind-out-file={out}", sys.executable, "-P", CHILD,
                            scenario, str(nodes)],

@@ -15,7 +15,6 @@ Peer choosers rank the holders of one chunk that still have a free slot.
 
 from __future__ import annotations
 
-import heapq
 import random
 from collections.abc import Iterator, Sequence
 from typing import Protocol
@@ -41,23 +40,35 @@ class RarestFirst:
 
     def order(self, candidates: Sequence[int], availability: Sequence[int], limit: int,
               rng: random.Random) -> Iterator[int]:
-        # The keys are drawn up front, one per candidate in order (as a key function
-        # is called), with the position as the last tie-break (as a stable sort keeps
-        # it): the same order and draws as a keyed sort, without a Python call per
-        # candidate; none for a limit of 0. They are then heaped, not sorted, and popped
-        # as they are read: a request pass takes one or two chunks of a dozen or more
-        # candidates (most passes follow a chunk's arrival, which frees one peer).
+        # One draw per candidate, in order, up front (as a keyed sort calls its key); the
+        # order is that of the keys (availability, draw, position). It is worked out a
+        # level of availability at a time, as it is read: a request pass takes one or two
+        # chunks of a dozen or more candidates (most passes follow a chunk's arrival,
+        # which frees one peer), mostly of the rarest level. Within a level a stable sort
+        # by the draw keeps equal draws in position order. No tuple is built or compared:
+        # where the core is compiled, the levels are machine ints.
         if limit <= 0:
             return iter(())
-        keyed = [(availability[c], rng.random(), i, c) for i, c in enumerate(candidates)]
-        heapq.heapify(keyed)
-        return _popped(keyed, limit)
+        draws = [rng.random() for _ in candidates]
+        levels = [availability[c] for c in candidates]
+        return _by_level(candidates, levels, draws, limit)
 
 
-def _popped(heap: list[tuple[int, float, int, int]], limit: int) -> Iterator[int]:
-    """The chunks of a heap of `RarestFirst` keys, smallest first, popped as they are read."""
-    for _ in range(min(limit, len(heap))):
-        yield heapq.heappop(heap)[3]
+def _by_level(candidates: Sequence[int], levels: list[int], draws: list[float],
+              limit: int) -> Iterator[int]:
+    """`RarestFirst`'s order, lowest level first, each level by draw then position."""
+    left = min(limit, len(candidates))
+    level = min(levels) if levels else 0
+    while left > 0:
+        same = [i for i, at in enumerate(levels) if at == level]
+        same.sort(key=draws.__getitem__)
+        for i in same[:left]:
+            yield candidates[i]
+        left -= len(same)
+        above = [at for at in levels if at > level]
+        if not above:
+            return
+        level = min(above)
 
 
 class InOrder:
@@ -120,13 +131,29 @@ class RackAware:
         # `min` with a key, written out (one key and one draw per holder, in order; the
         # first of equal keys wins): the swarm asks this for every request, and a key
         # function is a call per holder even where the core is compiled.
+        # The key (other rack, in flight, failures, -rate, draw) is compared field by
+        # field, not as a tuple: no tuple is built, and where the core is compiled each
+        # comparison is a machine one.
         best = holders[0]
-        best_key = (not best.same_rack, best.inflight, best.failures, -best.rate, rng.random())
+        best_draw = rng.random()
         for h in holders[1:]:
-            key = (not h.same_rack, h.inflight, h.failures, -h.rate, rng.random())
-            if key < best_key:
-                best, best_key = h, key
+            draw = rng.random()
+            if _before(h, draw, best, best_draw):
+                best, best_draw = h, draw
         return best.peer
+
+
+def _before(a: PeerLoad, a_draw: float, b: PeerLoad, b_draw: float) -> bool:
+    """Whether `a` ranks before `b` for `RackAware`: its key is smaller."""
+    if a.same_rack != b.same_rack:
+        return a.same_rack
+    if a.inflight != b.inflight:
+        return a.inflight < b.inflight
+    if a.failures != b.failures:
+        return a.failures < b.failures
+    if a.rate != b.rate:
+        return a.rate > b.rate
+    return a_draw < b_draw
 
 
 class LeastLoaded:
