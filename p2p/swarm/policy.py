@@ -58,17 +58,23 @@ def _by_level(candidates: Sequence[int], levels: list[int], draws: list[float],
               limit: int) -> Iterator[int]:
     """`RarestFirst`'s order, lowest level first, each level by draw then position."""
     left = min(limit, len(candidates))
-    level = min(levels) if levels else 0
+    level = -1
     while left > 0:
-        same = [i for i, at in enumerate(levels) if at == level]
-        same.sort(key=draws.__getitem__)
-        for i in same[:left]:
+        level = _next_level(levels, level)
+        same = [(draws[i], i) for i, at in enumerate(levels) if at == level]
+        same.sort()  # (a float first in every pair: the sort compares them natively)
+        for _, i in same[:left]:
             yield candidates[i]
         left -= len(same)
-        above = [at for at in levels if at > level]
-        if not above:
-            return
-        level = min(above)
+
+
+def _next_level(levels: list[int], above: int) -> int:
+    """The lowest of `levels` above `above` (there is one)."""
+    found = -1
+    for at in levels:
+        if at > above and (found < 0 or at < found):
+            found = at
+    return found
 
 
 class InOrder:
