@@ -30,6 +30,10 @@ class ChunkPicker(Protocol):
         peers are taken), so an order may be worked out as it is read."""
         ...
 
+    def draw(self, count: int, limit: int, rng: random.Random) -> None:
+        """Make the draws `order` makes for `count` candidates, without ordering them."""
+        ...
+
 
 class RarestFirst:
     """Chunks held by the fewest peers first; ties broken by the rng.
@@ -52,6 +56,11 @@ class RarestFirst:
         draws = [rng.random() for _ in candidates]
         levels = [availability[c] for c in candidates]
         return _by_level(candidates, levels, draws, limit)
+
+    def draw(self, count: int, limit: int, rng: random.Random) -> None:
+        if limit > 0:
+            for _ in range(count):
+                rng.random()
 
 
 def _by_level(candidates: Sequence[int], levels: list[int], draws: list[float],
@@ -84,6 +93,9 @@ class InOrder:
               rng: random.Random) -> Iterator[int]:
         return iter(sorted(candidates)[:limit])
 
+    def draw(self, count: int, limit: int, rng: random.Random) -> None:
+        pass  # (no draws)
+
 
 class RandomOrder:
     """Uniformly random order (the BitTorrent-like baseline without rarity)."""
@@ -91,6 +103,9 @@ class RandomOrder:
     def order(self, candidates: Sequence[int], availability: Sequence[int], limit: int,
               rng: random.Random) -> Iterator[int]:
         return iter(rng.sample(list(candidates), min(limit, len(candidates))))
+
+    def draw(self, count: int, limit: int, rng: random.Random) -> None:
+        rng.sample(range(count), min(limit, count))  # (its draws depend on the sizes only)
 
 
 CHUNK_PICKERS: dict[str, type[ChunkPicker]] = {

@@ -223,6 +223,23 @@ class Scheduling:
     def _ordered(self, mask: int, limit: int) -> Iterator[int]:
         """Chunks of `mask`: demand first, then prefetch order, then the picker (whose
         draws are made here, however much of the order is read)."""
+        head, rest = self._listed_first(mask)
+        if len(head) >= limit or not rest:
+            return iter(head[:limit])
+        order = self._picker.order(bits.indices(rest), self._table.avail, limit - len(head),
+                                   self._rng)
+        return chain(head, order) if head else order
+
+    def _unordered(self, mask: int, limit: int) -> None:
+        """What `_ordered` changes when its order would not be read: the picker's draws
+        (a pass that can ask no one must leave the rng as one that could)."""
+        head, rest = self._listed_first(mask)
+        if len(head) < limit and rest:
+            self._picker.draw(bits.count(rest), limit - len(head), self._rng)
+
+    def _listed_first(self, mask: int) -> tuple[list[int], int]:
+        """The chunks of `mask` on the demand and prefetch lists, in that order, and the
+        rest of `mask`."""
         head: list[int] = []
         if self._demand or mask & self._prefetch_mask:  # (else the loop takes nothing)
             for chunk in self._demand + self._prefetch:
@@ -230,11 +247,7 @@ class Scheduling:
                     head.append(chunk)
                     mask &= ~(1 << chunk)
             self._demand = [c for c in self._demand if not self._have >> c & 1]
-        if len(head) >= limit or not mask:
-            return iter(head[:limit])
-        rest = self._picker.order(bits.indices(mask), self._table.avail, limit - len(head),
-                                  self._rng)
-        return chain(head, rest) if head else rest
+        return head, mask
 
     def _request_from_peers(self, now: float) -> list[Action]:
         budget = self.config.max_inflight - self._table.inflight_total
@@ -282,6 +295,11 @@ class Scheduling:
         if not streaming:
             return actions  # (`_ordered` would draw nothing and change nothing)
         offered, free_left = _offer(free, pending=True), len(free)
+        if not streaming & offered:
+            # No free peer is fetching any of them (most passes): the walk below would
+            # skip every chunk of the order.
+            self._unordered(streaming, budget)
+            return actions
         for chunk in self._ordered(streaming, limit=budget):
             if budget <= 0 or not free:
                 break

@@ -33,7 +33,7 @@ from p2p.swarm.events import (
     WantedAll,
     Withdraw,
 )
-from p2p.swarm.policy import RarestFirst
+from p2p.swarm.policy import CHUNK_PICKERS, RarestFirst
 
 A, B, C = PeerId("a"), PeerId("b"), PeerId("c")
 
@@ -82,7 +82,7 @@ def test_rarest_chunk_is_requested_next(seed: int) -> None:
                                           (1024, 1), (5, 0)])
 def test_rarest_first_takes_a_keyed_sorts_chunks_and_draws_them_all_at_once(
         chunks: int, limit: int) -> None:
-    """It heaps its keys and pops them as they are read: what the simulator and the
+    """It orders a level of availability at a time, as it is read: what the simulator and the
     agents compute must be what a keyed sort gives (the draws included), and every draw
     is made in the call, however little of the order the caller reads."""
     avail = [random.Random(chunks).randrange(6) for _ in range(chunks)]
@@ -93,6 +93,19 @@ def test_rarest_first_takes_a_keyed_sorts_chunks_and_draws_them_all_at_once(
     assert ours.getstate() == theirs.getstate()  # (before a chunk is read)
     assert list(order) == want
     assert ours.random() == theirs.random()
+
+
+@pytest.mark.parametrize("name", sorted(CHUNK_PICKERS))
+@pytest.mark.parametrize("count,limit", [(0, 3), (1, 1), (16, 4), (64, 64), (70, 0)])
+def test_a_pickers_draw_alone_leaves_the_rng_as_its_order_does(name: str, count: int,
+                                                                limit: int) -> None:
+    """A pass that can ask no one only draws (`Scheduling._unordered`): the run must go on
+    as if it had ordered the chunks."""
+    picker = CHUNK_PICKERS[name]()
+    ordered, drawn = random.Random(3), random.Random(3)
+    list(picker.order(list(range(0, 2 * count, 2)), [1] * (2 * count), limit, ordered))
+    picker.draw(count, limit, drawn)
+    assert ordered.getstate() == drawn.getstate()
 
 
 def test_demand_goes_before_rarest() -> None:
