@@ -8,6 +8,7 @@ iterating a set yields indices in ascending order, so runs are reproducible.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Final
 
 
 def from_bools(flags: Sequence[bool]) -> int:
@@ -33,7 +34,7 @@ def from_indices(indices: Iterable[int]) -> int:
 
 # Below this a mask is a machine word where the core is compiled (mypyc's tagged ints);
 # above it every step of the bit loop would make a new int object.
-_WORD = 1 << 62
+_WORD: Final = 1 << 62
 
 
 def indices(mask: int) -> list[int]:

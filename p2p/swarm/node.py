@@ -76,7 +76,7 @@ global random module.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import assert_never
+from typing import Final, assert_never
 
 from p2p.content import ContentId, PeerId
 from p2p.swarm import bits
@@ -102,7 +102,7 @@ from p2p.swarm.links import (
 )
 from p2p.swarm.swarm import Swarm
 
-EARLY_ANNOUNCE_GAP_S = 0.2  # announces prompted by new peers come no faster
+EARLY_ANNOUNCE_GAP_S: Final = 0.2  # announces prompted by new peers come no faster
 
 
 # ---- events -------------------------------------------------------------------
@@ -243,12 +243,11 @@ class SwarmActions:
 NodeAction = AnnounceAll | Leave | WakeReaders | Pin | Unpin | SwarmActions | LinkAction
 
 # The line rate a node's due assumes when its caller knows none (p2p.config: line_mbps).
-DEFAULT_LINE_BPS = 25e9 / 8
+DEFAULT_LINE_BPS: Final = 25e9 / 8
 
-# After these events or actions a swarm may have a deadline earlier than the cached
-# one: back-offs of failures and lost peers, retry times of disconnections and reports.
-_MAY_ADVANCE_TIMER = (ChunkFailed, PeerLost)
-_RESETS_TIMER = (Disconnect, Report)
+# After these events (ChunkFailed, PeerLost) or actions (Disconnect, Report) a swarm may have a
+# deadline earlier than the cached one: back-offs of failures and lost peers, retry times
+# of disconnections and reports.
 
 
 def want(swarm: Swarm) -> int | None:
@@ -407,7 +406,8 @@ class Node:
             return []
         self.swarm_calls += 1
         actions = swarm.handle(event, now)
-        advance = type(event) in _MAY_ADVANCE_TIMER
+        kind = type(event)  # (compared by identity: compiled, a tuple's `in` is generic)
+        advance = kind is ChunkFailed or kind is PeerLost
         if not actions and not advance and self._slack_s is not None \
                 and content in self._swarm_due:
             self.timer_kept = True
@@ -429,7 +429,7 @@ class Node:
             elif kind is Abort:
                 done += self.remove(content)
                 return done
-            elif kind in _RESETS_TIMER:
+            elif kind is Disconnect or kind is Report:
                 self._swarm_due.pop(content, None)
                 if kind is Disconnect:
                     assert isinstance(action, Disconnect)
@@ -468,10 +468,9 @@ class Node:
         """When `handle_timer` must next run, on the caller's clock: the earliest of
         the node's own deadlines and its swarms' timers."""
         when = self._announce_due()
-        if self._swarm_due:
-            swarms = min(self._swarm_due.values())
-            if when is None or swarms < when:
-                when = swarms
+        for due in self._swarm_due.values():  # (a loop, not min(): compiled, a float compare)
+            if when is None or due < when:
+                when = due
         if self.links.deadlines:  # (never, in the simulator: spare it the call)
             joins = min(self.links.deadlines.values())
             if when is None or joins < when:

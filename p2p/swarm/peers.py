@@ -11,7 +11,7 @@ a random number.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
 from p2p.content import PeerId
 from p2p.swarm import bits
@@ -175,10 +175,11 @@ class PeerTable:
                                for until in state.pending.values())
         return self._expiry if self.pending_mask else None
 
-    def deadlines(self) -> Iterator[float]:
-        """When requests time out and the earliest pending mark expires."""
+    def add_deadlines(self, times: list[float]) -> None:
+        """Append when requests time out and the earliest pending mark expires."""
         for state in self.states:
-            yield from (deadline for _, deadline in state.inflight.values())
+            for _, deadline in state.inflight.values():
+                times.append(deadline)
         expiry = self.pending_expiry()
         if expiry is not None:
-            yield expiry
+            times.append(expiry)

@@ -39,7 +39,7 @@ agent and the simulator run it unchanged.
 
 from __future__ import annotations
 
-from itertools import chain
+from typing import Final
 
 from p2p.content import PeerId
 from p2p.swarm import bits
@@ -72,7 +72,7 @@ from p2p.swarm.scheduling import Scheduling, ban_key
 
 # Events a finished swarm still takes: what is wanted may grow (a tuple, not a union
 # written in `handle`, which would build one per call).
-_REOPENING = (ReaderWants, PrefetchGiven, WantedAll)
+_REOPENING: Final = (ReaderWants, PrefetchGiven, WantedAll)
 
 
 class Swarm(Scheduling):
@@ -208,33 +208,35 @@ class Swarm(Scheduling):
                     self._table.pending(state, chunk, now + self.config.pending_ttl_s)
                 return []
         actions: list[Action] = []
+        # (No positional captures in these patterns: compiled, a capture is a generic
+        # attribute lookup, and these arms run for most events of a big simulation.)
         match event:
             case PeersFound():
                 self._on_peers_found(event, now)
             case PeerJoined():
                 actions += self._on_peer_joined(event, now)
-            case PeerHas(peer, chunk):
-                actions += self._on_peer_has(peer, chunk)
-            case PeerPending(peer, chunk):
-                actions += self._on_peer_pending(peer, chunk, now)
-            case PeerWithdrew(peer, chunk):
-                actions += self._on_peer_withdrew(peer, chunk)
-            case PeerLost(peer, reason, hostile):
-                self._drop_peer(peer, now)
-                if hostile:
-                    self._retry_at[peer] = now + self.config.backoff_max_s
-                    actions.append(Report(peer, reason))
+            case PeerHas():
+                actions += self._on_peer_has(event.peer, event.chunk)
+            case PeerPending():
+                actions += self._on_peer_pending(event.peer, event.chunk, now)
+            case PeerWithdrew():
+                actions += self._on_peer_withdrew(event.peer, event.chunk)
+            case PeerLost():
+                self._drop_peer(event.peer, now)
+                if event.hostile:
+                    self._retry_at[event.peer] = now + self.config.backoff_max_s
+                    actions.append(Report(event.peer, event.reason))
             case ChunkArrived():
                 actions += self._on_chunk_arrived(event, now)
             case ChunkFailed():
                 actions += self._on_chunk_failed(event, now)
             case ChunkLost():
                 pass  # handled above: it may reopen a finished swarm
-            case ReaderWants(chunks):
-                self._demand = [c for c in chunks if 0 <= c < self.chunks] + self._demand
+            case ReaderWants():
+                self._demand = [c for c in event.chunks if 0 <= c < self.chunks] + self._demand
                 self._want(bits.from_indices(self._demand), now)
-            case PrefetchGiven(chunks):
-                self._prefetch = [c for c in chunks if 0 <= c < self.chunks]
+            case PrefetchGiven():
+                self._prefetch = [c for c in event.chunks if 0 <= c < self.chunks]
                 self._prefetch_mask = bits.from_indices(self._prefetch)
                 self._want(self._prefetch_mask, now)
             case WantedAll():
@@ -441,22 +443,27 @@ class Swarm(Scheduling):
     # ---- time -----------------------------------------------------------------
 
     def next_timer(self) -> float | None:
-        """When `handle_timer` must next run, on the caller's clock."""
+        """When `handle_timer` must next run, on the caller's clock: the earliest of its
+        deadlines still ahead (written as loops: the node asks after most events)."""
         if self._finished:
             return None
-        peers = self._table.states
-        bookkeeping = chain(self._origin.values(), self._table.deadlines(),
-                            self._retry_at.values())
+        after = self._now
+        times = [*self._origin.values(), *self._retry_at.values()]
         if self._missing():
             settle = self._settle_until if self._settle_until is not None and self._unheard \
                 else 0.0
-            times = chain(bookkeeping, (s.backoff_until for s in peers),
-                          (self._origin_backoff_until, self._last_progress + self._patience(),
-                           settle, self._vacant_from if self._vacant else 0.0,
-                           self._stall.due, self._stall.refused_due or 0.0))
-        else:  # an idle lazy swarm: nothing to fetch, so nothing to be patient about
-            times = bookkeeping
-        return min((t for t in times if t > self._now), default=None)
+            times += [self._origin_backoff_until, self._last_progress + self._patience(),
+                      settle, self._vacant_from if self._vacant else 0.0,
+                      self._stall.due, self._stall.refused_due or 0.0]
+            for state in self._table.states:
+                times.append(state.backoff_until)
+        # (an idle lazy swarm has nothing to fetch, so nothing to be patient about)
+        self._table.add_deadlines(times)
+        best: float | None = None
+        for t in times:
+            if t > after and (best is None or t < best):
+                best = t
+        return best
 
     def handle_timer(self, now: float) -> list[Action]:
         self._now = now
