@@ -344,10 +344,10 @@ class Node:
     # ---- events -----------------------------------------------------------------
 
     def handle(self, event: NodeEvent, now: float) -> list[NodeAction]:
-        match event:
-            case Announced(interval_s, handed_out):
-                self._handed_out.update(handed_out)
-                self._interval_s = interval_s
+        match event:  # (no positional captures: see Swarm.handle)
+            case Announced():
+                self._handed_out.update(event.handed_out)
+                self._interval_s = event.interval_s
                 self._answered(now)
             case AnnounceFailed():
                 self._answered(now)
@@ -355,16 +355,17 @@ class Node:
                 return self._join_heard(event, now)
             case LinkOpened():
                 return list(self.links.opened(event, now, self._swarms))
-            case LinkClosed(link, reason, hostile):
-                return self._lose(self.links.closed(link), reason, hostile, now)
-            case DialFailed(peer, reason, hostile):
+            case LinkClosed():
+                return self._lose(self.links.closed(event.link), event.reason, event.hostile,
+                                  now)
+            case DialFailed():
                 reports, contents = self.links.dial_failed(event)
-                return [*reports,
-                        *self._lose([(c, peer) for c in contents], reason, hostile, now)]
-            case ReaderWaiting(content, chunk):
-                return self._reader_waiting(content, chunk)
-            case ChunkStored(content, chunk):
-                return self._chunk_stored(content, chunk)
+                return [*reports, *self._lose([(c, event.peer) for c in contents],
+                                              event.reason, event.hostile, now)]
+            case ReaderWaiting():
+                return self._reader_waiting(event.content, event.chunk)
+            case ChunkStored():
+                return self._chunk_stored(event.content, event.chunk)
             case _:
                 assert_never(event)
         return []
