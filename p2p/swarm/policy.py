@@ -45,45 +45,37 @@ class RarestFirst:
     def order(self, candidates: Sequence[int], availability: Sequence[int], limit: int,
               rng: random.Random) -> Iterator[int]:
         # One draw per candidate, in order, up front (as a keyed sort calls its key); the
-        # order is that of the keys (availability, draw, position). It is worked out a
-        # level of availability at a time, as it is read: a request pass takes one or two
-        # chunks of a dozen or more candidates (most passes follow a chunk's arrival,
-        # which frees one peer), mostly of the rarest level. Within a level a stable sort
-        # by the draw keeps equal draws in position order. No tuple is built or compared:
-        # where the core is compiled, the levels are machine ints.
+        # order is that of the keys (availability, draw, position), selected as it is
+        # read: a request pass takes one or two chunks of a dozen or more candidates (most
+        # passes follow a chunk's arrival, which frees one peer). No tuple is built or
+        # compared: where the core is compiled, the selection compares machine numbers.
         if limit <= 0:
             return iter(())
-        draws = [rng.random() for _ in candidates]
+        draw = rng.random  # (looked up once, not per candidate)
+        draws = [draw() for _ in candidates]
         levels = [availability[c] for c in candidates]
-        return _by_level(candidates, levels, draws, limit)
+        return _selected(candidates, levels, draws, min(limit, len(candidates)))
 
     def draw(self, count: int, limit: int, rng: random.Random) -> None:
         if limit > 0:
+            draw = rng.random
             for _ in range(count):
-                rng.random()
+                draw()
 
 
-def _by_level(candidates: Sequence[int], levels: list[int], draws: list[float],
+def _selected(candidates: Sequence[int], levels: list[int], draws: list[float],
               limit: int) -> Iterator[int]:
-    """`RarestFirst`'s order, lowest level first, each level by draw then position."""
-    left = min(limit, len(candidates))
-    level = -1
-    while left > 0:
-        level = _next_level(levels, level)
-        same = [(draws[i], i) for i, at in enumerate(levels) if at == level]
-        same.sort()  # (a float first in every pair: the sort compares them natively)
-        for _, i in same[:left]:
-            yield candidates[i]
-        left -= len(same)
-
-
-def _next_level(levels: list[int], above: int) -> int:
-    """The lowest of `levels` above `above` (there is one)."""
-    found = -1
-    for at in levels:
-        if at > above and (found < 0 or at < found):
-            found = at
-    return found
+    """`RarestFirst`'s order: the smallest key left, `limit` times. A taken candidate's
+    level becomes -1 (levels are counts of holders, never negative)."""
+    for _ in range(limit):
+        best, best_level, best_draw = -1, 0, 0.0
+        for i, level in enumerate(levels):
+            if level < 0:
+                continue
+            if best < 0 or level < best_level or (level == best_level and draws[i] < best_draw):
+                best, best_level, best_draw = i, level, draws[i]
+        levels[best] = -1
+        yield candidates[best]
 
 
 class InOrder:
