@@ -90,7 +90,7 @@ class Scheduling:
         self._chooser = PEER_CHOOSERS[config.peer_chooser]()
         self._all = (1 << chunks) - 1
         self._have = bits.from_bools(have)
-        self._view, self._view_of = bits.to_bools(self._have, chunks), self._have  # (join_view)
+        self._flags, self._flags_of = bits.to_bools(self._have, chunks), self._have  # (join_view)
         self._eager = not lazy
         self._wanted = 0 if lazy else self._all
         self._miss = self._wanted & ~self._have  # `_missing()`, kept as the two change

@@ -121,9 +121,9 @@ class Swarm(Scheduling):
         and those listed as pending, which we read from the origin now or may relay
         (`relaying`)."""
         pending = (self._origin_mask() | bits.from_indices(self._feeders)) & ~self._have
-        if self._have != self._view_of:  # (most Joins go out while nothing new arrived)
-            self._view, self._view_of = bits.to_bools(self._have, self.chunks), self._have
-        return self._view, tuple(bits.indices(pending))
+        if self._have != self._flags_of:  # (most Joins go out while nothing new arrived)
+            self._flags, self._flags_of = bits.to_bools(self._have, self.chunks), self._have
+        return self._flags, tuple(bits.indices(pending))
 
     @property
     def held_bytes(self) -> int:
