@@ -8,10 +8,10 @@ change worth 3% cannot be seen in fewer than a dozen rounds. Valgrind's
 cachegrind counts the instructions a process executes, the same count on every
 run of the same build. Each revision's tree is exported and built as
 `sim_alt.py` does, then `sim_loop_child.py` runs once per revision under
-cachegrind (about 40x slower than natively: keep `--nodes` small) on glibc's
-malloc (cachegrind replaces none of it, and the arena module needs huge pages
-valgrind does not give). Prints one JSON line per revision and a last one with
-each revision's instructions and their ratio to the first's.
+cachegrind (about 40x slower than natively: keep `--nodes` small) on CPython's
+own allocator (what the arena module changes is where memory lies, not the
+count), with a fixed hash seed. Prints one JSON line per revision and a last
+one with each revision's instructions and their ratio to the first's.
 
 The count covers the whole process: the imports and the scenario's setup are
 about 1.2 G instructions, the same for every revision that does not change
@@ -37,7 +37,9 @@ from sim_alt import CHILD, build
 
 
 def instructions(built: Path, scenario: str, nodes: int, out: Path) -> tuple[int, object]:
-    env = {**os.environ, "PYTHONPATH": str(built), "PYTHONMALLOC": "pymalloc"}
+    # (a fixed hash seed: str hashes move dict layouts, and with them about 0.5% of the count)
+    env = {**os.environ, "PYTHONPATH": str(built), "PYTHONMALLOC": "pymalloc",
+           "PYTHONHASHSEED": "0"}
     done = subprocess.run(["valgrind", "--tool=cachegrind", "--cache-sim=no",
                            f"--cachegrind-out-file={out}", sys.executable, "-P", CHILD,
                            scenario, str(nodes)],
