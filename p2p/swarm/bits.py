@@ -33,25 +33,28 @@ def from_indices(indices: Iterable[int]) -> int:
 
 
 # Below this a mask is a machine word where the core is compiled (mypyc's tagged ints);
-# above it every step of the bit loop would make a new int object.
-_WORD: Final = 1 << 62
+# above it every operation on it makes a new int object.
+_WORD_BITS: Final = 62
+_WORD: Final = 1 << _WORD_BITS
+_LOW_WORD: Final = _WORD - 1
 
 
 def indices(mask: int) -> list[int]:
     """Set bits in ascending order (a list, not a generator: most callers walk a
-    whole mask, and a generator is an object and a call per step)."""
+    whole mask, and a generator is an object and a call per step). A wide mask is
+    walked a machine word at a time: two int objects made per 62 chunks."""
     found: list[int] = []
-    if mask < _WORD:
-        while mask:
-            low = mask & -mask
-            found.append(low.bit_length() - 1)
-            mask ^= low
-        return found
-    text = format(mask, "b")  # one pass over a wide mask's digits, highest first
-    top = len(text) - 1
-    for i in range(top, -1, -1):
-        if text[i] == "1":
-            found.append(top - i)
+    base = 0
+    while mask:
+        if mask < _WORD:
+            word, mask = mask, 0
+        else:
+            word, mask = mask & _LOW_WORD, mask >> _WORD_BITS
+        while word:
+            low = word & -word
+            found.append(base + low.bit_length() - 1)
+            word ^= low
+        base += _WORD_BITS
     return found
 
 
