@@ -12,11 +12,16 @@ from typing import Final
 
 
 def from_bools(flags: Sequence[bool]) -> int:
-    # One parse of a digit string, not an int built bit by bit: a Join carries a flag
-    # per chunk, and a mask past 62 bits is a new object at every step.
+    # One parse of a digit string made by C loops (the flags as bytes, reversed, each
+    # turned into a digit), not an int built bit by bit: a Join carries a flag per
+    # chunk, and a mask past 62 bits is a new object at every step.
     if not flags:
         return 0
-    return int("".join(["1" if flag else "0" for flag in reversed(flags)]), 2)
+    return int(bytes(flags)[::-1].translate(_DIGITS), 2)
+
+
+# Byte `b` -> the digit of a flag of that value: "0" for 0, "1" for anything else.
+_DIGITS: Final = bytes.maketrans(bytes(range(256)), b"0" + b"1" * 255)
 
 
 def to_bools(mask: int, n: int) -> tuple[bool, ...]:

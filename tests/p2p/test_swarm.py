@@ -716,3 +716,13 @@ def test_bits_indices_lists_set_bits_in_ascending_order_at_every_width(width: in
     rng = random.Random(width)
     for mask in [0, (1 << width) - 1, *(rng.getrandbits(width) for _ in range(50))]:
         assert bits.indices(mask) == [i for i in range(width) if mask >> i & 1]
+
+
+@pytest.mark.parametrize("width", [0, 1, 7, 8, 9, 61, 62, 63, 64, 65, 200])
+def test_bits_flags_and_masks_convert_both_ways_at_every_width(width: int) -> None:
+    rng = random.Random(width)
+    for mask in [0, (1 << width) - 1, *(rng.getrandbits(width) for _ in range(50))]:
+        flags = bits.to_bools(mask, width)
+        assert flags == tuple(bool(mask >> i & 1) for i in range(width))
+        assert bits.from_bools(flags) == mask
+        assert bits.from_bools(list(flags)) == mask
