@@ -23,9 +23,10 @@ from p2p.content import PeerId
 
 
 class ChunkPicker(Protocol):
-    def order(self, candidates: Sequence[int], availability: Sequence[int], limit: int,
+    def order(self, candidates: list[int], availability: list[int], limit: int,
               rng: random.Random) -> Iterator[int]:
-        """Up to `limit` candidates, best first. Every random draw is made in the call;
+        """Up to `limit` candidates, best first (lists, not any sequence: compiled, a list
+        is indexed natively). Every random draw is made in the call;
         the caller may leave the iterator unfinished (a request pass stops when its free
         peers are taken), so an order may be worked out as it is read."""
         ...
@@ -42,7 +43,7 @@ class RarestFirst:
     them early gives every peer something the others want.
     """
 
-    def order(self, candidates: Sequence[int], availability: Sequence[int], limit: int,
+    def order(self, candidates: list[int], availability: list[int], limit: int,
               rng: random.Random) -> Iterator[int]:
         # One draw per candidate, in order, up front (as a keyed sort calls its key); the
         # order is that of the keys (availability, draw, position), selected as it is
@@ -63,7 +64,7 @@ class RarestFirst:
                 draw()
 
 
-def _selected(candidates: Sequence[int], levels: list[int], draws: list[float],
+def _selected(candidates: list[int], levels: list[int], draws: list[float],
               limit: int) -> Iterator[int]:
     """`RarestFirst`'s order: the smallest key left, `limit` times. A taken candidate's
     level becomes -1 (levels are counts of holders, never negative)."""
@@ -81,7 +82,7 @@ def _selected(candidates: Sequence[int], levels: list[int], draws: list[float],
 class InOrder:
     """Lowest index first: for streaming readers and for the origin-only baseline."""
 
-    def order(self, candidates: Sequence[int], availability: Sequence[int], limit: int,
+    def order(self, candidates: list[int], availability: list[int], limit: int,
               rng: random.Random) -> Iterator[int]:
         return iter(sorted(candidates)[:limit])
 
@@ -92,7 +93,7 @@ class InOrder:
 class RandomOrder:
     """Uniformly random order (the BitTorrent-like baseline without rarity)."""
 
-    def order(self, candidates: Sequence[int], availability: Sequence[int], limit: int,
+    def order(self, candidates: list[int], availability: list[int], limit: int,
               rng: random.Random) -> Iterator[int]:
         return iter(rng.sample(list(candidates), min(limit, len(candidates))))
 
