@@ -43,8 +43,6 @@ of 4 with it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from p2p.swarm import bits
 
 
@@ -75,7 +73,7 @@ def region_start(chunks: int, slot: int, slots: int) -> int:
     return slot % slots * chunks // slots
 
 
-def origin_order(todo: int, first: Sequence[int], start: int, limit: int,
+def origin_order(todo: int, first: list[int], start: int, limit: int,
                  vacant: int = 0) -> list[int]:
     """Up to `limit` chunks of `todo`: those listed in `first`, then upwards from `start`,
     then those in `vacant` from the last one down."""

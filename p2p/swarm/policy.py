@@ -16,7 +16,7 @@ Peer choosers rank the holders of one chunk that still have a free slot.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Protocol
 
 from p2p.content import PeerId
@@ -133,7 +133,7 @@ class PeerLoad:
 
 
 class PeerChooser(Protocol):
-    def choose(self, holders: Sequence[PeerLoad], rng: random.Random) -> PeerId:
+    def choose(self, holders: list[PeerLoad], rng: random.Random) -> PeerId:
         """One of the (non-empty) holders."""
         ...
 
@@ -141,7 +141,7 @@ class PeerChooser(Protocol):
 class RackAware:
     """Same rack first, then fewest requests in flight, fewest failures, fastest."""
 
-    def choose(self, holders: Sequence[PeerLoad], rng: random.Random) -> PeerId:
+    def choose(self, holders: list[PeerLoad], rng: random.Random) -> PeerId:
         # `min` with a key, written out (one key and one draw per holder, in order; the
         # first of equal keys wins): the swarm asks this for every request, and a key
         # function is a call per holder even where the core is compiled.
@@ -150,7 +150,8 @@ class RackAware:
         # comparison is a machine one.
         best = holders[0]
         best_draw = rng.random()
-        for h in holders[1:]:
+        for i in range(1, len(holders)):
+            h = holders[i]
             draw = rng.random()
             if _before(h, draw, best, best_draw):
                 best, best_draw = h, draw
@@ -173,14 +174,14 @@ def _before(a: PeerLoad, a_draw: float, b: PeerLoad, b_draw: float) -> bool:
 class LeastLoaded:
     """Fewest requests in flight, ignoring racks."""
 
-    def choose(self, holders: Sequence[PeerLoad], rng: random.Random) -> PeerId:
+    def choose(self, holders: list[PeerLoad], rng: random.Random) -> PeerId:
         return min(holders, key=lambda h: (h.inflight, h.failures, rng.random())).peer
 
 
 class RandomPeer:
     """Any holder, uniformly (the BitTorrent-like baseline)."""
 
-    def choose(self, holders: Sequence[PeerLoad], rng: random.Random) -> PeerId:
+    def choose(self, holders: list[PeerLoad], rng: random.Random) -> PeerId:
         return holders[rng.randrange(len(holders))].peer
 
 
