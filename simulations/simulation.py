@@ -153,8 +153,12 @@ class Simulation:
         # held[c][chunk * nodes + n]: node n's swarm holds `chunk` of content c, or has
         # finished. Lets `_fan_out` skip haves that cannot change what a swarm does.
         self._held = [bytearray(content.chunks * scenario.nodes) for content in self.contents]
-        self._transfers: dict[tuple[int, int, int, int], Transfer] = {}
-        self._by_flow: dict[int, Transfer] = {}
+        # Transfers in flight by `_key`, and by network flow (a flow id is a slot index).
+        self._transfers: dict[int, Transfer] = {}
+        self._by_flow: list[Transfer | None] = []
+        self._key_contents = len(self.contents)
+        self._key_nodes = scenario.nodes + 1  # senders: the nodes and ORIGIN
+        self._key_chunks = max((content.chunks for content in self.contents), default=1)
         # (sender, content, chunk) -> relays waiting for the sender's fetch to end
         self._relays: dict[tuple[int, int, int], list[Transfer]] = {}
         # (sender, content, chunk) -> cut-through relays of a chunk the sender fetches
@@ -325,7 +329,7 @@ class Simulation:
         node.alive = False
         if node.complete_s is None:
             self.unfinished -= 1
-        for transfer in list(node.transfers):
+        for transfer in node.in_flight():
             self._abort(transfer)
         node.uploads = node.uploads.cleared()
         for c in node.swarms:
@@ -431,7 +435,7 @@ class Simulation:
         # join is symmetric here), and hears why one latency later.
         if not other.core.links.drop(self.contents[c].id, node.peer):
             return
-        for transfer in [t for t in node.transfers if t.content == c and p in (t.dst, t.src)]:
+        for transfer in [t for t in node.in_flight() if t.content == c and p in (t.dst, t.src)]:
             self._abort(transfer)
         self.loop.after(self.top.latency(n, p), self._lost, (p, c, n))
 
@@ -477,27 +481,32 @@ class Simulation:
 
     # ---- transfers -----------------------------------------------------------------
 
+    def _key(self, n: int, c: int, p: int, chunk: int) -> int:
+        """The key of node n's transfer of `chunk` of content c from p (or ORIGIN)."""
+        return ((n * self._key_contents + c) * self._key_nodes + p + 1) * self._key_chunks \
+            + chunk
+
     def _track(self, transfer: Transfer) -> None:
         self._transfers[transfer.key] = transfer
-        self.nodes[transfer.dst].transfers[transfer] = None
+        transfer.tracked = True
+        self.nodes[transfer.dst].track(transfer)
         if transfer.src != ORIGIN:
-            self.nodes[transfer.src].transfers[transfer] = None
+            self.nodes[transfer.src].track(transfer)
 
     def _untrack(self, transfer: Transfer) -> None:
         key = transfer.key
         if self._transfers.get(key) is transfer:
             del self._transfers[key]
-        self.nodes[transfer.dst].transfers.pop(transfer, None)
-        if transfer.src != ORIGIN:
-            self.nodes[transfer.src].transfers.pop(transfer, None)
+        transfer.tracked = False
         if transfer.flow >= 0:
-            del self._by_flow[transfer.flow]
+            self._by_flow[transfer.flow] = None
 
     def _request(self, n: int, c: int, p: int, chunk: int) -> None:
-        if (n, c, p, chunk) in self._transfers:
+        key = self._key(n, c, p, chunk)
+        if key in self._transfers:
             return  # already on its way: the swarm asked twice
         nbytes = self.contents[c].chunk_bytes(chunk)
-        transfer = Transfer(n, c, p, chunk, nbytes)
+        transfer = Transfer(n, c, p, chunk, nbytes, key=key)
         self._track(transfer)
         node = self.nodes[n]
         node.counters.requests += 1
@@ -561,9 +570,10 @@ class Simulation:
     def _fetch_origin(self, n: int, c: int, chunk: int) -> None:
         content = self.contents[c]
         o = content.origins[chunk % len(content.origins)]
-        transfer = Transfer(n, c, ORIGIN, chunk, content.chunk_bytes(chunk), origin=o)
-        if transfer.key in self._transfers:
+        key = self._key(n, c, ORIGIN, chunk)
+        if key in self._transfers:
             return
+        transfer = Transfer(n, c, ORIGIN, chunk, content.chunk_bytes(chunk), origin=o, key=key)
         self._track(transfer)
         node = self.nodes[n]
         node.counters.origin_fetches += 1
@@ -594,6 +604,8 @@ class Simulation:
     def _start_flow(self, transfer: Transfer, links: tuple[int, int, int, int]) -> None:
         flow = self.flows.start(links, float(transfer.nbytes), self.loop.now, self._flow_done)
         transfer.flow = flow
+        if flow >= len(self._by_flow):
+            self._by_flow.extend([None] * (flow + 1 - len(self._by_flow)))
         self._by_flow[flow] = transfer
 
     def _abort(self, transfer: Transfer) -> None:
@@ -630,7 +642,7 @@ class Simulation:
     def _cancel(self, n: int, c: int, action: Cancel) -> None:
         """As `Link.cancel`: a paced request is dropped and refunded; a sent one (unless
         the cancel is only `if_unsent`) is forgotten and a cancel travels to its sender."""
-        key = (n, c, self._index[action.peer], action.chunk)
+        key = self._key(n, c, self._index[action.peer], action.chunk)
         transfer = self._transfers.get(key)
         if transfer is None:
             return
@@ -645,8 +657,7 @@ class Simulation:
 
     def _cancel_arrived(self, transfer: Transfer) -> None:
         """The sender skips a cancelled request unless its piece is going out (p2p.link)."""
-        if not transfer.cancelled and transfer.stage != SENDING \
-                and transfer in self.nodes[transfer.dst].transfers:
+        if not transfer.cancelled and transfer.stage != SENDING and transfer.tracked:
             self._abort(transfer)
 
     def _waste(self, transfer: Transfer, nbytes: float) -> None:
@@ -655,9 +666,10 @@ class Simulation:
 
     def _flow_done(self, flow: int) -> None:
         transfer = self._by_flow[flow]
+        assert transfer is not None
         if transfer.cut and not self.nodes[transfer.src].holds(transfer.content, transfer.chunk):
             # The sender's own copy is still coming: the last bytes wait for it.
-            del self._by_flow[flow]
+            self._by_flow[flow] = None
             transfer.flow, transfer.stage = -1, TAILING
             self._send(self.nodes[transfer.src].uploads.finished(transfer))
             return
