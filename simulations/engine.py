@@ -9,6 +9,16 @@ The sequence number breaks ties in the order the callbacks were scheduled, so
 a run depends only on its inputs and its seed, never on hash order or on the
 wall clock.
 
+Most callbacks of a run come a fixed delay after the one that schedules
+them: a have reaches the peers one control latency later, a request its
+sender one link latency later. Virtual time never goes back, so the
+callbacks of one delay come due in the order they were scheduled: each such
+delay gets a *lane* (`lane(delay)`), a FIFO list that `after_lane` appends
+to, and `run` takes the earliest of the heap's top and the lanes' heads. The
+order is the heap's own, `(time, sequence number)`, so a run is the same with
+lanes as without; a push and a pop of a lane cost no comparisons, where the
+heap's cost one per level, each on a cold entry of a heap of 10^5.
+
 The loop knows nothing of networks or swarms. It stops when the heap is
 empty, when a callback calls `stop(reason)`, or when virtual time passes
 `until`; the caller then reads `stopped` to learn why.
@@ -23,14 +33,24 @@ from typing import Any
 Callback = Callable[[Any], None]
 
 
+def _ran(_: Any) -> None:
+    raise AssertionError("a lane entry ran twice")
+
+
+_RAN: tuple[float, int, Callback, Any] = (0.0, 0, _ran, None)  # a lane's slot, once run
+
+
 class Loop:
     """A virtual clock and its heap of pending callbacks."""
 
-    __slots__ = ("_heap", "_seq", "events", "now", "stopped")
+    __slots__ = ("_delays", "_heads", "_heap", "_lanes", "_seq", "events", "now", "stopped")
 
     def __init__(self) -> None:
         self.now = 0.0
         self._heap: list[tuple[float, int, Callback, Any]] = []
+        self._delays: list[float] = []  # each lane's delay
+        self._lanes: list[list[tuple[float, int, Callback, Any]]] = []
+        self._heads: list[int] = []  # each lane's first entry not yet run
         self._seq = 0
         self.events = 0  # callbacks run so far
         self.stopped: str | None = None
@@ -51,13 +71,31 @@ class Loop:
     def after(self, delay: float, fn: Callback, arg: Any = None) -> None:
         self.at(self.now + delay, fn, arg)
 
+    def lane(self, delay: float) -> int:
+        """The lane of callbacks due `delay` seconds after they are scheduled (module
+        docstring), made on first use: the number to give `after_lane`."""
+        if not delay >= 0:
+            raise ValueError(f"a lane's delay must be 0 or more, not {delay}")
+        if delay in self._delays:
+            return self._delays.index(delay)
+        self._delays.append(delay)
+        self._lanes.append([])
+        self._heads.append(0)
+        return len(self._lanes) - 1
+
+    def after_lane(self, lane: int, fn: Callback, arg: Any = None) -> None:
+        """`after(delay, fn, arg)` for the `delay` of `lane`, without the heap."""
+        self._seq += 1
+        self._lanes[lane].append((self.now + self._delays[lane], self._seq, fn, arg))
+
     def stop(self, reason: str) -> None:
         """End `run` after the current callback; `reason` is kept in `stopped`."""
         if self.stopped is None:
             self.stopped = reason
 
     def pending(self) -> int:
-        return len(self._heap)
+        return len(self._heap) + sum(len(lane) - head
+                                     for lane, head in zip(self._lanes, self._heads, strict=True))
 
     def run(self, until: float = float("inf"),
             every: tuple[int, Callable[[], None]] | None = None) -> None:
@@ -65,18 +103,49 @@ class Loop:
 
         `every=(n, fn)` calls `fn()` after each `n` callbacks: a progress hook.
         """
-        heap, pop = self._heap, heapq.heappop
+        heap, pop, lanes, heads = self._heap, heapq.heappop, self._lanes, self._heads
         tick, hook = every if every is not None else (0, None)
         count = 0
-        while heap and self.stopped is None:
-            when, _, fn, arg = heap[0]
+        while self.stopped is None:
+            # The earliest entry, by (time, sequence number): the heap's top or a lane's head.
+            found = -2  # -2: none, -1: the heap's top, else the lane
+            when, seq = 0.0, 0
+            if heap:
+                when, seq, _, _ = heap[0]
+                found = -1
+            for i in range(len(lanes)):
+                lane, head = lanes[i], heads[i]
+                if head < len(lane):
+                    w, s, _, _ = lane[head]
+                    if found == -2 or w < when or (w == when and s < seq):
+                        when, seq, found = w, s, i
+            if found == -2:
+                break
             if when > until:
                 self.stop(f"virtual time passed the limit of {until:g} s")
                 break
-            pop(heap)
+            if found == -1:
+                _, _, fn, arg = pop(heap)
+            else:
+                _, _, fn, arg = self._take(found)
             self.now = when
             fn(arg)
             count += 1
             if hook is not None and count % tick == 0:
                 hook()
         self.events += count
+
+    def _take(self, i: int) -> tuple[float, int, Callback, Any]:
+        """Pop lane i's head; the list drops its run entries once they are half of it."""
+        lane, head = self._lanes[i], self._heads[i]
+        entry = lane[head]
+        lane[head] = _RAN  # (what it holds is freed as soon as it has run, as the heap's)
+        head += 1
+        if head == len(lane):
+            lane.clear()
+            head = 0
+        elif head >= 1024 and 2 * head >= len(lane):
+            del lane[:head]
+            head = 0
+        self._heads[i] = head
+        return entry

@@ -166,7 +166,10 @@ class Simulation:
         self._cut: dict[tuple[int, int, int], list[Transfer]] = {}
         self.unfinished = scenario.nodes  # live nodes that still lack something
         self.last_progress = 0.0
-        self._control_latency = scenario.network.cross_rack_latency_s
+        # The loop's lanes (simulations.engine) for what comes one latency later.
+        self._same_rack = self.loop.lane(scenario.network.same_rack_latency_s)
+        self._cross_rack = self.loop.lane(scenario.network.cross_rack_latency_s)
+        self._control = self._cross_rack  # haves, withdrawals, lost joins
         self.ready = 0
         self.egress_curve: list[tuple[int, float]] = []  # (nodes ready, origin bytes so far)
         self._pools: dict[int, CpuPool] = {}  # node index (or -1: shared) -> its CPU
@@ -337,7 +340,7 @@ class Simulation:
             for q in node.core.links.joined_links(content):
                 self.nodes[q].core.links.drop(content, node.peer)
                 node.core.links.drop(content, self.nodes[q].peer)
-                self.loop.after(self._control_latency, self._lost, (q, c, n))
+                self.loop.after_lane(self._control, self._lost, (q, c, n))
             self.loop.after(self.scenario.tracker.peer_ttl_s, self._forget, (n, c))
         self._maybe_done()
 
@@ -348,6 +351,11 @@ class Simulation:
     def _lost(self, arg: tuple[int, int, int]) -> None:
         q, c, n = arg
         self._deliver(q, c, PeerLost(self.nodes[n].peer, "connection reset"))
+
+    def _lane(self, a: int, b: int) -> int:
+        """The loop's lane for what goes from node a to node b (Topology.latency)."""
+        rack_of = self.top.rack_of
+        return self._same_rack if rack_of[a] == rack_of[b] else self._cross_rack
 
     # ---- calling the swarm --------------------------------------------------------
 
@@ -380,7 +388,7 @@ class Simulation:
             elif kind is Connect:
                 assert isinstance(action, Connect)
                 p = self._index[action.peer]
-                self.loop.after(self.top.latency(n, p), self._connect, (n, c, p))
+                self.loop.after_lane(self._lane(n, p), self._connect, (n, c, p))
             else:
                 self._execute_rare(n, c, action)
 
@@ -399,7 +407,7 @@ class Simulation:
                 self._finish(node, c)
             case Withdraw(chunk):  # a fetch failed: take the pending mark back
                 event = PeerWithdrew(node.peer, chunk)
-                self.loop.after(self._control_latency, self._fan_out, (n, c, event, -1))
+                self.loop.after_lane(self._control, self._fan_out, (n, c, event, -1))
                 for relayed in self._cut.pop((n, c, chunk), ()):
                     if not relayed.cancelled:
                         self._abort(relayed)
@@ -437,14 +445,14 @@ class Simulation:
             return
         for transfer in [t for t in node.in_flight() if t.content == c and p in (t.dst, t.src)]:
             self._abort(transfer)
-        self.loop.after(self.top.latency(n, p), self._lost, (p, c, n))
+        self.loop.after_lane(self._lane(n, p), self._lost, (p, c, n))
 
     def _advertise(self, n: int, c: int, action: Advertise) -> None:
         peer = self.nodes[n].peer
         event: Event = PeerPending(peer, action.chunk) if action.pending else \
             PeerHas(peer, action.chunk)
         skip = action.chunk if self.skip_redundant_haves else -1
-        self.loop.after(self._control_latency, self._fan_out, (n, c, event, skip))
+        self.loop.after_lane(self._control, self._fan_out, (n, c, event, skip))
 
     def _fan_out(self, arg: tuple[int, int, Event, int]) -> None:
         """One have (pending, withdrawal) to every connected peer: `_deliver`, inlined.
@@ -533,8 +541,8 @@ class Simulation:
         """The request leaves its node, carrying the node's due (p2p.swarm.uploads)."""
         transfer.stage = TRAVELLING
         transfer.due_ms = int(1000 * self.nodes[transfer.dst].core.due(self.loop.now))
-        latency = self.top.latency(transfer.dst, transfer.src)
-        self.loop.after(latency, self._request_arrived, transfer)
+        self.loop.after_lane(self._lane(transfer.dst, transfer.src), self._request_arrived,
+                             transfer)
 
     def _request_arrived(self, transfer: Transfer) -> None:
         if transfer.cancelled:
@@ -652,8 +660,8 @@ class Simulation:
             del self._transfers[key]
             transfer.orphan = True  # the agent forgets it; the sender still sends
             if self.scenario.agent.cancel_on_wire:
-                self.loop.after(self.top.latency(n, transfer.src), self._cancel_arrived,
-                                transfer)
+                self.loop.after_lane(self._lane(n, transfer.src), self._cancel_arrived,
+                                     transfer)
 
     def _cancel_arrived(self, transfer: Transfer) -> None:
         """The sender skips a cancelled request unless its piece is going out (p2p.link)."""
