@@ -156,7 +156,7 @@ class Flows:
         self._active = _flags(_INITIAL_FLOWS)
         self._due = _flags(_INITIAL_FLOWS)  # its completion event is scheduled
         self._views()
-        size = _INITIAL_FLOWS
+        size = self._slots = _INITIAL_FLOWS
         self._done: list[Done | None] = [None] * size
         self._flow_links: list[tuple[int, int, int, int]] = [_NO_LINKS] * size
         self._generation = [0] * size  # bumped when a slot is freed: stale events see it
@@ -179,17 +179,31 @@ class Flows:
         if not self._free:
             self._grow()
         f = self._free.pop()
-        size = len(self._size)
-        self._links[f], self._links[size + f] = links[0], links[1]
-        self._links[2 * size + f], self._links[3 * size + f] = links[2], links[3]
+        size = self._slots
+        a, b, c, d = links
+        self._links[f], self._links[size + f] = a, b
+        self._links[2 * size + f], self._links[3 * size + f] = c, d
         self._flow_links[f] = links
+        # The smallest share of its four links; unrolled, as a loop over the links would
+        # first box them into a tuple.
         count, cap = self._count, self._cap_list
         rate = _UNLIMITED
-        for link in links:
-            count[link] += 1
-            share = cap[link] / count[link]
-            if share < rate:
-                rate = share
+        count[a] += 1
+        share = cap[a] / count[a]
+        if share < rate:
+            rate = share
+        count[b] += 1
+        share = cap[b] / count[b]
+        if share < rate:
+            rate = share
+        count[c] += 1
+        share = cap[c] / count[c]
+        if share < rate:
+            rate = share
+        count[d] += 1
+        share = cap[d] / count[d]
+        if share < rate:
+            rate = share
         self._remaining[f] = self._size[f] = nbytes
         self._rate[f], self._since[f] = rate, now
         self._active[f], self._due[f] = 1, 0
@@ -236,8 +250,11 @@ class Flows:
         if not self._active[f]:
             raise RuntimeError(f"flow {f} finished twice")
         count = self._count
-        for link in self._flow_links[f]:
-            count[link] -= 1
+        a, b, c, d = self._flow_links[f]
+        count[a] -= 1
+        count[b] -= 1
+        count[c] -= 1
+        count[d] -= 1
         self._active[f] = self._due[f] = 0
         self._done[f] = None
         self._generation[f] += 1
@@ -260,8 +277,8 @@ class Flows:
         self._due_np = np.frombuffer(self._due, dtype=np.bool_)
 
     def _grow(self) -> None:
-        old = len(self._remaining)
-        new = old * 2
+        old = self._slots
+        new = self._slots = old * 2
         # New arrays, never resized ones: the numpy views hold their buffers.
         links = array("q", [self.top.padding]) * (4 * new)
         for i in range(4):
