@@ -142,7 +142,7 @@ class Uploads:
             self.queues.setdefault(t.dst, deque()).append(t)
             return []
         self.engaged.add(t.dst)
-        return self._acquire(t)
+        return [t] if self._acquire(t) else []
 
     def finished(self, t: Transfer) -> list[Transfer]:
         """`t` stopped sending (done or aborted): its slot and its link move on."""
@@ -151,7 +151,10 @@ class Uploads:
         if nxt is not None:
             nxt.stage = SENDING
             started.append(nxt)
-        return started + self._next_on_link(t.dst)
+        nxt = self._next_on_link(t.dst)
+        if nxt is not None:
+            started.append(nxt)
+        return started
 
     def drop(self, t: Transfer) -> list[Transfer]:
         """Forget `t`, which has not started sending; returns what starts instead."""
@@ -163,29 +166,32 @@ class Uploads:
             return []
         if t.stage == READY:
             self.slots.withdraw(t)
-            return self._next_on_link(t.dst)
+            nxt = self._next_on_link(t.dst)
+            return [] if nxt is None else [nxt]
         return []
 
-    def _next_on_link(self, link: int) -> list[Transfer]:
+    def _next_on_link(self, link: int) -> Transfer | None:
+        """The link's next request, if it starts sending now."""
         queue = self.queues.get(link)
         if not queue:
             self.engaged.discard(link)
-            return []
+            return None
         nxt = queue.popleft()
         if not queue:
             del self.queues[link]
-        return self._acquire(nxt)
+        return nxt if self._acquire(nxt) else None
 
     def cleared(self) -> Uploads:
         """A new, empty upload side with the same slots, order and rank (a failed node)."""
         return Uploads(self.slots.slots, self.slots.order, self.rank)
 
-    def _acquire(self, t: Transfer) -> list[Transfer]:
+    def _acquire(self, t: Transfer) -> bool:
+        """Whether `t` got a slot and starts sending (else it waits, READY)."""
         if self.slots.ask(t, self.rank(t)):
             t.stage = SENDING
-            return [t]
+            return True
         t.stage = READY
-        return []
+        return False
 
 
 @dataclass(slots=True)

@@ -159,11 +159,12 @@ class Simulation:
         self._key_contents = len(self.contents)
         self._key_nodes = scenario.nodes + 1  # senders: the nodes and ORIGIN
         self._key_chunks = max((content.chunks for content in self.contents), default=1)
-        # (sender, content, chunk) -> relays waiting for the sender's fetch to end
-        self._relays: dict[tuple[int, int, int], list[Transfer]] = {}
-        # (sender, content, chunk) -> cut-through relays of a chunk the sender fetches
-        # from a peer (simulations.node.TAILING)
-        self._cut: dict[tuple[int, int, int], list[Transfer]] = {}
+        # `_chunk_key` (sender, content, chunk) -> relays waiting for the sender's fetch
+        # to end
+        self._relays: dict[int, list[Transfer]] = {}
+        # `_chunk_key` (sender, content, chunk) -> cut-through relays of a chunk the sender
+        # fetches from a peer (simulations.node.TAILING)
+        self._cut: dict[int, list[Transfer]] = {}
         self.unfinished = scenario.nodes  # live nodes that still lack something
         self.last_progress = 0.0
         # The loop's lanes (simulations.engine) for what comes one latency later.
@@ -408,7 +409,7 @@ class Simulation:
             case Withdraw(chunk):  # a fetch failed: take the pending mark back
                 event = PeerWithdrew(node.peer, chunk)
                 self.loop.after_lane(self._control, self._fan_out, (n, c, event, -1))
-                for relayed in self._cut.pop((n, c, chunk), ()):
+                for relayed in self._take_relays(self._cut, self._chunk_key(n, c, chunk)):
                     if not relayed.cancelled:
                         self._abort(relayed)
                         self._relay_failed(relayed)
@@ -478,7 +479,8 @@ class Simulation:
             if skip >= 0 and held[base + q]:
                 continue
             other = nodes[q]
-            if c in other.finished or not other.alive:
+            # (a finished swarm's chunks are all marked held: `_finish`)
+            if (skip < 0 and c in other.finished) or not other.alive:
                 continue
             actions = other.core.swarm_event(content, event, now)
             if actions:
@@ -493,6 +495,18 @@ class Simulation:
         """The key of node n's transfer of `chunk` of content c from p (or ORIGIN)."""
         return ((n * self._key_contents + c) * self._key_nodes + p + 1) * self._key_chunks \
             + chunk
+
+    def _chunk_key(self, n: int, c: int, chunk: int) -> int:
+        """The key of node n's `chunk` of content c in `_relays` and `_cut`."""
+        return (n * self._key_contents + c) * self._key_chunks + chunk
+
+    def _take_relays(self, relays: dict[int, list[Transfer]], key: int) -> list[Transfer]:
+        """`relays.pop(key, [])`, in calls a compiled build makes natively."""
+        found = relays.get(key)
+        if found is None:
+            return []
+        del relays[key]
+        return found
 
     def _track(self, transfer: Transfer) -> None:
         self._transfers[transfer.key] = transfer
@@ -552,14 +566,14 @@ class Simulation:
         if src.alive and swarm is not None and not swarm.held(transfer.chunk) \
                 and src.origin_pending[transfer.content] >> transfer.chunk & 1:
             transfer.stage = RELAYING  # sent when the fetch ends (simulations.node.RELAYING)
-            self._relays.setdefault((transfer.src, transfer.content, transfer.chunk),
-                                    []).append(transfer)
+            self._relays.setdefault(self._chunk_key(transfer.src, transfer.content,
+                                                    transfer.chunk), []).append(transfer)
             return
         if src.alive and swarm is not None and not swarm.held(transfer.chunk) \
                 and swarm.relaying(transfer.chunk) \
                 and swarm.relay_feeder(transfer.chunk) != self.nodes[transfer.dst].peer:
             transfer.cut = True
-            self._cut.setdefault((transfer.src, transfer.content, transfer.chunk),
+            self._cut.setdefault(self._chunk_key(transfer.src, transfer.content, transfer.chunk),
                                  []).append(transfer)
         elif not src.alive or swarm is None or not swarm.held(transfer.chunk):
             self._untrack(transfer)
@@ -640,9 +654,9 @@ class Simulation:
 
     def _origin_failed(self, transfer: Transfer) -> None:
         """An origin fetch ended without its chunk: so do the relays waiting on it."""
-        key = (transfer.dst, transfer.content, transfer.chunk)
+        key = self._chunk_key(transfer.dst, transfer.content, transfer.chunk)
         self.nodes[transfer.dst].origin_pending[transfer.content] &= ~(1 << transfer.chunk)
-        for relayed in self._relays.pop(key, ()):
+        for relayed in self._take_relays(self._relays, key):
             if not relayed.cancelled:
                 self._untrack(relayed)
                 self._relay_failed(relayed)
@@ -708,7 +722,7 @@ class Simulation:
                 dst.counters.down_cross_rack += nbytes
         self._arrived(transfer)
         if transfer.src == ORIGIN:
-            for relayed in self._relays.pop((transfer.dst, c, chunk), ()):
+            for relayed in self._take_relays(self._relays, self._chunk_key(transfer.dst, c, chunk)):
                 if not relayed.cancelled:
                     self._start_flow(relayed, self.top.peer_links(relayed.src, relayed.dst))
 
@@ -731,7 +745,7 @@ class Simulation:
         self._deliver(transfer.dst, c, ChunkArrived(chunk, source, True))
         if new and swarm.held(chunk):
             self._held[c][chunk * len(self.nodes) + transfer.dst] = 1
-            for relayed in self._cut.pop((transfer.dst, c, chunk), ()):
+            for relayed in self._take_relays(self._cut, self._chunk_key(transfer.dst, c, chunk)):
                 if relayed.stage == TAILING and not relayed.cancelled:
                     self._untrack(relayed)
                     self._landed(relayed)
