@@ -562,27 +562,33 @@ class Simulation:
         if transfer.cancelled:
             return
         src = self.nodes[transfer.src]
-        swarm = src.swarms.get(transfer.content)
-        if src.alive and swarm is not None and not swarm.held(transfer.chunk) \
-                and src.origin_pending[transfer.content] >> transfer.chunk & 1:
-            transfer.stage = RELAYING  # sent when the fetch ends (simulations.node.RELAYING)
-            self._relays.setdefault(self._chunk_key(transfer.src, transfer.content,
-                                                    transfer.chunk), []).append(transfer)
+        c, chunk = transfer.content, transfer.chunk
+        swarm = src.swarms.get(c)
+        if not src.alive or swarm is None:
+            self._request_failed(transfer)
             return
-        if src.alive and swarm is not None and not swarm.held(transfer.chunk) \
-                and swarm.relaying(transfer.chunk) \
-                and swarm.relay_feeder(transfer.chunk) != self.nodes[transfer.dst].peer:
-            transfer.cut = True
-            self._cut.setdefault(self._chunk_key(transfer.src, transfer.content, transfer.chunk),
-                                 []).append(transfer)
-        elif not src.alive or swarm is None or not swarm.held(transfer.chunk):
-            self._untrack(transfer)
-            if not transfer.orphan:
-                self.nodes[transfer.dst].counters.failed_requests += 1
-                self._deliver(transfer.dst, transfer.content,
-                              ChunkFailed(transfer.chunk, src.peer, "chunk not held"))
-            return
+        if not swarm.held(chunk):
+            if src.origin_pending[c] >> chunk & 1:
+                transfer.stage = RELAYING  # sent when the fetch ends (simulations.node.RELAYING)
+                self._relays.setdefault(self._chunk_key(transfer.src, c, chunk),
+                                        []).append(transfer)
+                return
+            if not swarm.relaying(chunk) \
+                    or swarm.relay_feeder(chunk) == self.nodes[transfer.dst].peer:
+                self._request_failed(transfer)
+                return
+            transfer.cut = True  # a cut-through relay (simulations.node.TAILING)
+            self._cut.setdefault(self._chunk_key(transfer.src, c, chunk), []).append(transfer)
         self._send(src.uploads.add(transfer))
+
+    def _request_failed(self, transfer: Transfer) -> None:
+        """The sender cannot serve the request (dead, not in the swarm, no chunk)."""
+        self._untrack(transfer)
+        if not transfer.orphan:
+            self.nodes[transfer.dst].counters.failed_requests += 1
+            self._deliver(transfer.dst, transfer.content,
+                          ChunkFailed(transfer.chunk, self.nodes[transfer.src].peer,
+                                      "chunk not held"))
 
     def _send(self, transfers: list[Transfer]) -> None:
         """Start the flows of peer transfers that just got an upload slot."""
