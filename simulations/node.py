@@ -233,7 +233,9 @@ class SimNode:
         self.swarms: dict[int, Swarm] = {}
         self.core = Node(announce_interval_s, start_s, timer_slack_s=TIMER_SLACK_S,
                          line_Bps=line_Bps)
-        self.wakes: set[float] = set()  # when the core (and so its swarms) will be woken
+        # When the core (and so its swarms) will be woken, each pending wake-up once:
+        # `Simulation._arm` adds only one earlier than all, so the list is decreasing.
+        self.wakes: list[float] = []
         self.origin_pending: dict[int, int] = {}  # content -> mask of chunks from the origin
         # As sender or receiver, in start order; those no longer `tracked` are dropped
         # only now and then (`track`), which costs less than a dict's pop per transfer.

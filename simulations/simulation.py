@@ -295,14 +295,19 @@ class Simulation:
         same timer and left a wake-up at it or earlier, and a wake-up that runs is
         followed by an `_arm` of its own, so this one would schedule nothing."""
         when = node.core.next_timer()
-        if when is not None and (not node.wakes or when < min(node.wakes)):
-            node.wakes.add(when)
+        wakes = node.wakes  # (each earlier than the one before: the last is the earliest)
+        if when is not None and (not wakes or when < wakes[-1]):
+            wakes.append(when)
             self.loop.at(when, self._wake, (node.index, when))
 
     def _wake(self, arg: tuple[int, float]) -> None:
         n, when = arg
         node = self.nodes[n]
-        node.wakes.discard(when)
+        wakes = node.wakes
+        if wakes[-1] == when:  # (nearly always: the earliest runs first, bar ties in time)
+            wakes.pop()
+        else:
+            wakes.remove(when)
         if node.alive:
             self._node_do(node, node.core.handle_timer(self.loop.now))
             self._arm(node)
