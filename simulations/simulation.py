@@ -105,7 +105,7 @@ from p2p.swarm.node import (
 from p2p.swarm.uploads import request_rank
 from simulations.cpu import CpuPool
 from simulations.engine import Loop
-from simulations.network import Flows, Origin, Topology
+from simulations.network import Flows, Links, Origin, Topology
 from simulations.node import (
     ORIGIN,
     PACED,
@@ -634,7 +634,7 @@ class Simulation:
         transfer.stage = SENDING
         self._start_flow(transfer, self.top.origin_links(transfer.origin, transfer.dst))
 
-    def _start_flow(self, transfer: Transfer, links: tuple[int, int, int, int]) -> None:
+    def _start_flow(self, transfer: Transfer, links: Links) -> None:
         flow = self.flows.start(links, float(transfer.nbytes), self.loop.now, self._flow_done)
         transfer.flow = flow
         if flow >= len(self._by_flow):
