@@ -51,6 +51,7 @@ from array import array
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, cast
 
 import numpy as np
 
@@ -59,7 +60,11 @@ from simulations.engine import Loop
 FAIR_ROUNDS = 3
 _UNLIMITED = 1e30  # capacity of the padding link of flows that cross fewer than 4 links
 _INITIAL_FLOWS = 1024
-_NO_LINKS = (0, 0, 0, 0)  # links of a free flow slot
+# The four links of a flow, padded with `Topology.padding`. A tuple object, not a
+# fixed-length tuple: compiled, that would be a C struct, boxed anew (four ints and
+# a tuple allocated) wherever it is stored.
+Links = tuple[int, ...]
+_NO_LINKS: Links = (0, 0, 0, 0)  # links of a free flow slot
 
 Done = Callable[[int], None]  # called with the flow id when its last byte arrives
 
@@ -117,14 +122,14 @@ class Topology:
     def rack_name(self, node: int) -> str:
         return f"rack{self.rack_of[node]:04d}"
 
-    def peer_links(self, src: int, dst: int) -> tuple[int, int, int, int]:
+    def peer_links(self, src: int, dst: int) -> Links:
         n, r = self.nodes, self.racks
         rs, rd = self.rack_of[src], self.rack_of[dst]
         if rs == rd:
             return (src, n + dst, self.padding, self.padding)
         return (src, n + dst, 2 * n + rs, 2 * n + r + rd)
 
-    def origin_links(self, origin: int, dst: int) -> tuple[int, int, int, int]:
+    def origin_links(self, origin: int, dst: int) -> Links:
         n, r = self.nodes, self.racks
         return (2 * n + 2 * r + origin, n + dst, 2 * n + r + self.rack_of[dst], self.padding)
 
@@ -156,9 +161,9 @@ class Flows:
         self._active = _flags(_INITIAL_FLOWS)
         self._due = _flags(_INITIAL_FLOWS)  # its completion event is scheduled
         self._views()
-        size = _INITIAL_FLOWS
+        size = self._slots = _INITIAL_FLOWS
         self._done: list[Done | None] = [None] * size
-        self._flow_links: list[tuple[int, int, int, int]] = [_NO_LINKS] * size
+        self._flow_links: list[Links] = [_NO_LINKS] * size
         self._generation = [0] * size  # bumped when a slot is freed: stale events see it
         self._free: list[int] = list(range(size - 1, -1, -1))
         self._now = 0.0
@@ -171,28 +176,47 @@ class Flows:
 
     # ---- flows ----------------------------------------------------------------
 
-    def start(self, links: tuple[int, int, int, int], nbytes: float, now: float,
-              done: Done) -> int:
+    def start(self, links: Links, nbytes: float, now: float, done: Done) -> int:
         """Start moving `nbytes` over `links`; `done(flow)` runs when the last byte lands."""
         if self._tick_at is None and self._credit is not None:
             self._refresh_credit(now)
         if not self._free:
             self._grow()
         f = self._free.pop()
-        size = len(self._size)
-        self._links[f], self._links[size + f] = links[0], links[1]
-        self._links[2 * size + f], self._links[3 * size + f] = links[2], links[3]
+        size = self._slots
+        a, b, c, d = links
+        # Compiled, a write into an `array` is a generic call on objects: the index and
+        # the values are passed boxed, once each (`i`, the tuple's own ints, `moved`),
+        # not boxed anew (an int or float allocated) at every write.
+        i: Any = f
+        boxed = cast("tuple[Any, ...]", links)
+        self._links[i], self._links[size + f] = boxed[0], boxed[1]
+        self._links[2 * size + f], self._links[3 * size + f] = boxed[2], boxed[3]
         self._flow_links[f] = links
+        # The smallest share of its four links; unrolled, as a loop over the links would
+        # first box them into a tuple.
         count, cap = self._count, self._cap_list
         rate = _UNLIMITED
-        for link in links:
-            count[link] += 1
-            share = cap[link] / count[link]
-            if share < rate:
-                rate = share
-        self._remaining[f] = self._size[f] = nbytes
-        self._rate[f], self._since[f] = rate, now
-        self._active[f], self._due[f] = 1, 0
+        count[a] += 1
+        share = cap[a] / count[a]
+        if share < rate:
+            rate = share
+        count[b] += 1
+        share = cap[b] / count[b]
+        if share < rate:
+            rate = share
+        count[c] += 1
+        share = cap[c] / count[c]
+        if share < rate:
+            rate = share
+        count[d] += 1
+        share = cap[d] / count[d]
+        if share < rate:
+            rate = share
+        moved: Any = nbytes
+        self._remaining[i] = self._size[i] = moved
+        self._rate[i], self._since[i] = rate, now
+        self._active[i], self._due[i] = 1, 0
         self._done[f] = done
         self.active += 1
         self._schedule_if_soon(f, now, now + nbytes / rate)
@@ -233,12 +257,16 @@ class Flows:
             done(f)
 
     def _finish(self, f: int) -> None:
-        if not self._active[f]:
+        i: Any = f  # (boxed once: see `start`)
+        if not self._active[i]:
             raise RuntimeError(f"flow {f} finished twice")
         count = self._count
-        for link in self._flow_links[f]:
-            count[link] -= 1
-        self._active[f] = self._due[f] = 0
+        a, b, c, d = self._flow_links[f]
+        count[a] -= 1
+        count[b] -= 1
+        count[c] -= 1
+        count[d] -= 1
+        self._active[i] = self._due[i] = 0
         self._done[f] = None
         self._generation[f] += 1
         self._free.append(f)
@@ -260,8 +288,8 @@ class Flows:
         self._due_np = np.frombuffer(self._due, dtype=np.bool_)
 
     def _grow(self) -> None:
-        old = len(self._remaining)
-        new = old * 2
+        old = self._slots
+        new = self._slots = old * 2
         # New arrays, never resized ones: the numpy views hold their buffers.
         links = array("q", [self.top.padding]) * (4 * new)
         for i in range(4):

@@ -40,9 +40,9 @@ from p2p.swarm.node import DEFAULT_LINE_BPS, Node
 from p2p.swarm.uploads import UPLOAD_ORDER, UPLOAD_SLOTS, UploadSlots
 
 ORIGIN = -1  # the `src` of a transfer from an origin
+_COMPACT_AT = 16  # SimNode.transfers: the fewest entries at which ended ones are dropped
 TIMER_SLACK_S = 5.0  # a swarm's wake-up is never further away than this (p2p.swarm.node)
 
-TransferKey = tuple[int, int, int, int]  # (dst node, content, src node or ORIGIN, chunk)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,23 +67,24 @@ class AgentSpec:
 
 
 class Transfer:
-    __slots__ = ("cancelled", "chunk", "content", "cut", "dst", "due_ms", "flow", "nbytes",
-                 "origin", "orphan", "src", "stage")
+    """One chunk in flight (module docstring). `key` names it among the transfers in
+    flight: one int for (receiver, content, sender, chunk), which the simulation makes
+    (`Simulation._key`); a dict keyed by it costs less than one keyed by the 4-tuple."""
+
+    __slots__ = ("cancelled", "chunk", "content", "cut", "dst", "due_ms", "flow", "key",
+                 "nbytes", "origin", "orphan", "src", "stage", "tracked")
 
     def __init__(self, dst: int, content: int, src: int, chunk: int, nbytes: int,
-                 origin: int = -1) -> None:
+                 origin: int = -1, key: int = -1) -> None:
         self.dst, self.content, self.src, self.chunk = dst, content, src, chunk
-        self.nbytes, self.origin = nbytes, origin
+        self.nbytes, self.origin, self.key = nbytes, origin, key
+        self.tracked = False  # in its nodes' `transfers` (SimNode.track)
         self.flow = -1  # network flow id once bytes move
         self.stage = TRAVELLING
         self.cancelled = False  # a connection broke: nothing more happens
         self.orphan = False  # the receiver cancelled it: bytes still move, then are dropped
         self.due_ms = 0  # its receiver's due when the request went out (p2p.swarm.uploads)
         self.cut = False  # a cut-through relay (TAILING)
-
-    @property
-    def key(self) -> TransferKey:
-        return (self.dst, self.content, self.src, self.chunk)
 
 
 # Transfer.stage
@@ -141,7 +142,7 @@ class Uploads:
             self.queues.setdefault(t.dst, deque()).append(t)
             return []
         self.engaged.add(t.dst)
-        return self._acquire(t)
+        return [t] if self._acquire(t) else []
 
     def finished(self, t: Transfer) -> list[Transfer]:
         """`t` stopped sending (done or aborted): its slot and its link move on."""
@@ -150,7 +151,10 @@ class Uploads:
         if nxt is not None:
             nxt.stage = SENDING
             started.append(nxt)
-        return started + self._next_on_link(t.dst)
+        nxt = self._next_on_link(t.dst)
+        if nxt is not None:
+            started.append(nxt)
+        return started
 
     def drop(self, t: Transfer) -> list[Transfer]:
         """Forget `t`, which has not started sending; returns what starts instead."""
@@ -162,29 +166,32 @@ class Uploads:
             return []
         if t.stage == READY:
             self.slots.withdraw(t)
-            return self._next_on_link(t.dst)
+            nxt = self._next_on_link(t.dst)
+            return [] if nxt is None else [nxt]
         return []
 
-    def _next_on_link(self, link: int) -> list[Transfer]:
+    def _next_on_link(self, link: int) -> Transfer | None:
+        """The link's next request, if it starts sending now."""
         queue = self.queues.get(link)
         if not queue:
             self.engaged.discard(link)
-            return []
+            return None
         nxt = queue.popleft()
         if not queue:
             del self.queues[link]
-        return self._acquire(nxt)
+        return nxt if self._acquire(nxt) else None
 
     def cleared(self) -> Uploads:
         """A new, empty upload side with the same slots, order and rank (a failed node)."""
         return Uploads(self.slots.slots, self.slots.order, self.rank)
 
-    def _acquire(self, t: Transfer) -> list[Transfer]:
+    def _acquire(self, t: Transfer) -> bool:
+        """Whether `t` got a slot and starts sending (else it waits, READY)."""
         if self.slots.ask(t, self.rank(t)):
             t.stage = SENDING
-            return [t]
+            return True
         t.stage = READY
-        return []
+        return False
 
 
 @dataclass(slots=True)
@@ -205,10 +212,10 @@ class Counters:
 
 
 class SimNode:
-    __slots__ = ("alive", "complete_s", "core", "counters", "download", "fail_s",
-                 "finished", "hot_left", "index", "needs", "origin_pending", "peer", "rack",
-                 "rack_index", "ready_left", "ready_s", "start_s", "swarms", "transfers",
-                 "unfinished", "uploads", "wakes")
+    __slots__ = ("_compact_at", "alive", "complete_s", "core", "counters", "download",
+                 "fail_s", "finished", "hot_left", "index", "needs", "origin_pending", "peer",
+                 "rack", "rack_index", "ready_left", "ready_s", "start_s", "swarms",
+                 "transfers", "unfinished", "uploads", "wakes")
 
     def __init__(self, index: int, rack_index: int, needs: tuple[int, ...], start_s: float,
                  fail_s: float | None, announce_interval_s: float,
@@ -226,9 +233,14 @@ class SimNode:
         self.swarms: dict[int, Swarm] = {}
         self.core = Node(announce_interval_s, start_s, timer_slack_s=TIMER_SLACK_S,
                          line_Bps=line_Bps)
-        self.wakes: set[float] = set()  # when the core (and so its swarms) will be woken
+        # When the core (and so its swarms) will be woken, each pending wake-up once:
+        # `Simulation._arm` adds only one earlier than all, so the list is decreasing.
+        self.wakes: list[float] = []
         self.origin_pending: dict[int, int] = {}  # content -> mask of chunks from the origin
-        self.transfers: dict[Transfer, None] = {}  # as sender or receiver, in start order
+        # As sender or receiver, in start order; those no longer `tracked` are dropped
+        # only now and then (`track`), which costs less than a dict's pop per transfer.
+        self.transfers: list[Transfer] = []
+        self._compact_at = _COMPACT_AT
         self.uploads = Uploads(agent.upload_slots, agent.upload_order, upload_rank)
         self.download = (None if agent.download_cap_Bps is None
                          else TokenBucket(agent.download_cap_Bps, agent.burst_bytes))
@@ -239,6 +251,18 @@ class SimNode:
         self.ready_s: float | None = None
         self.complete_s: float | None = None
         self.counters = Counters()
+
+    def track(self, transfer: Transfer) -> None:
+        """`transfer` starts and this node sends or receives it; the caller sets its
+        `tracked`, and clears it when it ends."""
+        if len(self.transfers) >= self._compact_at:  # the ended ones go: amortised O(1)
+            self.transfers = [t for t in self.transfers if t.tracked]
+            self._compact_at = max(_COMPACT_AT, 2 * len(self.transfers))
+        self.transfers.append(transfer)
+
+    def in_flight(self) -> list[Transfer]:
+        """The transfers this node sends or receives that have not ended, in start order."""
+        return [t for t in self.transfers if t.tracked]
 
     def holds(self, content: int, chunk: int) -> bool:
         swarm = self.swarms.get(content)

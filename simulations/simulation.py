@@ -105,7 +105,7 @@ from p2p.swarm.node import (
 from p2p.swarm.uploads import request_rank
 from simulations.cpu import CpuPool
 from simulations.engine import Loop
-from simulations.network import Flows, Origin, Topology
+from simulations.network import Flows, Links, Origin, Topology
 from simulations.node import (
     ORIGIN,
     PACED,
@@ -153,16 +153,24 @@ class Simulation:
         # held[c][chunk * nodes + n]: node n's swarm holds `chunk` of content c, or has
         # finished. Lets `_fan_out` skip haves that cannot change what a swarm does.
         self._held = [bytearray(content.chunks * scenario.nodes) for content in self.contents]
-        self._transfers: dict[tuple[int, int, int, int], Transfer] = {}
-        self._by_flow: dict[int, Transfer] = {}
-        # (sender, content, chunk) -> relays waiting for the sender's fetch to end
-        self._relays: dict[tuple[int, int, int], list[Transfer]] = {}
-        # (sender, content, chunk) -> cut-through relays of a chunk the sender fetches
-        # from a peer (simulations.node.TAILING)
-        self._cut: dict[tuple[int, int, int], list[Transfer]] = {}
+        # Transfers in flight by `_key`, and by network flow (a flow id is a slot index).
+        self._transfers: dict[int, Transfer] = {}
+        self._by_flow: list[Transfer | None] = []
+        self._key_contents = len(self.contents)
+        self._key_nodes = scenario.nodes + 1  # senders: the nodes and ORIGIN
+        self._key_chunks = max((content.chunks for content in self.contents), default=1)
+        # `_chunk_key` (sender, content, chunk) -> relays waiting for the sender's fetch
+        # to end
+        self._relays: dict[int, list[Transfer]] = {}
+        # `_chunk_key` (sender, content, chunk) -> cut-through relays of a chunk the sender
+        # fetches from a peer (simulations.node.TAILING)
+        self._cut: dict[int, list[Transfer]] = {}
         self.unfinished = scenario.nodes  # live nodes that still lack something
         self.last_progress = 0.0
-        self._control_latency = scenario.network.cross_rack_latency_s
+        # The loop's lanes (simulations.engine) for what comes one latency later.
+        self._same_rack = self.loop.lane(scenario.network.same_rack_latency_s)
+        self._cross_rack = self.loop.lane(scenario.network.cross_rack_latency_s)
+        self._control = self._cross_rack  # haves, withdrawals, lost joins
         self.ready = 0
         self.egress_curve: list[tuple[int, float]] = []  # (nodes ready, origin bytes so far)
         self._pools: dict[int, CpuPool] = {}  # node index (or -1: shared) -> its CPU
@@ -287,14 +295,19 @@ class Simulation:
         same timer and left a wake-up at it or earlier, and a wake-up that runs is
         followed by an `_arm` of its own, so this one would schedule nothing."""
         when = node.core.next_timer()
-        if when is not None and (not node.wakes or when < min(node.wakes)):
-            node.wakes.add(when)
+        wakes = node.wakes  # (each earlier than the one before: the last is the earliest)
+        if when is not None and (not wakes or when < wakes[-1]):
+            wakes.append(when)
             self.loop.at(when, self._wake, (node.index, when))
 
     def _wake(self, arg: tuple[int, float]) -> None:
         n, when = arg
         node = self.nodes[n]
-        node.wakes.discard(when)
+        wakes = node.wakes
+        if wakes[-1] == when:  # (nearly always: the earliest runs first, bar ties in time)
+            wakes.pop()
+        else:
+            wakes.remove(when)
         if node.alive:
             self._node_do(node, node.core.handle_timer(self.loop.now))
             self._arm(node)
@@ -325,7 +338,7 @@ class Simulation:
         node.alive = False
         if node.complete_s is None:
             self.unfinished -= 1
-        for transfer in list(node.transfers):
+        for transfer in node.in_flight():
             self._abort(transfer)
         node.uploads = node.uploads.cleared()
         for c in node.swarms:
@@ -333,7 +346,7 @@ class Simulation:
             for q in node.core.links.joined_links(content):
                 self.nodes[q].core.links.drop(content, node.peer)
                 node.core.links.drop(content, self.nodes[q].peer)
-                self.loop.after(self._control_latency, self._lost, (q, c, n))
+                self.loop.after_lane(self._control, self._lost, (q, c, n))
             self.loop.after(self.scenario.tracker.peer_ttl_s, self._forget, (n, c))
         self._maybe_done()
 
@@ -344,6 +357,11 @@ class Simulation:
     def _lost(self, arg: tuple[int, int, int]) -> None:
         q, c, n = arg
         self._deliver(q, c, PeerLost(self.nodes[n].peer, "connection reset"))
+
+    def _lane(self, a: int, b: int) -> int:
+        """The loop's lane for what goes from node a to node b (Topology.latency)."""
+        rack_of = self.top.rack_of
+        return self._same_rack if rack_of[a] == rack_of[b] else self._cross_rack
 
     # ---- calling the swarm --------------------------------------------------------
 
@@ -376,7 +394,7 @@ class Simulation:
             elif kind is Connect:
                 assert isinstance(action, Connect)
                 p = self._index[action.peer]
-                self.loop.after(self.top.latency(n, p), self._connect, (n, c, p))
+                self.loop.after_lane(self._lane(n, p), self._connect, (n, c, p))
             else:
                 self._execute_rare(n, c, action)
 
@@ -395,8 +413,8 @@ class Simulation:
                 self._finish(node, c)
             case Withdraw(chunk):  # a fetch failed: take the pending mark back
                 event = PeerWithdrew(node.peer, chunk)
-                self.loop.after(self._control_latency, self._fan_out, (n, c, event, -1))
-                for relayed in self._cut.pop((n, c, chunk), ()):
+                self.loop.after_lane(self._control, self._fan_out, (n, c, event, -1))
+                for relayed in self._take_relays(self._cut, self._chunk_key(n, c, chunk)):
                     if not relayed.cancelled:
                         self._abort(relayed)
                         self._relay_failed(relayed)
@@ -431,16 +449,16 @@ class Simulation:
         # join is symmetric here), and hears why one latency later.
         if not other.core.links.drop(self.contents[c].id, node.peer):
             return
-        for transfer in [t for t in node.transfers if t.content == c and p in (t.dst, t.src)]:
+        for transfer in [t for t in node.in_flight() if t.content == c and p in (t.dst, t.src)]:
             self._abort(transfer)
-        self.loop.after(self.top.latency(n, p), self._lost, (p, c, n))
+        self.loop.after_lane(self._lane(n, p), self._lost, (p, c, n))
 
     def _advertise(self, n: int, c: int, action: Advertise) -> None:
         peer = self.nodes[n].peer
         event: Event = PeerPending(peer, action.chunk) if action.pending else \
             PeerHas(peer, action.chunk)
         skip = action.chunk if self.skip_redundant_haves else -1
-        self.loop.after(self._control_latency, self._fan_out, (n, c, event, skip))
+        self.loop.after_lane(self._control, self._fan_out, (n, c, event, skip))
 
     def _fan_out(self, arg: tuple[int, int, Event, int]) -> None:
         """One have (pending, withdrawal) to every connected peer: `_deliver`, inlined.
@@ -466,7 +484,8 @@ class Simulation:
             if skip >= 0 and held[base + q]:
                 continue
             other = nodes[q]
-            if c in other.finished or not other.alive:
+            # (a finished swarm's chunks are all marked held: `_finish`)
+            if (skip < 0 and c in other.finished) or not other.alive:
                 continue
             actions = other.core.swarm_event(content, event, now)
             if actions:
@@ -477,27 +496,44 @@ class Simulation:
 
     # ---- transfers -----------------------------------------------------------------
 
+    def _key(self, n: int, c: int, p: int, chunk: int) -> int:
+        """The key of node n's transfer of `chunk` of content c from p (or ORIGIN)."""
+        return ((n * self._key_contents + c) * self._key_nodes + p + 1) * self._key_chunks \
+            + chunk
+
+    def _chunk_key(self, n: int, c: int, chunk: int) -> int:
+        """The key of node n's `chunk` of content c in `_relays` and `_cut`."""
+        return (n * self._key_contents + c) * self._key_chunks + chunk
+
+    def _take_relays(self, relays: dict[int, list[Transfer]], key: int) -> list[Transfer]:
+        """`relays.pop(key, [])`, in calls a compiled build makes natively."""
+        found = relays.get(key)
+        if found is None:
+            return []
+        del relays[key]
+        return found
+
     def _track(self, transfer: Transfer) -> None:
         self._transfers[transfer.key] = transfer
-        self.nodes[transfer.dst].transfers[transfer] = None
+        transfer.tracked = True
+        self.nodes[transfer.dst].track(transfer)
         if transfer.src != ORIGIN:
-            self.nodes[transfer.src].transfers[transfer] = None
+            self.nodes[transfer.src].track(transfer)
 
     def _untrack(self, transfer: Transfer) -> None:
         key = transfer.key
         if self._transfers.get(key) is transfer:
             del self._transfers[key]
-        self.nodes[transfer.dst].transfers.pop(transfer, None)
-        if transfer.src != ORIGIN:
-            self.nodes[transfer.src].transfers.pop(transfer, None)
+        transfer.tracked = False
         if transfer.flow >= 0:
-            del self._by_flow[transfer.flow]
+            self._by_flow[transfer.flow] = None
 
     def _request(self, n: int, c: int, p: int, chunk: int) -> None:
-        if (n, c, p, chunk) in self._transfers:
+        key = self._key(n, c, p, chunk)
+        if key in self._transfers:
             return  # already on its way: the swarm asked twice
         nbytes = self.contents[c].chunk_bytes(chunk)
-        transfer = Transfer(n, c, p, chunk, nbytes)
+        transfer = Transfer(n, c, p, chunk, nbytes, key=key)
         self._track(transfer)
         node = self.nodes[n]
         node.counters.requests += 1
@@ -524,34 +560,40 @@ class Simulation:
         """The request leaves its node, carrying the node's due (p2p.swarm.uploads)."""
         transfer.stage = TRAVELLING
         transfer.due_ms = int(1000 * self.nodes[transfer.dst].core.due(self.loop.now))
-        latency = self.top.latency(transfer.dst, transfer.src)
-        self.loop.after(latency, self._request_arrived, transfer)
+        self.loop.after_lane(self._lane(transfer.dst, transfer.src), self._request_arrived,
+                             transfer)
 
     def _request_arrived(self, transfer: Transfer) -> None:
         if transfer.cancelled:
             return
         src = self.nodes[transfer.src]
-        swarm = src.swarms.get(transfer.content)
-        if src.alive and swarm is not None and not swarm.held(transfer.chunk) \
-                and src.origin_pending[transfer.content] >> transfer.chunk & 1:
-            transfer.stage = RELAYING  # sent when the fetch ends (simulations.node.RELAYING)
-            self._relays.setdefault((transfer.src, transfer.content, transfer.chunk),
-                                    []).append(transfer)
+        c, chunk = transfer.content, transfer.chunk
+        swarm = src.swarms.get(c)
+        if not src.alive or swarm is None:
+            self._request_failed(transfer)
             return
-        if src.alive and swarm is not None and not swarm.held(transfer.chunk) \
-                and swarm.relaying(transfer.chunk) \
-                and swarm.relay_feeder(transfer.chunk) != self.nodes[transfer.dst].peer:
-            transfer.cut = True
-            self._cut.setdefault((transfer.src, transfer.content, transfer.chunk),
-                                 []).append(transfer)
-        elif not src.alive or swarm is None or not swarm.held(transfer.chunk):
-            self._untrack(transfer)
-            if not transfer.orphan:
-                self.nodes[transfer.dst].counters.failed_requests += 1
-                self._deliver(transfer.dst, transfer.content,
-                              ChunkFailed(transfer.chunk, src.peer, "chunk not held"))
-            return
+        if not swarm.held(chunk):
+            if src.origin_pending[c] >> chunk & 1:
+                transfer.stage = RELAYING  # sent when the fetch ends (simulations.node.RELAYING)
+                self._relays.setdefault(self._chunk_key(transfer.src, c, chunk),
+                                        []).append(transfer)
+                return
+            if not swarm.relaying(chunk) \
+                    or swarm.relay_feeder(chunk) == self.nodes[transfer.dst].peer:
+                self._request_failed(transfer)
+                return
+            transfer.cut = True  # a cut-through relay (simulations.node.TAILING)
+            self._cut.setdefault(self._chunk_key(transfer.src, c, chunk), []).append(transfer)
         self._send(src.uploads.add(transfer))
+
+    def _request_failed(self, transfer: Transfer) -> None:
+        """The sender cannot serve the request (dead, not in the swarm, no chunk)."""
+        self._untrack(transfer)
+        if not transfer.orphan:
+            self.nodes[transfer.dst].counters.failed_requests += 1
+            self._deliver(transfer.dst, transfer.content,
+                          ChunkFailed(transfer.chunk, self.nodes[transfer.src].peer,
+                                      "chunk not held"))
 
     def _send(self, transfers: list[Transfer]) -> None:
         """Start the flows of peer transfers that just got an upload slot."""
@@ -561,9 +603,10 @@ class Simulation:
     def _fetch_origin(self, n: int, c: int, chunk: int) -> None:
         content = self.contents[c]
         o = content.origins[chunk % len(content.origins)]
-        transfer = Transfer(n, c, ORIGIN, chunk, content.chunk_bytes(chunk), origin=o)
-        if transfer.key in self._transfers:
+        key = self._key(n, c, ORIGIN, chunk)
+        if key in self._transfers:
             return
+        transfer = Transfer(n, c, ORIGIN, chunk, content.chunk_bytes(chunk), origin=o, key=key)
         self._track(transfer)
         node = self.nodes[n]
         node.counters.origin_fetches += 1
@@ -591,9 +634,11 @@ class Simulation:
         transfer.stage = SENDING
         self._start_flow(transfer, self.top.origin_links(transfer.origin, transfer.dst))
 
-    def _start_flow(self, transfer: Transfer, links: tuple[int, int, int, int]) -> None:
+    def _start_flow(self, transfer: Transfer, links: Links) -> None:
         flow = self.flows.start(links, float(transfer.nbytes), self.loop.now, self._flow_done)
         transfer.flow = flow
+        if flow >= len(self._by_flow):
+            self._by_flow.extend([None] * (flow + 1 - len(self._by_flow)))
         self._by_flow[flow] = transfer
 
     def _abort(self, transfer: Transfer) -> None:
@@ -620,9 +665,9 @@ class Simulation:
 
     def _origin_failed(self, transfer: Transfer) -> None:
         """An origin fetch ended without its chunk: so do the relays waiting on it."""
-        key = (transfer.dst, transfer.content, transfer.chunk)
+        key = self._chunk_key(transfer.dst, transfer.content, transfer.chunk)
         self.nodes[transfer.dst].origin_pending[transfer.content] &= ~(1 << transfer.chunk)
-        for relayed in self._relays.pop(key, ()):
+        for relayed in self._take_relays(self._relays, key):
             if not relayed.cancelled:
                 self._untrack(relayed)
                 self._relay_failed(relayed)
@@ -630,7 +675,7 @@ class Simulation:
     def _cancel(self, n: int, c: int, action: Cancel) -> None:
         """As `Link.cancel`: a paced request is dropped and refunded; a sent one (unless
         the cancel is only `if_unsent`) is forgotten and a cancel travels to its sender."""
-        key = (n, c, self._index[action.peer], action.chunk)
+        key = self._key(n, c, self._index[action.peer], action.chunk)
         transfer = self._transfers.get(key)
         if transfer is None:
             return
@@ -640,13 +685,12 @@ class Simulation:
             del self._transfers[key]
             transfer.orphan = True  # the agent forgets it; the sender still sends
             if self.scenario.agent.cancel_on_wire:
-                self.loop.after(self.top.latency(n, transfer.src), self._cancel_arrived,
-                                transfer)
+                self.loop.after_lane(self._lane(n, transfer.src), self._cancel_arrived,
+                                     transfer)
 
     def _cancel_arrived(self, transfer: Transfer) -> None:
         """The sender skips a cancelled request unless its piece is going out (p2p.link)."""
-        if not transfer.cancelled and transfer.stage != SENDING \
-                and transfer in self.nodes[transfer.dst].transfers:
+        if not transfer.cancelled and transfer.stage != SENDING and transfer.tracked:
             self._abort(transfer)
 
     def _waste(self, transfer: Transfer, nbytes: float) -> None:
@@ -655,9 +699,10 @@ class Simulation:
 
     def _flow_done(self, flow: int) -> None:
         transfer = self._by_flow[flow]
+        assert transfer is not None
         if transfer.cut and not self.nodes[transfer.src].holds(transfer.content, transfer.chunk):
             # The sender's own copy is still coming: the last bytes wait for it.
-            del self._by_flow[flow]
+            self._by_flow[flow] = None
             transfer.flow, transfer.stage = -1, TAILING
             self._send(self.nodes[transfer.src].uploads.finished(transfer))
             return
@@ -688,7 +733,7 @@ class Simulation:
                 dst.counters.down_cross_rack += nbytes
         self._arrived(transfer)
         if transfer.src == ORIGIN:
-            for relayed in self._relays.pop((transfer.dst, c, chunk), ()):
+            for relayed in self._take_relays(self._relays, self._chunk_key(transfer.dst, c, chunk)):
                 if not relayed.cancelled:
                     self._start_flow(relayed, self.top.peer_links(relayed.src, relayed.dst))
 
@@ -711,7 +756,7 @@ class Simulation:
         self._deliver(transfer.dst, c, ChunkArrived(chunk, source, True))
         if new and swarm.held(chunk):
             self._held[c][chunk * len(self.nodes) + transfer.dst] = 1
-            for relayed in self._cut.pop((transfer.dst, c, chunk), ()):
+            for relayed in self._take_relays(self._cut, self._chunk_key(transfer.dst, c, chunk)):
                 if relayed.stage == TAILING and not relayed.cancelled:
                     self._untrack(relayed)
                     self._landed(relayed)

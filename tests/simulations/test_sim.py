@@ -159,8 +159,8 @@ def test_a_node_never_sends_more_pieces_at_once_than_its_upload_slots() -> None:
         nonlocal most
         start(transfer, links)
         if transfer.src >= 0:  # relays stream beside the slots (simulations.node.RELAYING)
-            sending = sum(1 for t in sim._by_flow.values()
-                          if t.src == transfer.src and t.stage != RELAYING)
+            sending = sum(1 for t in sim._by_flow
+                          if t is not None and t.src == transfer.src and t.stage != RELAYING)
             most = max(most, sending)
     sim._start_flow = counted  # type: ignore[method-assign]
     assert sim.run() == "complete"
