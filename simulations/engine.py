@@ -34,7 +34,7 @@ empty, when a callback calls `stop(reason)`, or when virtual time passes
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 Callback = Callable[[Any], None]
 
@@ -52,7 +52,7 @@ def _ran(_: Any) -> None:
     raise AssertionError("a lane entry ran twice")
 
 
-_RAN = _Entry(0.0, 0, _ran, None)  # a lane's slot once its entry has run
+_RAN: Final = _Entry(0.0, 0, _ran, None)  # a lane's slot once its entry has run
 
 
 def _push(heap: list[_Entry], entry: _Entry) -> None:

@@ -51,20 +51,20 @@ from array import array
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Final, cast
 
 import numpy as np
 
 from simulations.engine import Loop
 
-FAIR_ROUNDS = 3
-_UNLIMITED = 1e30  # capacity of the padding link of flows that cross fewer than 4 links
-_INITIAL_FLOWS = 1024
+FAIR_ROUNDS: Final = 3
+_UNLIMITED: Final = 1e30  # capacity of the padding link of flows that cross fewer than 4 links
+_INITIAL_FLOWS: Final = 1024
 # The four links of a flow, padded with `Topology.padding`. A tuple object, not a
 # fixed-length tuple: compiled, that would be a C struct, boxed anew (four ints and
 # a tuple allocated) wherever it is stored.
 Links = tuple[int, ...]
-_NO_LINKS: Links = (0, 0, 0, 0)  # links of a free flow slot
+_NO_LINKS: Final[Links] = (0, 0, 0, 0)  # links of a free flow slot
 
 Done = Callable[[int], None]  # called with the flow id when its last byte arrives
 

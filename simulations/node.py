@@ -32,6 +32,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Final
 
 from p2p.content import PeerId
 from p2p.ratelimit import BURST_BYTES, TokenBucket
@@ -39,9 +40,9 @@ from p2p.swarm import Swarm
 from p2p.swarm.node import DEFAULT_LINE_BPS, Node
 from p2p.swarm.uploads import UPLOAD_ORDER, UPLOAD_SLOTS, UploadSlots
 
-ORIGIN = -1  # the `src` of a transfer from an origin
-_COMPACT_AT = 16  # SimNode.transfers: the fewest entries at which ended ones are dropped
-TIMER_SLACK_S = 5.0  # a swarm's wake-up is never further away than this (p2p.swarm.node)
+ORIGIN: Final = -1  # the `src` of a transfer from an origin
+_COMPACT_AT: Final = 16  # SimNode.transfers: the fewest entries at which ended ones are dropped
+TIMER_SLACK_S: Final = 5.0  # a swarm's wake-up is never further away than this (p2p.swarm.node)
 
 
 
@@ -88,10 +89,10 @@ class Transfer:
 
 
 # Transfer.stage
-TRAVELLING = 0  # the request is on its way
-QUEUED = 1  # in its link's queue at the sender
-READY = 2  # at the head of its link, waiting for an upload slot
-SENDING = 3  # a flow in the network model
+TRAVELLING: Final = 0  # the request is on its way
+QUEUED: Final = 1  # in its link's queue at the sender
+READY: Final = 2  # at the head of its link, waiting for an upload slot
+SENDING: Final = 3  # a flow in the network model
 # A request for a chunk the sender is still fetching from the origin (a relay:
 # p2p.relay). It waits for the fetch to end, then is a flow outside the upload
 # slots and the link's queue. The agent streams a relay as the bytes arrive, no
@@ -100,15 +101,15 @@ SENDING = 3  # a flow in the network model
 # stop 25), the agents sit between the two bounds, nearer this one; a relay flow
 # that started at once, as the model had it before, made 16 and 32 agents 25-37%
 # faster than the agents were.
-RELAYING = 4
+RELAYING: Final = 4
 # A cut-through relay (SwarmConfig.relay_fetching): a request for a chunk the sender
 # is still fetching from a peer. It goes through the sender's upload slots like any
 # request, and its last byte cannot land before the sender holds the chunk: a relay
 # flow that ends first waits here, outside the slots, for the sender's copy.
-TAILING = 5
+TAILING: Final = 5
 # Waiting at its receiver for download budget (AgentSpec.download_cap_Bps): a
 # cancel now means it never goes out, and the budget it reserved comes back.
-PACED = 6
+PACED: Final = 6
 
 
 class Uploads:

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from typing import Final
 
 from p2p.content import PeerId
 from tracker.index import Candidates
@@ -50,7 +51,7 @@ from tracker.registry import Member
 
 HandoutPolicy = Callable[[PeerId, str, Candidates, int, random.Random], list[Member]]
 
-SAME_RACK_SHARE = 2 / 3
+SAME_RACK_SHARE: Final = 2 / 3
 
 
 def rack_aware(requester: PeerId, rack: str, members: Candidates, limit: int,

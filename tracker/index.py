@@ -37,14 +37,14 @@ from __future__ import annotations
 import heapq
 import random
 from collections.abc import Callable, Collection, Iterable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from p2p.content import PeerId
 
 if TYPE_CHECKING:
     from tracker.registry import Member
 
-RANK_SAMPLE_PER_PEER = 4  # incomplete members ranked per `best` call, per peer asked for
+RANK_SAMPLE_PER_PEER: Final = 4  # incomplete members ranked per `best` call, per peer asked for
 
 
 class _Bag:

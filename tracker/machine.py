@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import msgpack
 
@@ -38,8 +38,9 @@ from p2p.content import ContentId, PeerId, check_content_id
 from tracker.handout import HandoutPolicy
 from tracker.registry import Member, Registry
 
-UNREACHABLE = "unreachable"  # a report reason: could not dial the peer (frees its slot)
-STOPPED: dict[str, Any] = {"peers": [], "origin_slot": None, "origin_slots": 1, "origin_filled": 1}
+UNREACHABLE: Final = "unreachable"  # a report reason: could not dial the peer (frees its slot)
+STOPPED: Final[dict[str, Any]] = {"peers": [], "origin_slot": None, "origin_slots": 1,
+                                  "origin_filled": 1}
 
 
 @dataclass(frozen=True, slots=True, init=False)
