@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
-from typing import Protocol
+from typing import Final, Protocol
 
 from p2p.content import PeerId
 
@@ -66,9 +66,11 @@ class RarestFirst:
 
 def _selected(candidates: list[int], levels: list[int], draws: list[float],
               limit: int) -> Iterator[int]:
-    """`RarestFirst`'s order: the smallest key left, `limit` times. A taken candidate's
-    level becomes -1 (levels are counts of holders, never negative)."""
-    for _ in range(limit):
+    """`RarestFirst`'s order: the smallest key left, `limit` times. The first few are
+    found by scans (a taken candidate's level becomes -1: levels count holders, never
+    negative); an order read further is sorted once, so that a long one (a peer that
+    joins holding much, a node's first pass) costs a sort, not a scan per chunk."""
+    for _ in range(min(limit, _SCANS)):
         best, best_level, best_draw = -1, 0, 0.0
         for i, level in enumerate(levels):
             if level < 0:
@@ -77,6 +79,14 @@ def _selected(candidates: list[int], levels: list[int], draws: list[float],
                 best, best_level, best_draw = i, level, draws[i]
         levels[best] = -1
         yield candidates[best]
+    if limit > _SCANS:
+        rest = [(level, draws[i], i) for i, level in enumerate(levels) if level >= 0]
+        rest.sort()
+        for _, _, i in rest[:limit - _SCANS]:
+            yield candidates[i]
+
+
+_SCANS: Final = 2  # (most request passes read one or two chunks of the order)
 
 
 class InOrder:
