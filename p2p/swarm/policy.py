@@ -50,10 +50,10 @@ class RarestFirst:
         # read: a request pass takes one or two chunks of a dozen or more candidates (most
         # passes follow a chunk's arrival, which frees one peer). No tuple is built or
         # compared: where the core is compiled, the selection compares machine numbers.
+        # The draws are `rng.random()`'s, made in one call (`_draws`).
         if limit <= 0:
             return iter(())
-        draw = rng.random  # (looked up once, not per candidate)
-        draws = [draw() for _ in candidates]
+        draws = _draws(rng, len(candidates))
         levels = [availability[c] for c in candidates]
         return _selected(candidates, levels, draws, min(limit, len(candidates)))
 
@@ -63,6 +63,19 @@ class RarestFirst:
             # takes 2n the same way: one call moves the state as n draws would
             # (tests/p2p/test_swarm.py checks it against `order`).
             rng.getrandbits(64 * count)
+
+
+def _draws(rng: random.Random, n: int) -> list[float]:
+    """`[rng.random() for _ in range(n)]`, the same values and the same state after, from
+    one call into the generator: `random()` makes a float of two 32-bit words, the first
+    shifted right by 5 and the second by 6, and `getrandbits(64 * n)` gives the same
+    2n words, first in the lowest bits (tests/p2p/test_swarm.py compares the two)."""
+    words = memoryview(rng.getrandbits(64 * n).to_bytes(8 * n, "little")).cast("I").tolist()
+    return [((words[2 * i] >> 5) * 67108864.0 + (words[2 * i + 1] >> 6)) * _UNIT
+            for i in range(n)]
+
+
+_UNIT: Final = 1.0 / 9007199254740992.0  # 2 ** -53
 
 
 def _selected(candidates: list[int], levels: list[int], draws: list[float],
