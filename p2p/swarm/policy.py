@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
-from typing import Final, Protocol
+from typing import Protocol
 
 from p2p.content import PeerId
 
@@ -50,10 +50,10 @@ class RarestFirst:
         # read: a request pass takes one or two chunks of a dozen or more candidates (most
         # passes follow a chunk's arrival, which frees one peer). No tuple is built or
         # compared: where the core is compiled, the selection compares machine numbers.
-        # The draws are `rng.random()`'s, made in one call (`_draws`).
         if limit <= 0:
             return iter(())
-        draws = _draws(rng, len(candidates))
+        draw = rng.random  # (looked up once, not per candidate)
+        draws = [draw() for _ in candidates]
         levels = [availability[c] for c in candidates]
         return _selected(candidates, levels, draws, min(limit, len(candidates)))
 
@@ -65,26 +65,11 @@ class RarestFirst:
             rng.getrandbits(64 * count)
 
 
-def _draws(rng: random.Random, n: int) -> list[float]:
-    """`[rng.random() for _ in range(n)]`, the same values and the same state after, from
-    one call into the generator: `random()` makes a float of two 32-bit words, the first
-    shifted right by 5 and the second by 6, and `getrandbits(64 * n)` gives the same
-    2n words, first in the lowest bits (tests/p2p/test_swarm.py compares the two)."""
-    words = memoryview(rng.getrandbits(64 * n).to_bytes(8 * n, "little")).cast("I").tolist()
-    return [((words[2 * i] >> 5) * 67108864.0 + (words[2 * i + 1] >> 6)) * _UNIT
-            for i in range(n)]
-
-
-_UNIT: Final = 1.0 / 9007199254740992.0  # 2 ** -53
-
-
 def _selected(candidates: list[int], levels: list[int], draws: list[float],
               limit: int) -> Iterator[int]:
-    """`RarestFirst`'s order: the smallest key left, `limit` times. The first few are
-    found by scans (a taken candidate's level becomes -1: levels count holders, never
-    negative); an order read further is sorted once, so that a long one (a peer that
-    joins holding much, a node's first pass) costs a sort, not a scan per chunk."""
-    for _ in range(min(limit, _SCANS)):
+    """`RarestFirst`'s order: the smallest key left, `limit` times. A taken candidate's
+    level becomes -1 (levels are counts of holders, never negative)."""
+    for _ in range(limit):
         best, best_level, best_draw = -1, 0, 0.0
         for i, level in enumerate(levels):
             if level < 0:
@@ -93,14 +78,6 @@ def _selected(candidates: list[int], levels: list[int], draws: list[float],
                 best, best_level, best_draw = i, level, draws[i]
         levels[best] = -1
         yield candidates[best]
-    if limit > _SCANS:
-        rest = [(level, draws[i], i) for i, level in enumerate(levels) if level >= 0]
-        rest.sort()
-        for _, _, i in rest[:limit - _SCANS]:
-            yield candidates[i]
-
-
-_SCANS: Final = 2  # (most request passes read one or two chunks of the order)
 
 
 class InOrder:

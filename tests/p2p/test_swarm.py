@@ -33,7 +33,7 @@ from p2p.swarm.events import (
     WantedAll,
     Withdraw,
 )
-from p2p.swarm.policy import CHUNK_PICKERS, RarestFirst, _draws
+from p2p.swarm.policy import CHUNK_PICKERS, RarestFirst
 
 A, B, C = PeerId("a"), PeerId("b"), PeerId("c")
 
@@ -726,12 +726,3 @@ def test_bits_flags_and_masks_convert_both_ways_at_every_width(width: int) -> No
         assert flags == tuple(bool(mask >> i & 1) for i in range(width))
         assert bits.from_bools(flags) == mask
         assert bits.from_bools(list(flags)) == mask
-
-
-@pytest.mark.parametrize("n", [0, 1, 2, 13, 64, 300])
-def test_rarest_firsts_draws_in_one_call_are_the_rngs_random_ones(n: int) -> None:
-    """`_draws` reads the generator's words itself: the values and the state after must
-    be `random()`'s, or every run's order would change."""
-    ours, theirs = random.Random(n), random.Random(n)
-    assert _draws(ours, n) == [theirs.random() for _ in range(n)]
-    assert ours.getstate() == theirs.getstate()
