@@ -58,11 +58,10 @@ class RarestFirst:
         return _selected(candidates, levels, draws, min(limit, len(candidates)))
 
     def draw(self, count: int, limit: int, rng: random.Random) -> None:
-        if limit > 0 and count > 0:
-            # `random()` takes two 32-bit words of the generator, and `getrandbits(64 * n)`
-            # takes 2n the same way: one call moves the state as n draws would
-            # (tests/p2p/test_swarm.py checks it against `order`).
-            rng.getrandbits(64 * count)
+        if limit > 0:
+            draw = rng.random
+            for _ in range(count):
+                draw()
 
 
 def _selected(candidates: list[int], levels: list[int], draws: list[float],
