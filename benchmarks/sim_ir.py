@@ -5,7 +5,7 @@
 On a shared machine with no hardware counters (this one: `perf stat` says
 "not supported"), CPU seconds move by 10-25% between runs minutes apart, and a
 change worth 3% cannot be seen in fewer than a dozen rounds. Valgrind's
-cachegrind counts the instructions a process executes, the same count on every
+cachegrind counts the instructions a process executes, within 0.05% on every
 run of the same build. Each revision's tree is exported and built as
 `sim_alt.py` does, then `sim_loop_child.py` runs once per revision under
 cachegrind (about 40x slower than natively: keep `--nodes` small) on CPython's
