@@ -5,8 +5,8 @@
 On a shared machine with no hardware counters (this one: `perf stat` says
 "not supported"), CPU seconds move by 10-25% between runs minutes apart, and a
 change worth 3% cannot be seen in fewer than a dozen rounds. Valgrind's
-cachegrind counts the instructions a process executes, within 0.05% on every
-run of the same build. Each revision's tree is exported and built as
+cachegrind counts the instructions a process executes, within 0.05% from one
+run of a build to the next. Each revision's tree is exported and built as
 `sim_alt.py` does, then `sim_loop_child.py` runs once per revision under
 cachegrind (about 40x slower than natively: keep `--nodes` small) on CPython's
 own allocator (what the arena module changes is where memory lies, not the
