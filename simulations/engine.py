@@ -57,9 +57,13 @@ _RAN: Final = _Entry(0.0, 0, _ran, None)  # a lane's slot once its entry has run
 
 def _push(heap: list[_Entry], entry: _Entry) -> None:
     """Add `entry` to the binary min-heap `heap` (by time, then sequence number)."""
-    when, seq = entry.when, entry.seq
     heap.append(entry)
-    pos = len(heap) - 1
+    _rise(heap, len(heap) - 1, entry)
+
+
+def _rise(heap: list[_Entry], pos: int, entry: _Entry) -> None:
+    """Put `entry` at the hole `pos`, moving the hole up past later parents."""
+    when, seq = entry.when, entry.seq
     while pos > 0:
         up = (pos - 1) >> 1
         parent = heap[up]
@@ -89,16 +93,7 @@ def _pop(heap: list[_Entry]) -> _Entry:
                 child = right
         heap[pos] = heap[child]
         pos, child = child, 2 * child + 1
-    when, seq = last.when, last.seq
-    while pos > 0:
-        up = (pos - 1) >> 1
-        parent = heap[up]
-        if when < parent.when or (when == parent.when and seq < parent.seq):
-            heap[pos] = parent
-            pos = up
-        else:
-            break
-    heap[pos] = last
+    _rise(heap, pos, last)
     return top
 
 
