@@ -35,8 +35,8 @@ from pathlib import Path
 from simulations import hugearena
 
 PACKAGES = ("p2p", "tracker", "simulations")
-HOT = ("p2p/swarm/*.py", "p2p/ratelimit.py", "p2p/content.py", "tracker/registry.py",
-       "tracker/handout.py", "tracker/machine.py", "tracker/index.py",
+HOT = ("p2p/swarm/*.py", "p2p/ratelimit.py", "p2p/content.py", "p2p/draws.py",
+       "tracker/registry.py", "tracker/handout.py", "tracker/machine.py", "tracker/index.py",
        "simulations/engine.py", "simulations/network.py", "simulations/node.py",
        "simulations/simulation.py", "simulations/tracker.py", "simulations/workload.py",
        "simulations/strategy.py", "simulations/floor.py", "simulations/cpu.py")

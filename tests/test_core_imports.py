@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 CORE_FILES = [ROOT / f for f in ("tracker/handout.py", "tracker/registry.py", "tracker/index.py",
                                   "tracker/machine.py",
-                                  "p2p/ratelimit.py",
+                                  "p2p/ratelimit.py", "p2p/draws.py",
                                   "p2p/guard.py", "fusefs/tree.py", "fusefs/image/toc.py",
                                   "fusefs/image/layerindex.py", "fusefs/image/record.py",
                                   "fusefs/record.py", "fusefs/protocol.py",

@@ -46,6 +46,7 @@ from collections.abc import Callable
 from typing import Final
 
 from p2p.content import PeerId
+from p2p.draws import below
 from tracker.index import Candidates
 from tracker.registry import Member
 
@@ -82,7 +83,7 @@ def _spread(members: Candidates, rack: str, racks: list[str], others: int, budge
             rng: random.Random) -> list[Member]:
     """Up to `budget` members, `per_rack` from each other rack, from an rng-chosen rack on."""
     per_rack = max(1, budget // others)
-    start = rng.randrange(len(racks))
+    start = below(rng, len(racks))
     picked: list[Member] = []
     for i in range(len(racks)):
         if len(picked) >= budget:

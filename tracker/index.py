@@ -40,6 +40,7 @@ from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import TYPE_CHECKING, Final
 
 from p2p.content import PeerId
+from p2p.draws import below
 
 if TYPE_CHECKING:
     from tracker.registry import Member
@@ -78,9 +79,9 @@ class _Bag:
         """Up to `k` consecutive items (wrapping) from a random start: one rng draw."""
         items = self.items
         if k >= len(items):
-            start = rng.randrange(len(items)) if items else 0
+            start = below(rng, len(items)) if items else 0
             return items[start:] + items[:start]
-        start = rng.randrange(len(items))
+        start = below(rng, len(items))
         end = start + k
         return items[start:end] if end <= len(items) else items[start:] + items[:end - len(items)]
 
@@ -234,7 +235,7 @@ class Candidates:
         if n <= 0 or not names:
             return []
         picked: list[Member] = []
-        start = rng.randrange(len(names))
+        start = below(rng, len(names))
         for i in range(len(names)):
             name = names[(start + i) % len(names)]
             group = self.index.rack(name)

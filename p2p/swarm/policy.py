@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from typing import Protocol
 
 from p2p.content import PeerId
+from p2p.draws import below
 
 
 class ChunkPicker(Protocol):
@@ -182,7 +183,7 @@ class RandomPeer:
     """Any holder, uniformly (the BitTorrent-like baseline)."""
 
     def choose(self, holders: list[PeerLoad], rng: random.Random) -> PeerId:
-        return holders[rng.randrange(len(holders))].peer
+        return holders[below(rng, len(holders))].peer
 
 
 PEER_CHOOSERS: dict[str, type[PeerChooser]] = {

@@ -65,6 +65,7 @@ from collections.abc import Iterator, Sequence
 from itertools import chain
 
 from p2p.content import PeerId
+from p2p.draws import below
 from p2p.swarm import bits
 from p2p.swarm.config import SwarmConfig
 from p2p.swarm.events import Action, Advertise, Connect, FetchFromOrigin, Request, Withdraw
@@ -112,7 +113,7 @@ class Scheduling:
         self._settle_until: float | None = None  # set by the first PeersFound
         self._fetchers_appointed = False
         self._unheard: set[PeerId] = set()
-        self._origin_start = rng.randrange(chunks) if chunks else 0
+        self._origin_start = below(rng, chunks) if chunks else 0
         self._known: dict[PeerId, str] = {}  # tracker hints: peer -> rack
         self._connecting: set[PeerId] = set()
         self._retry_at: dict[PeerId, float] = {}
