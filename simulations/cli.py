@@ -23,6 +23,7 @@ runs it as plain Python, as the profilers need.
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 import time
 from collections.abc import Callable
@@ -96,6 +97,10 @@ def run(args: argparse.Namespace) -> int:
     sim = Simulation(scenario)
     hook = (PROGRESS_EVERY, _progress(sim, started)) if sys.stderr.isatty() else None
     stop = sim.run(progress=hook)
+    # The run's millions of objects outlive it until the process ends, and make no
+    # cycles (Simulation.run): without this, the collector, enabled again, scanned them
+    # all several times over while the results were written (6 s of a 10,000-node run).
+    gc.freeze()
     if hook is not None:
         print(file=sys.stderr)
     result = report.collect(sim, stop, time.perf_counter() - started)
