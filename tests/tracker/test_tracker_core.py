@@ -255,7 +255,8 @@ def test_unknown_policy_names_the_known_ones() -> None:
 # -- core purity ----------------------------------------------------------------------
 
 CORE = ["tracker/registry.py", "tracker/handout.py", "tracker/limits.py", "tracker/index.py"]
-ALLOWED_PROJECT = {"p2p.content", "tracker.registry", "tracker.index", "p2p.ratelimit"}
+ALLOWED_PROJECT = {"p2p.content", "tracker.registry", "tracker.index", "p2p.ratelimit",
+                   "p2p.draws"}
 FORBIDDEN = {"os", "time", "asyncio", "socket", "threading", "subprocess", "selectors",
              "pathlib", "io", "shutil", "tempfile", "signal", "datetime", "secrets", "uuid"}
 
