@@ -212,11 +212,13 @@ class Links:
 
     def link_of(self, content: ContentId, peer: PeerId) -> LinkId | None:
         """The link `peer` is joined on for `content`: requests go there."""
-        return self._joined.get(content, {}).get(peer)
+        joined = self._joined.get(content)  # (no `{}` default: one would be made per call)
+        return None if joined is None else joined.get(peer)
 
     def joined_links(self, content: ContentId) -> list[LinkId]:
         """The links of the peers joined for `content`, in the order they joined."""
-        return list(self._joined.get(content, {}).values())
+        joined = self._joined.get(content)
+        return [] if joined is None else list(joined.values())
 
     def peer_count(self, content: ContentId) -> int:
         return len(self._joined.get(content, ()))

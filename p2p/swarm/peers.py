@@ -137,7 +137,9 @@ class PeerTable:
 
     def clear_all(self, chunk: int) -> list[PeerId]:
         """Forget every request for `chunk` (it arrived); the peers still asked."""
-        others = self.requesters.pop(chunk, [])
+        others = self.requesters.pop(chunk, None)
+        if others is None:
+            return []  # (no one asked: nothing changes, `requested` lacks the chunk already)
         self.changes += 1
         for other in others:
             if self.peers[other].inflight.pop(chunk, None) is not None:
