@@ -39,8 +39,6 @@ from tracker.handout import HandoutPolicy
 from tracker.registry import Member, Registry
 
 UNREACHABLE: Final = "unreachable"  # a report reason: could not dial the peer (frees its slot)
-STOPPED: Final[dict[str, Any]] = {"peers": [], "origin_slot": None, "origin_slots": 1,
-                                  "origin_filled": 1}
 
 
 @dataclass(frozen=True, slots=True, init=False)
@@ -143,7 +141,8 @@ class Machine:
     def _reply(self, op: Announce, item: ContentAnnounce, now: float,
                rng: random.Random) -> dict[str, Any]:
         if item.event == "stopped" or op.addr is None:
-            return STOPPED
+            # A new dict each time, as every reply: the caller's to change.
+            return {"peers": [], "origin_slot": None, "origin_slots": 1, "origin_filled": 1}
         peers = []
         if item.want:
             handed = self.policy(op.peer, op.rack, self.registry.candidates(item.content, now),

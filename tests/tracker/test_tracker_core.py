@@ -17,6 +17,7 @@ from tracker.config import TrackerConfig, load_config
 from tracker.handout import HANDOUT_POLICIES, get_policy, rack_aware, uniform
 from tracker.index import Candidates, SwarmIndex
 from tracker.limits import KeyedRateLimit, ReplayCache
+from tracker.machine import Announce, ContentAnnounce, Machine
 from tracker.registry import IdentityError, Member, OriginSlot, Registry
 
 C = ContentId("c1")
@@ -574,3 +575,18 @@ def test_same_announces_same_index_same_handouts() -> None:
                                         big_swarm(2000).candidates(C, 0.0), 30,
                                         random.Random(1))]
     assert first == again and len(first) == 30
+
+
+def test_a_stopped_reply_is_the_callers_own() -> None:
+    """Each stopped content's reply is a new dict: a caller that changes one (adding the
+    interval, say) changes no other reply."""
+    machine = Machine(Registry(), rack_aware, 10.0)
+    stop = (ContentAnnounce(ContentId("c1"), 0, False, 5, "stopped"),)
+    first = machine.apply(Announce(PeerId("a"), "10.0.0.1", "10.0.0.1:1", "r0", stop), 1.0,
+                          random.Random(1))
+    first[ContentId("c1")]["peers"].append("changed")
+    first[ContentId("c1")]["interval"] = 30
+    again = machine.apply(Announce(PeerId("b"), "10.0.0.2", "10.0.0.2:1", "r0", stop), 2.0,
+                          random.Random(1))
+    assert again[ContentId("c1")] == {"peers": [], "origin_slot": None, "origin_slots": 1,
+                                      "origin_filled": 1}
