@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
     stop = sim.run(progress=hook)
     # The run's millions of objects outlive it until the process ends, and make no
     # cycles (Simulation.run): without this, the collector, enabled again, scanned them
-    # all several times over while the results were written (6 s of a 10,000-node run).
+    # all several times over while the results were written (5 s of a 10,000-node run).
     gc.freeze()
     if hook is not None:
         print(file=sys.stderr)
