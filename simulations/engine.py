@@ -55,6 +55,11 @@ def _ran(_: Any) -> None:
 _RAN: Final = _Entry(0.0, 0, _ran, None)  # a lane's slot once its entry has run
 
 
+def _earlier(a: _Entry, b: _Entry) -> bool:
+    """Whether `a` runs before `b`: the earlier time, then the one scheduled first."""
+    return a.when < b.when or (a.when == b.when and a.seq < b.seq)
+
+
 def _push(heap: list[_Entry], entry: _Entry) -> None:
     """Add `entry` to the binary min-heap `heap` (by time, then sequence number)."""
     heap.append(entry)
@@ -63,11 +68,10 @@ def _push(heap: list[_Entry], entry: _Entry) -> None:
 
 def _rise(heap: list[_Entry], pos: int, entry: _Entry) -> None:
     """Put `entry` at the hole `pos`, moving the hole up past later parents."""
-    when, seq = entry.when, entry.seq
     while pos > 0:
         up = (pos - 1) >> 1
         parent = heap[up]
-        if when < parent.when or (when == parent.when and seq < parent.seq):
+        if _earlier(entry, parent):
             heap[pos] = parent
             pos = up
         else:
@@ -87,10 +91,8 @@ def _pop(heap: list[_Entry]) -> _Entry:
     pos, child = 0, 1
     while child < n:
         right = child + 1
-        if right < n:
-            a, b = heap[child], heap[right]
-            if b.when < a.when or (b.when == a.when and b.seq < a.seq):
-                child = right
+        if right < n and _earlier(heap[right], heap[child]):
+            child = right
         heap[pos] = heap[child]
         pos, child = child, 2 * child + 1
     _rise(heap, pos, last)
@@ -171,8 +173,7 @@ class Loop:
                 lane, head = lanes[i], heads[i]
                 if head < len(lane):
                     entry = lane[head]
-                    if found == -2 or entry.when < best.when \
-                            or (entry.when == best.when and entry.seq < best.seq):
+                    if found == -2 or _earlier(entry, best):
                         best, found = entry, i
             if found == -2:
                 break

@@ -193,26 +193,13 @@ class Flows:
         self._links[i], self._links[size + f] = boxed[0], boxed[1]
         self._links[2 * size + f], self._links[3 * size + f] = boxed[2], boxed[3]
         self._flow_links[f] = links
-        # The smallest share of its four links; unrolled, as a loop over the links would
-        # first box them into a tuple.
+        # The smallest share of its four links, one call per link: a loop over the links
+        # would first box them into a tuple.
         count, cap = self._count, self._cap_list
-        rate = _UNLIMITED
-        count[a] += 1
-        share = cap[a] / count[a]
-        if share < rate:
-            rate = share
-        count[b] += 1
-        share = cap[b] / count[b]
-        if share < rate:
-            rate = share
-        count[c] += 1
-        share = cap[c] / count[c]
-        if share < rate:
-            rate = share
-        count[d] += 1
-        share = cap[d] / count[d]
-        if share < rate:
-            rate = share
+        rate = _joined(count, cap, a, _UNLIMITED)
+        rate = _joined(count, cap, b, rate)
+        rate = _joined(count, cap, c, rate)
+        rate = _joined(count, cap, d, rate)
         moved: Any = nbytes
         self._remaining[i] = self._size[i] = moved
         self._rate[i], self._since[i] = rate, now
@@ -340,6 +327,13 @@ class Flows:
             gen = self._generation
             due = live[soon].tolist()
             self._at_many(ends[soon].tolist(), self._arrived, [(f, gen[f]) for f in due])
+
+
+def _joined(count: list[int], cap: list[float], link: int, rate: float) -> float:
+    """Count one more flow on `link`; the smaller of `rate` and the link's share now."""
+    count[link] += 1
+    share = cap[link] / count[link]
+    return share if share < rate else rate
 
 
 class _UploadCredit:
